@@ -1,0 +1,191 @@
+/* codexec-admin: the operator CLI. It uses the same lib/ calls as the server. */
+#include <curl/curl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sodium.h>
+
+#include "../lib/auth.h"
+#include "../lib/config.h"
+#include "../lib/db.h"
+#include "../lib/log.h"
+
+static void
+usage(FILE *f)
+{
+    fprintf(f, "usage: codexec-admin [--config FILE] COMMAND\n"
+               "  migrate                         apply database migrations\n"
+               "  secret init                     create the server secret file if missing\n"
+               "  key create --user NAME [--label L] [--require-approval]\n"
+               "                                  create an API key; prints only the key\n"
+               "  key revoke ID                   revoke a key by id\n"
+               "  key list [--user NAME]          list keys (never the keys themselves)\n");
+}
+
+static int
+cmd_migrate(struct cx_db *db)
+{
+    int applied = 0;
+
+    if (cx_db_migrate(db, &applied)) {
+        fprintf(stderr, "codexec-admin: migrate failed (see the log above)\n");
+        return 1;
+    }
+    fprintf(stderr, "codexec-admin: %d migration(s) applied\n", applied);
+    return 0;
+}
+
+static int
+cmd_key_create(const struct cx_config *cfg, struct cx_db *db, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"user", required_argument, NULL, 'u'},
+        {"label", required_argument, NULL, 'l'},
+        {"require-approval", no_argument, NULL, 'a'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *user = NULL, *label = NULL;
+    char key[CX_KEY_CHARS + 1], id[37];
+    struct cx_auth *auth = NULL;
+    bool approval = false;
+    enum cx_err rc;
+    int c;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "u:l:a", opts, NULL)) != -1) {
+        switch (c) {
+        case 'u': user = optarg; break;
+        case 'l': label = optarg; break;
+        case 'a': approval = true; break;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!user || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (!cx_auth_user_valid(user)) {
+        fprintf(stderr, "codexec-admin: --user must be 1 to 256 bytes of UTF-8 without control "
+                        "characters\n");
+        return 2;
+    }
+    if (cx_auth_new(cfg->secret_file, &auth)) {
+        fprintf(stderr, "codexec-admin: cannot load the secret file %s\n", cfg->secret_file);
+        return 1;
+    }
+    rc = cx_auth_key_create(auth, db, user, label, approval, key, id);
+    cx_auth_free(auth);
+    if (rc) {
+        fprintf(stderr, "codexec-admin: key create failed: %s\n", cx_strerror(rc));
+        return 1;
+    }
+    printf("%s\n", key);
+    fflush(stdout);
+    sodium_memzero(key, sizeof(key));
+    fprintf(stderr, "codexec-admin: created key %s for the user\n", id);
+    return 0;
+}
+
+CX_SQL(q_key_list, 1,
+       "SELECT id, user_id, coalesce(label, ''), key_prefix, require_approval,"
+       " to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+       " coalesce(to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), '-')"
+       " FROM api_keys WHERE $1::text IS NULL OR user_id = $1 ORDER BY created_at");
+
+static int
+cmd_key_list(struct cx_db *db, int argc, char **argv)
+{
+    const char *params[1] = {NULL};
+    PGresult *r = NULL;
+
+    if (argc == 3 && strcmp(argv[1], "--user") == 0)
+        params[0] = argv[2];
+    else if (argc != 1) {
+        usage(stderr);
+        return 2;
+    }
+    if (cx_db_exec(db, &q_key_list, params, &r)) {
+        fprintf(stderr, "codexec-admin: key list failed\n");
+        return 1;
+    }
+    printf("id\tuser\tlabel\tprefix\tapproval\tcreated\trevoked\n");
+    for (int i = 0; i < PQntuples(r); i++)
+        printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
+               PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
+               PQgetvalue(r, i, 4)[0] == 't' ? "yes" : "no", PQgetvalue(r, i, 5),
+               PQgetvalue(r, i, 6));
+    PQclear(r);
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *config_path = "/etc/codexec/codexec.conf";
+    struct cx_config cfg;
+    struct cx_db *db = NULL;
+    char errbuf[512];
+    int i = 1, status = 2;
+
+    if (i + 1 < argc && strcmp(argv[i], "--config") == 0) {
+        config_path = argv[i + 1];
+        i += 2;
+    }
+    if (i >= argc || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        usage(i >= argc ? stderr : stdout);
+        return i >= argc ? 2 : 0;
+    }
+    if (cx_config_load(&cfg, config_path, errbuf, sizeof(errbuf))) {
+        fprintf(stderr, "codexec-admin: %s\n", errbuf);
+        return 1;
+    }
+    if (cx_log_open(NULL, cfg.log_level)) {
+        cx_config_cleanup(&cfg);
+        return 1;
+    }
+    if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        status = 1;
+        goto out;
+    }
+    if (!strcmp(argv[i], "secret") && i + 1 < argc && !strcmp(argv[i + 1], "init")) {
+        enum cx_err rc = cx_auth_secret_create(cfg.secret_file);
+        if (rc == CX_ERR_CONFLICT) {
+            fprintf(stderr, "codexec-admin: %s exists; left as it is\n", cfg.secret_file);
+            status = 0;
+        } else if (rc) {
+            fprintf(stderr, "codexec-admin: cannot create %s\n", cfg.secret_file);
+            status = 1;
+        } else {
+            fprintf(stderr, "codexec-admin: created %s\n", cfg.secret_file);
+            status = 0;
+        }
+        goto out;
+    }
+    if (cx_db_new(cfg.database, &db)) {
+        status = 1;
+        goto out;
+    }
+    if (!strcmp(argv[i], "migrate") && i + 1 == argc)
+        status = cmd_migrate(db);
+    else if (!strcmp(argv[i], "key") && i + 1 < argc && !strcmp(argv[i + 1], "create"))
+        status = cmd_key_create(&cfg, db, argc - i - 1, argv + i + 1);
+    else if (!strcmp(argv[i], "key") && i + 2 == argc - 1 && !strcmp(argv[i + 1], "revoke")) {
+        enum cx_err rc = cx_auth_key_revoke(db, argv[i + 2]);
+        if (rc == CX_ERR_NOT_FOUND)
+            fprintf(stderr, "codexec-admin: no active key with id %s\n", argv[i + 2]);
+        else if (rc)
+            fprintf(stderr, "codexec-admin: revoke failed: %s\n", cx_strerror(rc));
+        else
+            fprintf(stderr, "codexec-admin: revoked %s\n", argv[i + 2]);
+        status = rc ? 1 : 0;
+    } else if (!strcmp(argv[i], "key") && i + 1 < argc && !strcmp(argv[i + 1], "list"))
+        status = cmd_key_list(db, argc - i - 1, argv + i + 1);
+    else
+        usage(stderr);
+out:
+    cx_db_free(db);
+    cx_config_cleanup(&cfg);
+    curl_global_cleanup();
+    return status;
+}

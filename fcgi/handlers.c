@@ -1,0 +1,89 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../lib/config.h"
+#include "../lib/health.h"
+#include "../lib/log.h"
+#include "../lib/metrics.h"
+#include "../lib/run.h"
+#include "handlers.h"
+
+void
+cx_h_health(struct cx_req *r)
+{
+    json_t *body = NULL;
+    bool ok = cx_health_check(r->w->db, r->w->gw, r->w->cfg->storage_dir, &body);
+
+    if (!ok) {
+        json_object_set_new(body, "error",
+                            json_pack("{s:s,s:s}", "code", "unavailable", "message",
+                                      "a health check failed; see checks"));
+        cx_req_header(r, "Retry-After", "5");
+    }
+    cx_req_send_json(r, ok ? 200 : 503, body);
+    json_decref(body);
+}
+
+void
+cx_h_metrics(struct cx_req *r)
+{
+    struct cx_buf b;
+
+    cx_buf_init(&b, 4 * 1024 * 1024);
+    cx_metrics_render(&b);
+    if (cx_buf_err(&b))
+        cx_req_send_lib_error(r, cx_buf_err(&b));
+    else
+        cx_req_send_text(r, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len);
+    cx_buf_cleanup(&b);
+}
+
+void
+cx_h_runs_get(struct cx_req *r)
+{
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    rc = cx_run_get(r->w->db, r->who.user, r->captures[0], &out);
+    if (rc == CX_ERR_NOT_FOUND) {
+        cx_req_send_error(r, 404, "not_found", "no such run");
+        return;
+    }
+    if (rc) {
+        cx_req_send_lib_error(r, rc);
+        return;
+    }
+    cx_req_send_json(r, 200, out);
+    json_decref(out);
+}
+
+void
+cx_h_runs_create(struct cx_req *r)
+{
+    struct cx_run_request req;
+    char msg[200];
+    json_t *body;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    body = cx_req_json_body(r, r->w->cfg->max_body_bytes);
+    if (!body)
+        return;
+    rc = cx_run_request_parse(r->w->cfg, body, &req, msg, sizeof(msg));
+    json_decref(body);
+    if (rc == CX_ERR_TOO_LARGE) {
+        cx_req_send_error(r, 413, "payload_too_large", msg);
+        return;
+    }
+    if (rc) {
+        cx_req_send_error(r, 400, "invalid_request", msg);
+        return;
+    }
+    cx_log_info("run request user_len=%zu code_len=%zu", strlen(r->who.user), req.code_len);
+    cx_req_send_error(r, 503, "unavailable", "code execution is not enabled in this build");
+    cx_run_request_cleanup(&req);
+}

@@ -1,0 +1,12 @@
+/* codexec-fcgi: route handlers. Each parses, calls lib/, and responds. */
+#ifndef CX_FCGI_HANDLERS_H
+#define CX_FCGI_HANDLERS_H
+
+#include "request.h"
+
+void cx_h_health(struct cx_req *r);
+void cx_h_metrics(struct cx_req *r);
+void cx_h_runs_create(struct cx_req *r);
+void cx_h_runs_get(struct cx_req *r);
+
+#endif

@@ -1,0 +1,283 @@
+/* codexec-fcgi: the FastCGI server.
+ *
+ * A pool of worker threads accepts on one listening socket (a unix socket or
+ * TCP address given by --listen or the config, fd 3 under systemd socket
+ * activation, else fd 0 as spawned by a web server). SIGTERM and SIGINT stop
+ * accepting; requests in flight finish; then the process exits. SIGHUP
+ * reopens the log file. */
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcgiapp.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../lib/auth.h"
+#include "../lib/config.h"
+#include "../lib/db.h"
+#include "../lib/gateway.h"
+#include "../lib/log.h"
+#include "../lib/metrics.h"
+#include "../lib/util.h"
+#include "request.h"
+#include "router.h"
+
+static int listen_fd;
+static volatile int stopping;
+static pthread_mutex_t accept_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cx_config cfg;
+static struct cx_auth *auth;
+
+static void
+usage(FILE *f)
+{
+    fprintf(f, "usage: codexec-fcgi [--config FILE] [--listen ADDR] [--workers N]\n"
+               "  ADDR: /path/to.sock, unix:/path/to.sock, HOST:PORT or :PORT;\n"
+               "  without it, fd 3 (systemd LISTEN_FDS) or fd 0 (spawned by a web server).\n");
+}
+
+static void
+set_request_context(struct cx_req *r)
+{
+    const char *uri = cx_req_param(r, "REQUEST_URI");
+    const char *q, *incoming = cx_req_param(r, "CODEXEC_REQUEST_ID");
+    size_t n;
+
+    /* The web server's request id ties our lines to its access log; take it
+     * only when it looks like one (hex), else make our own. */
+    if (incoming && strlen(incoming) >= 8 && strlen(incoming) <= 32 &&
+        strspn(incoming, "0123456789abcdef") == strlen(incoming))
+        snprintf(r->id, sizeof(r->id), "%s", incoming);
+    else
+        cx_random_id(r->id);
+    cx_log_set_request_id(r->id);
+    r->method = cx_req_param(r, "REQUEST_METHOD");
+    if (!r->method)
+        r->method = "GET";
+    if (!uri)
+        uri = "/";
+    q = strchr(uri, '?');
+    n = q ? (size_t)(q - uri) : strlen(uri);
+    if (n >= sizeof(r->path))
+        n = sizeof(r->path) - 1;
+    memcpy(r->path, uri, n);
+    r->path[n] = '\0';
+    r->query = cx_req_param(r, "QUERY_STRING");
+    if (!r->query)
+        r->query = "";
+}
+
+static void
+serve(struct cx_worker *w, FCGX_Request *fr)
+{
+    struct cx_req r;
+    int64_t t0 = cx_now_us();
+
+    memset(&r, 0, sizeof(r));
+    r.fr = fr;
+    r.w = w;
+    cx_buf_init(&r.headers, 64 * 1024);
+    set_request_context(&r);
+    cx_router_dispatch(&r);
+    if (!r.status)
+        cx_req_send_error(&r, 500, "internal_error", "internal error");
+    cx_metrics_observe(r.route ? r.route : "unknown", r.status, cx_now_us() - t0);
+    cx_log_info("%s %s %d %lldus", r.method, r.route ? r.route : "-", r.status,
+                (long long)(cx_now_us() - t0));
+    cx_buf_cleanup(&r.headers);
+    cx_log_set_request_id(NULL);
+}
+
+static void *
+worker_main(void *arg)
+{
+    struct cx_worker w = {.cfg = &cfg, .auth = auth};
+    FCGX_Request fr;
+    (void)arg;
+
+    if (cx_db_new(cfg.database, &w.db) ||
+        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &w.gw)) {
+        cx_log_err(0, "worker start-up failed: out of memory");
+        goto out;
+    }
+    if (FCGX_InitRequest(&fr, listen_fd, 0) != 0) {
+        cx_log_err(0, "FCGX_InitRequest() failed");
+        goto out;
+    }
+    while (!stopping) {
+        int rc;
+
+        pthread_mutex_lock(&accept_lock);
+        rc = stopping ? -1 : FCGX_Accept_r(&fr);
+        pthread_mutex_unlock(&accept_lock);
+        if (rc < 0)
+            break;
+        serve(&w, &fr);
+        FCGX_Finish_r(&fr);
+    }
+    FCGX_Free(&fr, 1);
+out:
+    cx_gateway_free(w.gw);
+    cx_db_free(w.db);
+    return NULL;
+}
+
+static int
+open_listener(const char *addr)
+{
+    const char *path = addr;
+    int fd;
+
+    if (!addr || !*addr) {
+        const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+        if (pid && fds && strtol(pid, NULL, 10) == (long)getpid() && strcmp(fds, "1") == 0)
+            return 3;
+        int type = 0;
+        socklen_t len = sizeof(type);
+        if (getsockopt(0, SOL_SOCKET, SO_TYPE, &type, &len) != 0) {
+            fprintf(stderr, "codexec-fcgi: no --listen given and fd 0 is not a socket\n");
+            return -1;
+        }
+        return 0;
+    }
+    if (strncmp(addr, "unix:", 5) == 0)
+        path = addr + 5;
+    if (path[0] == '/')
+        unlink(path); /* a stale socket from a previous run */
+    fd = FCGX_OpenSocket(path, 1024);
+    if (fd < 0) {
+        fprintf(stderr, "codexec-fcgi: cannot listen on \"%s\": %s\n", addr, strerror(errno));
+        return -1;
+    }
+    if (path[0] == '/' && chmod(path, cfg.socket_mode) != 0) {
+        fprintf(stderr, "codexec-fcgi: chmod() of \"%s\" failed: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return fd;
+}
+
+int
+main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"listen", required_argument, NULL, 'l'},
+        {"workers", required_argument, NULL, 'w'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = "/etc/codexec/codexec.conf", *listen_addr = NULL;
+    char errbuf[512];
+    pthread_t *threads = NULL;
+    sigset_t sigs;
+    unsigned workers = 0, started = 0;
+    int c, status = 1;
+
+    while ((c = getopt_long(argc, argv, "c:l:w:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config_path = optarg; break;
+        case 'l': listen_addr = optarg; break;
+        case 'w': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > 1024) {
+                usage(stderr);
+                return 2;
+            }
+            workers = (unsigned)v;
+            break;
+        }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (cx_config_load(&cfg, config_path, errbuf, sizeof(errbuf))) {
+        fprintf(stderr, "codexec-fcgi: %s\n", errbuf);
+        return 1;
+    }
+    if (workers)
+        cfg.workers = workers;
+    if (!listen_addr)
+        listen_addr = cfg.listen;
+    if (cx_log_open(cfg.log_file, cfg.log_level)) {
+        fprintf(stderr, "codexec-fcgi: cannot open log file \"%s\": %s\n", cfg.log_file,
+                strerror(errno));
+        goto out;
+    }
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        cx_log_err(0, "curl_global_init() failed");
+        goto out;
+    }
+    if (cx_auth_new(cfg.secret_file, &auth))
+        goto out;
+    if (FCGX_Init() != 0) {
+        cx_log_err(0, "FCGX_Init() failed");
+        goto out;
+    }
+    listen_fd = open_listener(listen_addr);
+    if (listen_fd < 0)
+        goto out;
+
+    /* Signals go to one thread that waits for them: workers never see them. */
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    threads = calloc(cfg.workers, sizeof(*threads));
+    if (!threads)
+        goto out;
+    for (; started < cfg.workers; started++)
+        if (pthread_create(&threads[started], NULL, worker_main, NULL) != 0) {
+            cx_log_err(errno, "pthread_create() failed");
+            break;
+        }
+    if (started == 0)
+        goto out;
+    cx_log_info("codexec-fcgi %s started: %u workers, listening on %s", PACKAGE_VERSION, started,
+                listen_addr && *listen_addr ? listen_addr
+                : listen_fd == 3            ? "fd 3"
+                                            : "fd 0");
+    for (;;) {
+        int sig = 0;
+
+        if (sigwait(&sigs, &sig) != 0)
+            continue;
+        if (sig == SIGHUP) {
+            if (cx_log_open(cfg.log_file, cfg.log_level))
+                cx_log_err(errno, "reopen of log file failed");
+            else
+                cx_log_info("log file reopened");
+            continue;
+        }
+        cx_log_info("signal %d: stopping; requests in flight will finish", sig);
+        break;
+    }
+    stopping = 1;
+    /* Wakes every thread blocked in accept(); connections already accepted
+     * are separate sockets and finish normally. */
+    shutdown(listen_fd, SHUT_RDWR);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    if (listen_addr && *listen_addr) {
+        const char *path = strncmp(listen_addr, "unix:", 5) == 0 ? listen_addr + 5 : listen_addr;
+        if (path[0] == '/')
+            unlink(path);
+    }
+    cx_log_info("stopped");
+    status = 0;
+out:
+    free(threads);
+    cx_auth_free(auth);
+    cx_config_cleanup(&cfg);
+    curl_global_cleanup();
+    return status;
+}

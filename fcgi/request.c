@@ -1,0 +1,172 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../lib/config.h"
+#include "../lib/http.h"
+#include "../lib/log.h"
+#include "request.h"
+
+const char *
+cx_req_param(struct cx_req *r, const char *name)
+{
+    return FCGX_GetParam(name, r->fr->envp);
+}
+
+void
+cx_req_header(struct cx_req *r, const char *name, const char *value)
+{
+    if (strpbrk(name, "\r\n:") || strpbrk(value, "\r\n")) {
+        cx_log_err(0, "refused a header with a line break in it");
+        return;
+    }
+    cx_buf_addf(&r->headers, "%s: %s\r\n", name, value);
+}
+
+static void
+send_head(struct cx_req *r, int status, const char *content_type, long long len)
+{
+    FCGX_FPrintF(r->fr->out, "Status: %d %s\r\n", status, cx_http_reason(status));
+    if (content_type)
+        FCGX_FPrintF(r->fr->out, "Content-Type: %s\r\n", content_type);
+    if (len >= 0)
+        FCGX_FPrintF(r->fr->out, "Content-Length: %lld\r\n", len);
+    FCGX_FPrintF(r->fr->out,
+                 "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
+                 "X-Request-Id: %s\r\n",
+                 r->id);
+    if (r->headers.len && !cx_buf_err(&r->headers))
+        FCGX_PutStr(r->headers.data, (int)r->headers.len, r->fr->out);
+    FCGX_PutS("\r\n", r->fr->out);
+    r->status = status;
+}
+
+void
+cx_req_send_text(struct cx_req *r, int status, const char *content_type, const char *body,
+                 size_t len)
+{
+    send_head(r, status, content_type, (long long)len);
+    if (strcmp(r->method, "HEAD") != 0 && len)
+        FCGX_PutStr(body, (int)len, r->fr->out);
+}
+
+void
+cx_req_send_empty(struct cx_req *r, int status)
+{
+    send_head(r, status, NULL, status == 204 || status == 304 ? -1 : 0);
+}
+
+void
+cx_req_send_json(struct cx_req *r, int status, json_t *json)
+{
+    char *s = json ? json_dumps(json, JSON_COMPACT) : NULL;
+
+    if (!s) {
+        static const char oom[] =
+            "{\"error\":{\"code\":\"internal_error\",\"message\":\"out of memory\"}}";
+        cx_req_send_text(r, 500, "application/json", oom, sizeof(oom) - 1);
+        return;
+    }
+    cx_req_send_text(r, status, "application/json", s, strlen(s));
+    free(s);
+}
+
+void
+cx_req_send_error(struct cx_req *r, int status, const char *code, const char *message)
+{
+    json_t *j = cx_http_error_json(code, message);
+
+    if (status == 503)
+        cx_req_header(r, "Retry-After", "5");
+    cx_req_send_json(r, status, j);
+    json_decref(j);
+}
+
+void
+cx_req_send_lib_error(struct cx_req *r, enum cx_err err)
+{
+    int status = cx_http_status_for(err);
+
+    switch (status) {
+    case 400: cx_req_send_error(r, 400, "invalid_request", "the request is invalid"); break;
+    case 401: cx_req_send_error(r, 401, "unauthorized", "a valid API key is required"); break;
+    case 403: cx_req_send_error(r, 403, "forbidden", "this link is not valid"); break;
+    case 404: cx_req_send_error(r, 404, "not_found", "no such resource"); break;
+    case 409: cx_req_send_error(r, 409, "conflict", "the resource is busy"); break;
+    case 410: cx_req_send_error(r, 410, "expired", "this link has expired"); break;
+    case 413: cx_req_send_error(r, 413, "payload_too_large", "the request is too large"); break;
+    case 429: cx_req_send_error(r, 429, "quota_exceeded", "a quota was exceeded"); break;
+    case 502: cx_req_send_error(r, 502, "gateway_error", "the Jupyter gateway failed"); break;
+    case 503:
+        cx_req_send_error(r, 503, "unavailable", "a backing service is unavailable; retry later");
+        break;
+    default: cx_req_send_error(r, 500, "internal_error", "internal error"); break;
+    }
+}
+
+static ssize_t
+fcgi_read(void *ctx, void *buf, size_t n)
+{
+    FCGX_Stream *in = ctx;
+    int chunk = n > (1 << 30) ? (1 << 30) : (int)n;
+
+    return FCGX_GetStr(buf, chunk, in);
+}
+
+json_t *
+cx_req_json_body(struct cx_req *r, uint64_t max)
+{
+    char msg[160];
+    char *body = NULL;
+    size_t len = 0;
+    json_t *j = NULL;
+    const char *ctype = cx_req_param(r, "CONTENT_TYPE");
+    enum cx_err rc;
+
+    if (ctype && *ctype && strncasecmp(ctype, "application/json", 16) != 0) {
+        cx_req_send_error(r, 415, "unsupported_media_type",
+                          "the request body must be application/json");
+        return NULL;
+    }
+    rc = cx_http_read_body(fcgi_read, r->fr->in, cx_req_param(r, "CONTENT_LENGTH"), max, &body,
+                           &len);
+    if (rc == CX_ERR_TOO_LARGE) {
+        snprintf(msg, sizeof(msg), "the request body exceeds %llu bytes", (unsigned long long)max);
+        cx_req_send_error(r, 413, "payload_too_large", msg);
+        return NULL;
+    }
+    if (rc == CX_ERR_INVALID) {
+        cx_req_send_error(r, 400, "invalid_request", "Content-Length is malformed");
+        return NULL;
+    }
+    if (rc) {
+        cx_req_send_error(r, 400, "invalid_request", "the request body could not be read");
+        return NULL;
+    }
+    rc = cx_http_parse_json_object(body, len, &j, msg, sizeof(msg));
+    free(body);
+    if (rc) {
+        cx_req_send_error(r, 400, "invalid_request", msg);
+        return NULL;
+    }
+    return j;
+}
+
+bool
+cx_req_authenticate(struct cx_req *r)
+{
+    enum cx_err rc;
+
+    rc = cx_auth_request(r->w->auth, r->w->db, r->w->cfg->trust_remote_user,
+                         cx_req_param(r, "REMOTE_USER"), cx_req_param(r, "HTTP_AUTHORIZATION"),
+                         &r->who);
+    if (rc == CX_OK)
+        return true;
+    if (rc == CX_ERR_UNAUTHORIZED) {
+        cx_req_header(r, "WWW-Authenticate", "Bearer");
+        cx_req_send_error(r, 401, "unauthorized", "a valid API key is required");
+    } else {
+        cx_req_send_lib_error(r, rc);
+    }
+    return false;
+}

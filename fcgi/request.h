@@ -1,0 +1,65 @@
+/* codexec-fcgi: one request's view of FastCGI, and the response writers. */
+#ifndef CX_FCGI_REQUEST_H
+#define CX_FCGI_REQUEST_H
+
+#include <fcgiapp.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../lib/auth.h"
+#include "../lib/buf.h"
+#include "../lib/err.h"
+
+struct cx_config;
+struct cx_db;
+struct cx_gateway;
+
+/* What a worker thread owns: made once, used by every request it serves. */
+struct cx_worker {
+    const struct cx_config *cfg;
+    const struct cx_auth *auth;
+    struct cx_db *db;
+    struct cx_gateway *gw;
+};
+
+#define CX_MAX_CAPTURES 2
+
+struct cx_req {
+    FCGX_Request *fr;
+    struct cx_worker *w;
+    const char *method;
+    char path[1024];
+    const char *query; /* "" when absent */
+    const char *route; /* metrics label, a static string */
+    char captures[CX_MAX_CAPTURES][160];
+    struct cx_principal who;
+    char id[33];
+    int status;            /* once a response is written */
+    struct cx_buf headers; /* extra headers for the response */
+};
+
+const char *cx_req_param(struct cx_req *r, const char *name);
+
+/* Adds "Name: value\r\n" to the response; refuses CR/LF in either. */
+void cx_req_header(struct cx_req *r, const char *name, const char *value);
+
+/* Writes a complete response. json is borrowed. */
+void cx_req_send_json(struct cx_req *r, int status, json_t *json);
+void cx_req_send_error(struct cx_req *r, int status, const char *code, const char *message);
+void cx_req_send_text(struct cx_req *r, int status, const char *content_type, const char *body,
+                      size_t len);
+/* 204 or another status without a body. */
+void cx_req_send_empty(struct cx_req *r, int status);
+
+/* Maps a library error to the standard status and error code. */
+void cx_req_send_lib_error(struct cx_req *r, enum cx_err err);
+
+/* Reads the body (capped at max) and parses a JSON object; on failure the
+ * error response has been sent and NULL is returned. */
+json_t *cx_req_json_body(struct cx_req *r, uint64_t max);
+
+/* Authenticates; on failure sends 401 (or 503) and returns false. */
+bool cx_req_authenticate(struct cx_req *r);
+
+#endif

@@ -1,0 +1,76 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "handlers.h"
+#include "router.h"
+
+struct route {
+    const char *method;
+    const char *pattern; /* "{}" matches one non-empty segment */
+    const char *name;
+    void (*fn)(struct cx_req *r);
+};
+
+static const struct route routes[] = {
+    {"GET", "/v1/health", "health", cx_h_health},
+    {"GET", "/metrics", "metrics", cx_h_metrics},
+    {"POST", "/v1/runs", "runs_create", cx_h_runs_create},
+    {"GET", "/v1/runs/{}", "runs_get", cx_h_runs_get},
+};
+
+/* Matches path against pattern; captures go to r when r is not NULL. */
+static bool
+match(const char *pattern, const char *path, struct cx_req *r)
+{
+    int ncap = 0;
+
+    while (*pattern && *path) {
+        if (pattern[0] == '{' && pattern[1] == '}') {
+            size_t n = strcspn(path, "/");
+            if (n == 0 || ncap >= CX_MAX_CAPTURES || n >= sizeof(r->captures[0]))
+                return false;
+            if (r)
+                snprintf(r->captures[ncap], sizeof(r->captures[0]), "%.*s", (int)n, path);
+            ncap++;
+            pattern += 2;
+            path += n;
+            continue;
+        }
+        if (*pattern != *path)
+            return false;
+        pattern++;
+        path++;
+    }
+    return *pattern == '\0' && *path == '\0';
+}
+
+void
+cx_router_dispatch(struct cx_req *r)
+{
+    char allow[128] = "";
+    bool path_known = false;
+    const char *method = strcmp(r->method, "HEAD") == 0 ? "GET" : r->method;
+
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
+        if (!match(routes[i].pattern, r->path, NULL))
+            continue;
+        path_known = true;
+        if (strcmp(routes[i].method, method) == 0) {
+            match(routes[i].pattern, r->path, r);
+            r->route = routes[i].name;
+            routes[i].fn(r);
+            return;
+        }
+        size_t n = strlen(allow);
+        snprintf(allow + n, sizeof(allow) - n, "%s%s%s", n ? ", " : "", routes[i].method,
+                 strcmp(routes[i].method, "GET") == 0 ? ", HEAD" : "");
+    }
+    if (path_known) {
+        r->route = "method_not_allowed";
+        cx_req_header(r, "Allow", allow);
+        cx_req_send_error(r, 405, "method_not_allowed", "this method is not allowed on this path");
+        return;
+    }
+    r->route = "not_found";
+    cx_req_send_error(r, 404, "not_found", "no such route");
+}

@@ -1,0 +1,69 @@
+/* codexec: API keys, Bearer parsing, REMOTE_USER trust, the server secret.
+ *
+ * An API key is "cx_" + 43 base64url characters (32 random bytes from
+ * libsodium). Only its keyed BLAKE2b hash (crypto_generichash, keyed with a
+ * subkey of the server secret) is stored, so a database dump yields no keys.
+ * The server secret is 32 random bytes, hex in a 0600 file; subkeys for key
+ * hashing and link signing are derived from it with crypto_kdf. */
+#ifndef CX_AUTH_H
+#define CX_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "err.h"
+
+struct cx_db;
+struct cx_auth;
+
+#define CX_KEY_CHARS 46 /* "cx_" + 43 */
+#define CX_USER_MAX  256
+
+struct cx_principal {
+    char user[CX_USER_MAX + 1];
+    char key_id[37]; /* "" when authenticated by REMOTE_USER */
+    bool require_approval;
+};
+
+/* Writes a new secret file (mode 0600, fails if it exists). */
+enum cx_err cx_auth_secret_create(const char *path) CX_MUSTCHECK;
+
+/* Loads the secret. Free with cx_auth_free() (wipes the keys). */
+enum cx_err cx_auth_new(const char *secret_file, struct cx_auth **out) CX_MUSTCHECK;
+void cx_auth_free(struct cx_auth *a);
+
+/* Borrowed 32-byte subkey for signed links. */
+const unsigned char *cx_auth_link_key(const struct cx_auth *a);
+
+/* Extracts the token of "Bearer <token>" (scheme case-insensitive); the token
+ * points into header. CX_ERR_UNAUTHORIZED if absent or malformed. */
+enum cx_err cx_auth_parse_bearer(const char *header, const char **token, size_t *len) CX_MUSTCHECK;
+
+/* Checks that a user name is acceptable (1..256 bytes of valid UTF-8, no
+ * control characters). Used for key creation and REMOTE_USER. */
+bool cx_auth_user_valid(const char *user);
+
+/* Computes the stored hash of a key. */
+void cx_auth_key_hash(const struct cx_auth *a, const char *key, size_t len, unsigned char hash[32]);
+
+/* Looks the key up: CX_OK fills *p; CX_ERR_UNAUTHORIZED for a malformed,
+ * unknown or revoked key; CX_ERR_DB when PostgreSQL failed. */
+enum cx_err cx_auth_check_key(const struct cx_auth *a, struct cx_db *db, const char *key,
+                              size_t len, struct cx_principal *p) CX_MUSTCHECK;
+
+/* Authenticates a request: the REMOTE_USER value when trust_remote_user is
+ * on and it is set, else the Authorization header. */
+enum cx_err cx_auth_request(const struct cx_auth *a, struct cx_db *db, bool trust_remote_user,
+                            const char *remote_user, const char *authorization,
+                            struct cx_principal *p) CX_MUSTCHECK;
+
+/* Creates a key for user; key_out receives the key (CX_KEY_CHARS + 1 bytes)
+ * and id_out its row id (37 bytes). */
+enum cx_err cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const char *user,
+                               const char *label, bool require_approval, char *key_out,
+                               char *id_out) CX_MUSTCHECK;
+
+/* Revokes by row id. CX_ERR_NOT_FOUND if no active key has that id. */
+enum cx_err cx_auth_key_revoke(struct cx_db *db, const char *id) CX_MUSTCHECK;
+
+#endif

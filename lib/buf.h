@@ -1,0 +1,35 @@
+/* codexec: growable byte buffer with a hard cap and sticky failure.
+ *
+ * Appends after a failure (allocation, or growth past the cap) are no-ops;
+ * the caller checks cx_buf_err() once at the end (curl dynbuf style).
+ * The struct lives in caller storage: cx_buf_init() / cx_buf_cleanup().
+ * The data is always NUL-terminated (the NUL is not counted in len). */
+#ifndef CX_BUF_H
+#define CX_BUF_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#include "err.h"
+
+struct cx_buf {
+    char *data;
+    size_t len;
+    size_t alloc;
+    size_t cap;
+    enum cx_err err;
+};
+
+void cx_buf_init(struct cx_buf *b, size_t cap);
+void cx_buf_cleanup(struct cx_buf *b);
+void cx_buf_reset(struct cx_buf *b);
+void cx_buf_add(struct cx_buf *b, const void *data, size_t len);
+void cx_buf_adds(struct cx_buf *b, const char *s);
+void cx_buf_addf(struct cx_buf *b, const char *fmt, ...) CX_PRINTF(2, 3);
+void cx_buf_vaddf(struct cx_buf *b, const char *fmt, va_list ap) CX_PRINTF(2, 0);
+/* CX_OK, CX_ERR_NOMEM or CX_ERR_TOO_LARGE: the first failure, sticky. */
+enum cx_err cx_buf_err(const struct cx_buf *b);
+/* Hands the data to the caller (free() it); the buffer is left empty. */
+char *cx_buf_take(struct cx_buf *b, size_t *len);
+
+#endif

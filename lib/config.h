@@ -1,0 +1,73 @@
+/* codexec: codexec.conf, "key = value" lines, '#' comment lines.
+ *
+ * Every key has a default (SPEC §5); unknown keys and bad values are refused
+ * with the line number. The struct is plain data so handlers can read it. */
+#ifndef CX_CONFIG_H
+#define CX_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+enum cx_delivery { CX_DELIVERY_DIRECT, CX_DELIVERY_X_ACCEL, CX_DELIVERY_X_SENDFILE };
+
+struct cx_config {
+    /* server */
+    char *listen; /* "" = fd 0 (spawned by a web server or systemd) */
+    unsigned socket_mode;
+    unsigned workers;
+    char *log_file; /* "" = stderr */
+    int log_level;  /* enum cx_log_level */
+    /* services */
+    char *database; /* libpq conninfo */
+    char *gateway_url;
+    char *gateway_token;
+    char *kernel_name;
+    char *storage_dir;
+    char *secret_file;
+    /* auth and delivery */
+    bool trust_remote_user;
+    bool require_approval;
+    int delivery; /* enum cx_delivery */
+    char *x_accel_prefix;
+    /* limits (SPEC §5) */
+    unsigned default_timeout, max_timeout;
+    unsigned default_ttl, max_ttl;
+    unsigned interrupt_grace;
+    unsigned busy_wait;
+    unsigned approval_ttl;
+    unsigned tail_chars;
+    uint64_t max_output_bytes;
+    uint64_t max_code_bytes;
+    uint64_t max_body_bytes;
+    uint64_t max_artifact_bytes;
+    unsigned max_captured_files;
+    unsigned max_inputs;
+    uint64_t user_quota_bytes;
+    unsigned user_quota_artifacts;
+    unsigned max_sessions_per_user;
+    unsigned link_default_expiry, link_max_expiry;
+    unsigned reaper_interval;
+    unsigned kernel_pool_size;
+};
+
+/* Fills *cfg with every default. Free with cx_config_cleanup(). */
+enum cx_err cx_config_defaults(struct cx_config *cfg) CX_MUSTCHECK;
+
+/* Reads a file over the defaults. On failure *cfg is cleaned up and errbuf
+ * holds "path:line: message". */
+enum cx_err cx_config_load(struct cx_config *cfg, const char *path, char *errbuf,
+                           size_t errlen) CX_MUSTCHECK;
+
+/* Parses text (already in memory) over the defaults; name is used in errors. */
+enum cx_err cx_config_parse(struct cx_config *cfg, const char *name, const char *text, char *errbuf,
+                            size_t errlen) CX_MUSTCHECK;
+
+void cx_config_cleanup(struct cx_config *cfg);
+
+/* Parses "123", "64k", "8M", "5G" (binary units) into *out. */
+enum cx_err cx_config_parse_size(const char *s, uint64_t *out) CX_MUSTCHECK;
+
+#endif

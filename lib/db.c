@@ -1,0 +1,340 @@
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "log.h"
+
+#define MAX_STATEMENTS 256
+
+struct cx_db {
+    char *conninfo;
+    PGconn *conn;
+    bool in_tx;
+    char sqlstate[6];
+    unsigned char prepared[MAX_STATEMENTS / 8];
+};
+
+struct cx_migration {
+    int version;
+    const char *name;
+    const char *sql;
+};
+/* Generated from the sql/ migrations by the build (tools/embed-sql.sh). */
+extern const struct cx_migration cx_migrations[];
+extern const int cx_migrations_count;
+
+static pthread_mutex_t id_lock = PTHREAD_MUTEX_INITIALIZER;
+static int next_id = 1;
+
+enum cx_err
+cx_db_new(const char *conninfo, struct cx_db **out)
+{
+    struct cx_db *db = calloc(1, sizeof(*db));
+
+    if (!db)
+        return CX_ERR_NOMEM;
+    db->conninfo = strdup(conninfo);
+    if (!db->conninfo) {
+        free(db);
+        return CX_ERR_NOMEM;
+    }
+    *out = db;
+    return CX_OK;
+}
+
+static void
+disconnect(struct cx_db *db)
+{
+    if (db->conn)
+        PQfinish(db->conn);
+    db->conn = NULL;
+    db->in_tx = false;
+    memset(db->prepared, 0, sizeof(db->prepared));
+}
+
+void
+cx_db_free(struct cx_db *db)
+{
+    if (!db)
+        return;
+    disconnect(db);
+    free(db->conninfo);
+    free(db);
+}
+
+static void
+log_conn_error(struct cx_db *db, const char *what)
+{
+    char msg[256];
+    const char *e = db->conn ? PQerrorMessage(db->conn) : "out of memory";
+
+    /* libpq's connection messages name hosts and sockets, never user data. */
+    snprintf(msg, sizeof(msg), "%s", e);
+    msg[strcspn(msg, "\n")] = '\0';
+    cx_log_err(0, "%s: %s", what, msg);
+}
+
+static enum cx_err
+ensure_connected(struct cx_db *db)
+{
+    if (db->conn && PQstatus(db->conn) == CONNECTION_OK)
+        return CX_OK;
+    disconnect(db);
+    db->conn = PQconnectdb(db->conninfo);
+    if (!db->conn || PQstatus(db->conn) != CONNECTION_OK) {
+        log_conn_error(db, "connection to PostgreSQL failed");
+        disconnect(db);
+        return CX_ERR_DB;
+    }
+    return CX_OK;
+}
+
+static int
+stmt_id(struct cx_sql *q)
+{
+    int id = __atomic_load_n(&q->id, __ATOMIC_ACQUIRE);
+
+    if (id)
+        return id;
+    pthread_mutex_lock(&id_lock);
+    if (!q->id) {
+        if (next_id >= MAX_STATEMENTS) {
+            pthread_mutex_unlock(&id_lock);
+            return -1;
+        }
+        __atomic_store_n(&q->id, next_id++, __ATOMIC_RELEASE);
+    }
+    id = q->id;
+    pthread_mutex_unlock(&id_lock);
+    return id;
+}
+
+/* Maps a failed result to an error and remembers the SQLSTATE. Only the
+ * SQLSTATE is logged: PostgreSQL messages can quote parameter values. */
+static enum cx_err
+result_error(struct cx_db *db, PGresult *r, int id)
+{
+    const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+
+    snprintf(db->sqlstate, sizeof(db->sqlstate), "%s", state ? state : "");
+    if (state && strcmp(state, "23505") == 0)
+        return CX_ERR_CONFLICT;
+    if (!db->conn || PQstatus(db->conn) != CONNECTION_OK)
+        log_conn_error(db, "PostgreSQL connection lost");
+    else
+        cx_log_err(0, "statement s%d failed with SQLSTATE %s", id, db->sqlstate);
+    return CX_ERR_DB;
+}
+
+static bool
+retriable(struct cx_db *db, bool was_in_tx)
+{
+    return !was_in_tx && db->conn && PQstatus(db->conn) == CONNECTION_BAD;
+}
+
+enum cx_err
+cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresult **res)
+{
+    char name[16];
+    PGresult *r = NULL;
+    int id = stmt_id(q);
+    enum cx_err rc;
+    bool was_in_tx = db->in_tx;
+
+    if (res)
+        *res = NULL;
+    if (id < 0)
+        return CX_ERR_INTERNAL;
+    snprintf(name, sizeof(name), "s%d", id);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rc = ensure_connected(db);
+        if (rc)
+            return rc;
+        if (!(db->prepared[id / 8] & (1u << (id % 8)))) {
+            r = PQprepare(db->conn, name, q->text, q->nparams, NULL);
+            if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
+                rc = result_error(db, r, id);
+                PQclear(r);
+                r = NULL;
+                if (retriable(db, was_in_tx) && attempt == 0) {
+                    disconnect(db);
+                    continue;
+                }
+                return rc;
+            }
+            PQclear(r);
+            db->prepared[id / 8] |= (unsigned char)(1u << (id % 8));
+        }
+        r = PQexecPrepared(db->conn, name, q->nparams, params, NULL, NULL, 0);
+        if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK))
+            break;
+        rc = result_error(db, r, id);
+        PQclear(r);
+        r = NULL;
+        if (retriable(db, was_in_tx) && attempt == 0) {
+            disconnect(db);
+            continue;
+        }
+        if (db->in_tx && PQstatus(db->conn) != CONNECTION_OK)
+            disconnect(db);
+        return rc;
+    }
+    if (!r)
+        return CX_ERR_DB;
+    db->sqlstate[0] = '\0';
+    if (res)
+        *res = r;
+    else
+        PQclear(r);
+    return CX_OK;
+}
+
+enum cx_err
+cx_db_run(struct cx_db *db, const char *sql)
+{
+    PGresult *r;
+    enum cx_err rc;
+
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool was_in_tx = db->in_tx;
+
+        rc = ensure_connected(db);
+        if (rc)
+            return rc;
+        r = PQexec(db->conn, sql);
+        if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK)) {
+            PQclear(r);
+            db->sqlstate[0] = '\0';
+            return CX_OK;
+        }
+        rc = result_error(db, r, 0);
+        PQclear(r);
+        if (retriable(db, was_in_tx) && attempt == 0) {
+            disconnect(db);
+            continue;
+        }
+        return rc;
+    }
+    return CX_ERR_DB;
+}
+
+enum cx_err
+cx_db_begin(struct cx_db *db)
+{
+    enum cx_err rc = cx_db_run(db, "BEGIN");
+
+    if (rc == CX_OK)
+        db->in_tx = true;
+    return rc;
+}
+
+enum cx_err
+cx_db_commit(struct cx_db *db)
+{
+    enum cx_err rc;
+    PGresult *r;
+
+    if (!db->conn)
+        return CX_ERR_DB;
+    /* Never retried: whether a COMMIT that lost its connection took effect
+     * is unknown, so the caller treats it as failed. */
+    r = PQexec(db->conn, "COMMIT");
+    db->in_tx = false;
+    if (r && PQresultStatus(r) == PGRES_COMMAND_OK) {
+        PQclear(r);
+        return CX_OK;
+    }
+    rc = result_error(db, r, 0);
+    PQclear(r);
+    if (PQstatus(db->conn) != CONNECTION_OK)
+        disconnect(db);
+    return rc == CX_OK ? CX_ERR_DB : rc;
+}
+
+void
+cx_db_rollback(struct cx_db *db)
+{
+    PGresult *r;
+
+    if (!db->conn) {
+        db->in_tx = false;
+        return;
+    }
+    r = PQexec(db->conn, "ROLLBACK");
+    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK)
+        disconnect(db);
+    PQclear(r);
+    db->in_tx = false;
+}
+
+enum cx_err
+cx_db_ping(struct cx_db *db)
+{
+    return cx_db_run(db, "SELECT 1");
+}
+
+const char *
+cx_db_sqlstate(const struct cx_db *db)
+{
+    return db->sqlstate;
+}
+
+CX_SQL(q_applied, 1, "SELECT 1 FROM schema_migrations WHERE version = $1::int");
+CX_SQL(q_record, 2, "INSERT INTO schema_migrations (version, name) VALUES ($1::int, $2)");
+
+enum cx_err
+cx_db_migrate(struct cx_db *db, int *applied)
+{
+    enum cx_err rc;
+    PGresult *r = NULL;
+    char ver[16];
+
+    *applied = 0;
+    rc = cx_db_run(db, "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                       " version int PRIMARY KEY, name text NOT NULL,"
+                       " applied_at timestamptz NOT NULL DEFAULT now())");
+    if (rc && rc != CX_ERR_CONFLICT)
+        return rc;
+    for (int i = 0; i < cx_migrations_count; i++) {
+        const struct cx_migration *m = &cx_migrations[i];
+        const char *p[2] = {ver, m->name};
+
+        snprintf(ver, sizeof(ver), "%d", m->version);
+        rc = cx_db_begin(db);
+        if (rc)
+            return rc;
+        rc = cx_db_run(db, "SELECT pg_advisory_xact_lock(7243010)");
+        if (rc)
+            goto fail;
+        rc = cx_db_exec(db, &q_applied, p, &r);
+        if (rc)
+            goto fail;
+        if (PQntuples(r) > 0) {
+            PQclear(r);
+            r = NULL;
+            cx_db_rollback(db);
+            continue;
+        }
+        PQclear(r);
+        r = NULL;
+        rc = cx_db_run(db, m->sql);
+        if (rc) {
+            cx_log_err(0, "migration %d (%s) failed", m->version, m->name);
+            goto fail;
+        }
+        rc = cx_db_exec(db, &q_record, p, NULL);
+        if (rc)
+            goto fail;
+        rc = cx_db_commit(db);
+        if (rc)
+            return rc;
+        cx_log_info("applied migration %d (%s)", m->version, m->name);
+        (*applied)++;
+    }
+    return CX_OK;
+fail:
+    cx_db_rollback(db);
+    return rc;
+}

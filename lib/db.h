@@ -1,0 +1,57 @@
+/* codexec: PostgreSQL access.
+ *
+ * One struct cx_db per worker thread (libpq connections are not shared).
+ * Statements are declared where they are used with CX_SQL() and prepared
+ * lazily on each connection. When the connection breaks (PostgreSQL
+ * restarted, a network cut), the next call reconnects and re-prepares; a
+ * statement that failed because the connection was already dead is retried
+ * once when no transaction is open. Inside a transaction the error is
+ * returned: the transaction is gone and the caller must start over. */
+#ifndef CX_DB_H
+#define CX_DB_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+
+#include "err.h"
+
+struct cx_db;
+
+struct cx_sql {
+    const char *text;
+    int nparams;
+    int id; /* assigned on first use */
+};
+
+#define CX_SQL(var, nparams_, text_) static struct cx_sql var = {(text_), (nparams_), 0}
+
+/* Creates a handle; connects on first use. Free with cx_db_free(). */
+enum cx_err cx_db_new(const char *conninfo, struct cx_db **out) CX_MUSTCHECK;
+void cx_db_free(struct cx_db *db);
+
+/* Runs a prepared statement with text parameters (NULL = SQL NULL).
+ * On CX_OK, *res (if res is not NULL) holds the result: PQclear() it.
+ * CX_ERR_CONFLICT for a unique violation, CX_ERR_DB otherwise. */
+enum cx_err cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params,
+                       PGresult **res) CX_MUSTCHECK;
+
+/* Plain SQL without parameters (DDL, BEGIN, migrations). */
+enum cx_err cx_db_run(struct cx_db *db, const char *sql) CX_MUSTCHECK;
+
+enum cx_err cx_db_begin(struct cx_db *db) CX_MUSTCHECK;
+enum cx_err cx_db_commit(struct cx_db *db) CX_MUSTCHECK;
+/* Never fails from the caller's view: a failed rollback drops the connection. */
+void cx_db_rollback(struct cx_db *db);
+
+/* SELECT 1, reconnecting if needed. */
+enum cx_err cx_db_ping(struct cx_db *db) CX_MUSTCHECK;
+
+/* SQLSTATE of the last failed statement ("" if none). */
+const char *cx_db_sqlstate(const struct cx_db *db);
+
+/* Applies the embedded migrations from sql/ that are not applied yet, each in
+ * its own transaction under an advisory lock (safe to run concurrently).
+ * *applied counts the ones applied now. */
+enum cx_err cx_db_migrate(struct cx_db *db, int *applied) CX_MUSTCHECK;
+
+#endif

@@ -1,0 +1,30 @@
+#include <stddef.h>
+
+#include "err.h"
+
+static const char *const messages[CX_ERR__COUNT] = {
+    [CX_OK] = "success",
+    [CX_ERR_NOMEM] = "out of memory",
+    [CX_ERR_INVALID] = "invalid input",
+    [CX_ERR_TOO_LARGE] = "input too large",
+    [CX_ERR_NOT_FOUND] = "not found",
+    [CX_ERR_UNAUTHORIZED] = "unauthorized",
+    [CX_ERR_FORBIDDEN] = "forbidden",
+    [CX_ERR_EXPIRED] = "expired",
+    [CX_ERR_CONFLICT] = "conflict",
+    [CX_ERR_QUOTA] = "quota exceeded",
+    [CX_ERR_IO] = "input/output error",
+    [CX_ERR_DB] = "database error",
+    [CX_ERR_GATEWAY] = "gateway error",
+    [CX_ERR_TIMEOUT] = "timed out",
+    [CX_ERR_PROTOCOL] = "protocol error",
+    [CX_ERR_INTERNAL] = "internal error",
+};
+
+const char *
+cx_strerror(enum cx_err err)
+{
+    if ((unsigned)err >= CX_ERR__COUNT || messages[err] == NULL)
+        return "unknown error";
+    return messages[err];
+}

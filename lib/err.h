@@ -1,0 +1,31 @@
+/* codexec: one error enum for the whole library. */
+#ifndef CX_ERR_H
+#define CX_ERR_H
+
+#define CX_MUSTCHECK    __attribute__((warn_unused_result))
+#define CX_PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+enum cx_err {
+    CX_OK = 0,
+    CX_ERR_NOMEM,     /* allocation failed or a buffer hit its cap */
+    CX_ERR_INVALID,   /* bad input from a caller or a file */
+    CX_ERR_TOO_LARGE, /* input exceeds a configured limit */
+    CX_ERR_NOT_FOUND, /* no such row, file or route */
+    CX_ERR_UNAUTHORIZED,
+    CX_ERR_FORBIDDEN,
+    CX_ERR_EXPIRED,
+    CX_ERR_CONFLICT, /* busy, already exists */
+    CX_ERR_QUOTA,
+    CX_ERR_IO,      /* read/write/fsync on local storage or a stream */
+    CX_ERR_DB,      /* PostgreSQL failed */
+    CX_ERR_GATEWAY, /* the Jupyter gateway failed or answered badly */
+    CX_ERR_TIMEOUT,
+    CX_ERR_PROTOCOL, /* a peer broke its protocol (WebSocket, Jupyter) */
+    CX_ERR_INTERNAL,
+    CX_ERR__COUNT
+};
+
+/* A static English description; never NULL. */
+const char *cx_strerror(enum cx_err err);
+
+#endif

@@ -1,0 +1,162 @@
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "gateway.h"
+#include "log.h"
+
+#define MAX_REST_BODY (16 * 1024 * 1024)
+
+struct cx_gateway {
+    CURL *curl;
+    char *base;
+    struct curl_slist *headers;
+    struct cx_buf body;
+};
+
+static size_t
+on_data(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    struct cx_buf *b = userdata;
+
+    cx_buf_add(b, ptr, size * nmemb);
+    return cx_buf_err(b) ? 0 : size * nmemb;
+}
+
+enum cx_err
+cx_gateway_new(const char *url, const char *token, struct cx_gateway **out)
+{
+    struct cx_gateway *gw = NULL;
+    char *auth = NULL;
+    size_t n;
+
+    gw = calloc(1, sizeof(*gw));
+    if (!gw)
+        return CX_ERR_NOMEM;
+    cx_buf_init(&gw->body, MAX_REST_BODY);
+    gw->base = strdup(url);
+    if (!gw->base)
+        goto fail;
+    n = strlen(gw->base);
+    while (n > 0 && gw->base[n - 1] == '/')
+        gw->base[--n] = '\0';
+    gw->curl = curl_easy_init();
+    if (!gw->curl)
+        goto fail;
+    gw->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (!gw->headers)
+        goto fail;
+    if (token && *token) {
+        n = strlen(token) + sizeof("Authorization: token ");
+        auth = malloc(n);
+        if (!auth)
+            goto fail;
+        snprintf(auth, n, "Authorization: token %s", token);
+        struct curl_slist *h = curl_slist_append(gw->headers, auth);
+        memset(auth, 0, n);
+        free(auth);
+        if (!h)
+            goto fail;
+        gw->headers = h;
+    }
+    *out = gw;
+    return CX_OK;
+fail:
+    cx_gateway_free(gw);
+    return CX_ERR_NOMEM;
+}
+
+void
+cx_gateway_free(struct cx_gateway *gw)
+{
+    if (!gw)
+        return;
+    if (gw->curl)
+        curl_easy_cleanup(gw->curl);
+    curl_slist_free_all(gw->headers); /* holds the token: libcurl frees it */
+    free(gw->base);
+    cx_buf_cleanup(&gw->body);
+    free(gw);
+}
+
+enum cx_err
+cx_gateway_call(struct cx_gateway *gw, const char *method, const char *path, json_t *body,
+                long *status, json_t **resp, char *msg, size_t msglen)
+{
+    char url[2048];
+    char *payload = NULL;
+    CURLcode cc;
+    CURL *c = gw->curl;
+    enum cx_err rc = CX_OK;
+    int n;
+
+    *status = 0;
+    if (resp)
+        *resp = NULL;
+    n = snprintf(url, sizeof(url), "%s%s", gw->base, path);
+    if (n < 0 || (size_t)n >= sizeof(url))
+        return CX_ERR_INVALID;
+    if (body) {
+        payload = json_dumps(body, JSON_COMPACT);
+        if (!payload)
+            return CX_ERR_NOMEM;
+    }
+    cx_buf_reset(&gw->body);
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, gw->headers);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 120000L);
+    curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &gw->body);
+    if (payload) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, payload);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(payload));
+    } else if (strcmp(method, "GET") == 0) {
+        curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+    } else if (strcmp(method, "POST") == 0) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, 0L);
+    }
+    cc = curl_easy_perform(c);
+    if (cc != CURLE_OK) {
+        if (msg)
+            snprintf(msg, msglen, "gateway %s %s failed: %s", method, path, curl_easy_strerror(cc));
+        cx_log_warn(0, "gateway %s %s failed: %s", method, path, curl_easy_strerror(cc));
+        rc = cc == CURLE_OPERATION_TIMEDOUT ? CX_ERR_TIMEOUT : CX_ERR_GATEWAY;
+        goto out;
+    }
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+    if (resp && gw->body.len > 0)
+        *resp = json_loadb(gw->body.data, gw->body.len, 0, NULL);
+    if (msg && (*status < 200 || *status >= 300))
+        snprintf(msg, msglen, "gateway %s %s answered %ld", method, path, *status);
+out:
+    free(payload);
+    return rc;
+}
+
+enum cx_err
+cx_gateway_ping(struct cx_gateway *gw, char *msg, size_t msglen)
+{
+    json_t *resp = NULL;
+    long status;
+    enum cx_err rc;
+
+    rc = cx_gateway_call(gw, "GET", "/api", NULL, &status, &resp, msg, msglen);
+    if (rc)
+        return rc;
+    if (status != 200 || !json_is_string(json_object_get(resp, "version"))) {
+        if (status == 200)
+            snprintf(msg, msglen, "gateway GET /api answered without a version");
+        rc = CX_ERR_GATEWAY;
+    }
+    json_decref(resp);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* codexec: the Jupyter gateway client (REST part).
+ *
+ * One struct cx_gateway per worker thread: it owns a libcurl easy handle so
+ * connections to the gateway are reused across requests. The token travels
+ * in "Authorization: token ..." and never in a URL. */
+#ifndef CX_GATEWAY_H
+#define CX_GATEWAY_H
+
+#include <jansson.h>
+
+#include "err.h"
+
+struct cx_gateway;
+
+/* url: base URL such as "http://127.0.0.1:8888" (no trailing /api).
+ * token may be NULL or "". Free with cx_gateway_free(). */
+enum cx_err cx_gateway_new(const char *url, const char *token,
+                           struct cx_gateway **out) CX_MUSTCHECK;
+void cx_gateway_free(struct cx_gateway *gw);
+
+/* One REST call: method and a path under the base URL ("/api/kernels").
+ * body may be NULL. *status gets the HTTP status; *resp (may be NULL) a new
+ * reference to the parsed JSON body or NULL when the body is empty or not
+ * JSON. CX_ERR_GATEWAY when the gateway could not be reached; an HTTP error
+ * status is not an error here: callers decide. msg (may be NULL) receives a
+ * sentence naming what failed, without the token. */
+enum cx_err cx_gateway_call(struct cx_gateway *gw, const char *method, const char *path,
+                            json_t *body, long *status, json_t **resp, char *msg,
+                            size_t msglen) CX_MUSTCHECK;
+
+/* GET /api: CX_OK when the gateway answers 200 with a version. */
+enum cx_err cx_gateway_ping(struct cx_gateway *gw, char *msg, size_t msglen) CX_MUSTCHECK;
+
+#endif

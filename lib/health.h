@@ -1,0 +1,18 @@
+/* codexec: the health check behind GET /v1/health. */
+#ifndef CX_HEALTH_H
+#define CX_HEALTH_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+struct cx_db;
+struct cx_gateway;
+
+/* Checks PostgreSQL (SELECT 1), the gateway (GET /api) and storage (a probe
+ * file is written and synced). *out gets a new reference:
+ * {"status": "ok"|"unavailable", "checks": {"postgresql": "ok"|"failed: …", …}}.
+ * Returns true when every check passed. */
+bool cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *storage_dir,
+                     json_t **out);
+
+#endif

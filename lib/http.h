@@ -1,0 +1,47 @@
+/* codexec: HTTP helpers that know nothing of FastCGI.
+ *
+ * Error bodies per SPEC §3, request bodies read through a callback with a
+ * hard cap, JSON parsing with UTF-8 validation, query strings. */
+#ifndef CX_HTTP_H
+#define CX_HTTP_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+
+/* Reason phrase of a status ("Not Found"); "Unknown" for others. */
+const char *cx_http_reason(int status);
+
+/* The status that an error code maps to when a handler has no better one. */
+int cx_http_status_for(enum cx_err err);
+
+/* New reference: {"error": {"code": code, "message": message}}. NULL on OOM. */
+json_t *cx_http_error_json(const char *code, const char *message);
+
+/* Reads a request body of content_length bytes (the CONTENT_LENGTH param,
+ * NULL or "" = none) through read_fn, refusing more than max bytes, whether
+ * announced or actually sent (CX_ERR_TOO_LARGE). A short body is CX_ERR_IO.
+ * On CX_OK *body is malloc'ed, NUL-terminated, and the caller frees it. */
+typedef ssize_t (*cx_http_read_fn)(void *ctx, void *buf, size_t n);
+enum cx_err cx_http_read_body(cx_http_read_fn read_fn, void *ctx, const char *content_length,
+                              uint64_t max, char **body, size_t *len) CX_MUSTCHECK;
+
+/* Parses CONTENT_LENGTH: CX_ERR_INVALID unless a plain decimal number. */
+enum cx_err cx_http_content_length(const char *s, uint64_t *out) CX_MUSTCHECK;
+
+/* Parses a JSON object from a body. Rejects invalid UTF-8, NUL bytes,
+ * duplicate keys, trailing data and non-objects; msg receives a sentence
+ * fit for the client. On CX_OK *out is a new reference. */
+enum cx_err cx_http_parse_json_object(const char *body, size_t len, json_t **out, char *msg,
+                                      size_t msglen) CX_MUSTCHECK;
+
+/* Finds name in a query string and percent-decodes its value into out.
+ * CX_ERR_NOT_FOUND if absent, CX_ERR_INVALID if malformed (bad escape, NUL,
+ * invalid UTF-8), CX_ERR_TOO_LARGE if it does not fit. */
+enum cx_err cx_http_query_get(const char *query, const char *name, char *out,
+                              size_t outlen) CX_MUSTCHECK;
+
+#endif

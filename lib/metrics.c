@@ -1,0 +1,91 @@
+#include <pthread.h>
+#include <string.h>
+
+#include "metrics.h"
+
+#define MAX_SERIES 256
+#define MAX_ROUTES 64
+
+static const double bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                1,     2.5,   5,    10,    30,   60,  300};
+#define NBOUNDS (sizeof(bounds) / sizeof(bounds[0]))
+
+struct series {
+    const char *route;
+    int status;
+    uint64_t count;
+};
+
+struct histogram {
+    const char *route;
+    uint64_t buckets[NBOUNDS];
+    uint64_t count;
+    double sum;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct series series[MAX_SERIES];
+static size_t nseries;
+static struct histogram hist[MAX_ROUTES];
+static size_t nhist;
+
+void
+cx_metrics_observe(const char *route, int status, int64_t us)
+{
+    double s = (double)us / 1e6;
+    size_t i;
+
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < nseries; i++)
+        if (series[i].status == status && strcmp(series[i].route, route) == 0)
+            break;
+    if (i == nseries && nseries < MAX_SERIES) {
+        series[i].route = route;
+        series[i].status = status;
+        nseries++;
+    }
+    if (i < nseries)
+        series[i].count++;
+    for (i = 0; i < nhist; i++)
+        if (strcmp(hist[i].route, route) == 0)
+            break;
+    if (i == nhist && nhist < MAX_ROUTES) {
+        hist[i].route = route;
+        nhist++;
+    }
+    if (i < nhist) {
+        for (size_t b = 0; b < NBOUNDS; b++)
+            if (s <= bounds[b])
+                hist[i].buckets[b]++;
+        hist[i].count++;
+        hist[i].sum += s;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void
+cx_metrics_render(struct cx_buf *b)
+{
+    pthread_mutex_lock(&lock);
+    cx_buf_adds(b, "# HELP codexec_http_requests_total HTTP requests by route and status.\n"
+                   "# TYPE codexec_http_requests_total counter\n");
+    for (size_t i = 0; i < nseries; i++)
+        cx_buf_addf(b, "codexec_http_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+                    series[i].route, series[i].status, (unsigned long long)series[i].count);
+    cx_buf_adds(b, "# HELP codexec_http_request_duration_seconds Request latency by route.\n"
+                   "# TYPE codexec_http_request_duration_seconds histogram\n");
+    for (size_t i = 0; i < nhist; i++) {
+        for (size_t k = 0; k < NBOUNDS; k++)
+            cx_buf_addf(
+                b, "codexec_http_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %llu\n",
+                hist[i].route, bounds[k], (unsigned long long)hist[i].buckets[k]);
+        cx_buf_addf(b,
+                    "codexec_http_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n",
+                    hist[i].route, (unsigned long long)hist[i].count);
+        cx_buf_addf(b, "codexec_http_request_duration_seconds_sum{route=\"%s\"} %.6f\n",
+                    hist[i].route, hist[i].sum);
+        cx_buf_addf(b, "codexec_http_request_duration_seconds_count{route=\"%s\"} %llu\n",
+                    hist[i].route, (unsigned long long)hist[i].count);
+    }
+    pthread_mutex_unlock(&lock);
+}

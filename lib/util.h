@@ -1,0 +1,27 @@
+/* codexec: small helpers with no better home. */
+#ifndef CX_UTIL_H
+#define CX_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+/* Strict UTF-8 (RFC 3629): no overlongs, no surrogates, nothing past U+10FFFF. */
+bool cx_utf8_valid(const char *s, size_t len);
+
+/* 8-4-4-4-12 hex, any case. */
+bool cx_uuid_valid(const char *s);
+
+/* write(2) until done, retrying EINTR. */
+enum cx_err cx_write_all(int fd, const void *buf, size_t len) CX_MUSTCHECK;
+
+/* Monotonic clock in milliseconds / microseconds. */
+int64_t cx_now_ms(void);
+int64_t cx_now_us(void);
+
+/* Lower-case hex of 16 random bytes (a request id). out: 33 bytes. */
+void cx_random_id(char out[33]);
+
+#endif

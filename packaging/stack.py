@@ -1,0 +1,550 @@
+#!/usr/bin/python3
+"""codexec stack: PostgreSQL, a Jupyter server with the sandboxed kernelspec,
+codexec-fcgi and nginx, all living in one directory.
+
+`packaging/quickstart` drives it on var/ with 127.0.0.1:8080; the system
+tests drive it on a temporary directory with free ports, so both start the
+stack the same way. Every step is idempotent: `up` on a running stack
+changes nothing, and `up` after a crash starts only what is missing.
+
+Runs with Debian's /usr/bin/python3 and the standard library only.
+"""
+
+import argparse
+import filecmp
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+
+PG_BIN = "/usr/lib/postgresql/15/bin"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNEL_NAME = "python3-sandbox"
+RUN_USER = "codexec"
+
+
+def log(msg):
+    print(f"stack: {msg}", file=sys.stderr, flush=True)
+
+
+class StackError(Exception):
+    pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port, host="127.0.0.1"):
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+class Stack:
+    def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
+                 workers=8, conf_extra=None, fast_pg=False, nginx_body="64m"):
+        self.var = os.path.abspath(var)
+        self.http_port = http_port
+        self.gateway_port = gateway_port
+        self.bindir = os.path.abspath(bindir or os.path.join(REPO, "build", "fcgi"))
+        self.workers = workers
+        self.conf_extra = conf_extra or {}
+        self.fast_pg = fast_pg
+        self.nginx_body = nginx_body
+        p = lambda *a: os.path.join(self.var, *a)
+        self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
+        self.storage, self.workspaces = p("storage"), p("workspaces")
+        self.jdir = p("jupyter")
+        self.logdir, self.rundir, self.bin = p("log"), p("run"), p("bin")
+        self.conf, self.secret = p("codexec.conf"), p("secret")
+        self.socket = p("run", "codexec.sock")
+        self.ports_file = p("ports.json")
+        if os.geteuid() == 0:
+            self.user = RUN_USER
+        else:
+            self.user = pwd.getpwuid(os.geteuid()).pw_name
+
+    # --- helpers ------------------------------------------------------------
+    @property
+    def pg_port(self):
+        return 5432
+
+    @property
+    def conninfo(self):
+        return f"host={self.pg_run} port={self.pg_port} dbname=codexec user=codexec"
+
+    @property
+    def gateway_url(self):
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def admin(self):
+        return os.path.join(self.bin, "codexec-admin")
+
+    def as_user(self):
+        if os.geteuid() != 0:
+            return []
+        return ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", "--"]
+
+    def run(self, argv, check=True, **kw):
+        r = subprocess.run(self.as_user() + argv, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, **kw)
+        if check and r.returncode != 0:
+            raise StackError(f"{os.path.basename(argv[0])} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+        return r
+
+    def spawn(self, name, argv, env=None, cwd=None):
+        logf = open(os.path.join(self.logdir, f"{name}.log"), "ab")
+        proc = subprocess.Popen(self.as_user() + argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                stderr=logf, env=env, cwd=cwd, start_new_session=True)
+        logf.close()
+        with open(os.path.join(self.rundir, f"{name}.pid"), "w") as f:
+            f.write(f"{proc.pid}\n")
+        return proc
+
+    def pid(self, name):
+        try:
+            with open(os.path.join(self.rundir, f"{name}.pid")) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def wait_for(self, what, fn, timeout=60, proc=None):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if fn():
+                return
+            if proc is not None and proc.poll() is not None:
+                raise StackError(f"{what} exited with {proc.returncode}; see {self.logdir}")
+            time.sleep(0.1)
+        raise StackError(f"{what} did not come up within {timeout}s; see {self.logdir}")
+
+    def chown(self, path):
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam(self.user)
+            os.chown(path, pw.pw_uid, pw.pw_gid)
+
+    def ensure_user(self):
+        if os.geteuid() != 0:
+            return
+        try:
+            pwd.getpwnam(self.user)
+        except KeyError:
+            log(f"creating system user {self.user}")
+            subprocess.run(["useradd", "--system", "--home-dir", "/nonexistent", "--no-create-home",
+                            "--shell", "/usr/sbin/nologin", self.user], check=True)
+
+    def ensure_traversable(self, path):
+        """The run user must reach var/: grant search (x, not read) on
+        ancestors that deny it, and say so."""
+        if os.geteuid() != 0:
+            return
+        uid = pwd.getpwnam(self.user).pw_uid
+        d = os.path.dirname(path)
+        while d and d != "/":
+            st = os.stat(d)
+            if st.st_uid != uid and not st.st_mode & stat.S_IXOTH:
+                log(f"granting search permission (o+x) on {d} so {self.user} can reach {path}")
+                os.chmod(d, st.st_mode | stat.S_IXOTH)
+            d = os.path.dirname(d)
+
+    def write_file(self, path, text, mode=0o640):
+        old = None
+        try:
+            with open(path) as f:
+                old = f.read()
+        except OSError:
+            pass
+        if old != text:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.chmod(tmp, mode)
+            self.chown(tmp)
+            os.replace(tmp, path)
+
+    def copy_exec(self, src, name):
+        dst = os.path.join(self.bin, name)
+        if not os.path.exists(src):
+            raise StackError(f"{src} is missing: build first")
+        if os.path.exists(dst) and filecmp.cmp(src, dst, shallow=False):
+            return
+        tmp = dst + ".tmp"
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+
+    # --- init ---------------------------------------------------------------
+    def init(self):
+        self.ensure_user()
+        os.makedirs(self.var, exist_ok=True)
+        self.ensure_traversable(self.var)
+        for d in [self.var, self.pg_data, self.pg_run, self.storage, self.workspaces, self.jdir,
+                  os.path.join(self.jdir, "home"), os.path.join(self.jdir, "runtime"),
+                  os.path.join(self.jdir, "path", "kernels", KERNEL_NAME),
+                  self.logdir, self.rundir, self.bin, os.path.join(self.var, "nginx", "tmp")]:
+            os.makedirs(d, exist_ok=True)
+            self.chown(d)
+        for d in [self.pg_data, self.workspaces, os.path.join(self.jdir, "runtime")]:
+            os.chmod(d, 0o700)
+        os.chmod(self.var, 0o750)
+        self.load_ports()
+        self.copy_exec(os.path.join(self.bindir, "codexec-fcgi"), "codexec-fcgi")
+        self.copy_exec(os.path.join(self.bindir, "codexec-admin"), "codexec-admin")
+        self.copy_exec(os.path.join(REPO, "packaging", "codexec-kernel-launcher"),
+                       "codexec-kernel-launcher")
+        self.init_secret_files()
+        self.write_kernelspec()
+        self.write_config()
+        self.write_nginx()
+        self.init_pg()
+
+    def load_ports(self):
+        try:
+            with open(self.ports_file) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            saved = {}
+        if self.gateway_port is None:
+            self.gateway_port = saved.get("gateway") or 18888
+        self.write_file(self.ports_file, json.dumps({"http": self.http_port,
+                                                     "gateway": self.gateway_port}) + "\n", 0o644)
+
+    def init_secret_files(self):
+        tok = os.path.join(self.jdir, "token")
+        if not os.path.exists(tok):
+            self.write_file(tok, secrets.token_hex(24) + "\n", 0o600)
+        with open(tok) as f:
+            self.gateway_token = f.read().strip()
+
+    def write_kernelspec(self):
+        with open(os.path.join(REPO, "packaging", "kernels", KERNEL_NAME, "kernel.json.in")) as f:
+            spec = f.read().replace("@LAUNCHER@", os.path.join(self.bin, "codexec-kernel-launcher"))
+        self.write_file(os.path.join(self.jdir, "path", "kernels", KERNEL_NAME, "kernel.json"),
+                        spec, 0o644)
+
+    def write_config(self):
+        lines = {
+            "listen": f"unix:{self.socket}",
+            "socket_mode": "0660",
+            "workers": str(self.workers),
+            "log_file": os.path.join(self.logdir, "codexec.log"),
+            "database": self.conninfo,
+            "gateway_url": self.gateway_url,
+            "gateway_token": self.gateway_token,
+            "kernel_name": KERNEL_NAME,
+            "storage_dir": self.storage,
+            "secret_file": self.secret,
+            "delivery": "x-accel",
+            "x_accel_prefix": "/_codexec_storage/",
+        }
+        lines.update(self.conf_extra)
+        text = "# Written by packaging/stack.py; see README.md for every key.\n"
+        text += "".join(f"{k} = {v}\n" for k, v in lines.items())
+        self.write_file(self.conf, text, 0o640)
+
+    def write_nginx(self):
+        ndir = os.path.join(self.var, "nginx")
+        with open(os.path.join(REPO, "nginx", "codexec-locations.conf")) as f:
+            locations = f.read().replace("client_max_body_size 64m;",
+                                         f"client_max_body_size {self.nginx_body};")
+        self.write_file(os.path.join(ndir, "codexec-locations.conf"), locations, 0o644)
+        # The snippet includes fastcgi_params relative to the config directory,
+        # as it would under /etc/nginx.
+        with open("/etc/nginx/fastcgi_params") as f:
+            self.write_file(os.path.join(ndir, "fastcgi_params"), f.read(), 0o644)
+        tmp = os.path.join(ndir, "tmp")
+        conf = f"""# Written by packaging/stack.py.
+daemon off;
+worker_processes 2;
+pid {self.rundir}/nginx.pid;
+error_log {self.logdir}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    include /etc/nginx/mime.types;
+    default_type application/octet-stream;
+    access_log {self.logdir}/nginx-access.log;
+    client_body_temp_path {tmp}/body;
+    fastcgi_temp_path {tmp}/fastcgi;
+    proxy_temp_path {tmp}/proxy;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    sendfile on;
+    tcp_nopush on;
+    server_tokens off;
+
+    upstream codexec_fcgi {{
+        server unix:{self.socket};
+    }}
+
+    server {{
+        listen 127.0.0.1:{self.http_port};
+        server_name localhost;
+        include {ndir}/codexec-locations.conf;
+
+        location /_codexec_storage/ {{
+            internal;
+            alias {self.storage}/;
+        }}
+    }}
+}}
+"""
+        self.write_file(os.path.join(ndir, "nginx.conf"), conf, 0o644)
+
+    def init_pg(self):
+        if os.path.exists(os.path.join(self.pg_data, "PG_VERSION")):
+            return
+        log("initialising the PostgreSQL cluster")
+        self.run([f"{PG_BIN}/initdb", "-D", self.pg_data, "-U", "codexec", "--auth=trust",
+                  "-E", "UTF8", "--locale=C.UTF-8"])
+        extra = ("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                 if self.fast_pg else "")
+        with open(os.path.join(self.pg_data, "postgresql.conf"), "a") as f:
+            f.write(f"\n# codexec stack\nlisten_addresses = ''\n"
+                    f"unix_socket_directories = '{self.pg_run}'\nport = {self.pg_port}\n"
+                    f"max_connections = 200\n{extra}")
+
+    # --- services -----------------------------------------------------------
+    def pg_running(self):
+        r = self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "status"], check=False)
+        return r.returncode == 0
+
+    def start_pg(self):
+        if not self.pg_running():
+            log("starting PostgreSQL")
+            # A crash can leave a stale pid file behind; pg_ctl copes with it.
+            self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "-l",
+                      os.path.join(self.logdir, "postgresql.log"), "-w", "-t", "60", "start"])
+        r = self.run([f"{PG_BIN}/psql", "-h", self.pg_run, "-p", str(self.pg_port), "-U",
+                      "codexec", "-d", "postgres", "-tAc",
+                      "SELECT 1 FROM pg_database WHERE datname = 'codexec'"])
+        if r.stdout.strip() != "1":
+            self.run([f"{PG_BIN}/createdb", "-h", self.pg_run, "-p", str(self.pg_port), "-U",
+                      "codexec", "codexec"])
+
+    def gateway_ok(self):
+        req = urllib.request.Request(self.gateway_url + "/api",
+                                     headers={"Authorization": f"token {self.gateway_token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def start_jupyter(self):
+        if self.pid("jupyter") and self.gateway_ok():
+            return
+        self.kill_pidfile("jupyter")
+        if port_open(self.gateway_port):
+            raise StackError(f"port {self.gateway_port} is taken by another program")
+        log(f"starting the Jupyter server on 127.0.0.1:{self.gateway_port}")
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": os.path.join(self.jdir, "home"),
+            "JUPYTER_PATH": os.path.join(self.jdir, "path"),
+            "JUPYTER_RUNTIME_DIR": os.path.join(self.jdir, "runtime"),
+            "JUPYTER_CONFIG_DIR": os.path.join(self.jdir, "config"),
+            "JUPYTER_DATA_DIR": os.path.join(self.jdir, "data"),
+            "JUPYTER_TOKEN": self.gateway_token,  # not in argv, where ps shows it
+        }
+        proc = self.spawn("jupyter", [
+            "/usr/bin/python3", "-m", "jupyter_server",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.gateway_port}",
+            "--ServerApp.port_retries=0", "--ServerApp.open_browser=False",
+            f"--ServerApp.root_dir={self.workspaces}",
+            "--KernelManager.transport=ipc",
+            f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
+            f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}",
+        ], env=env, cwd=self.workspaces)
+        self.wait_for("the Jupyter server", self.gateway_ok, 90, proc)
+
+    def fcgi_ok(self):
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+
+    def start_fcgi(self):
+        self.run([self.admin, "--config", self.conf, "migrate"])
+        if self.pid("codexec-fcgi") and self.fcgi_ok():
+            return
+        self.kill_pidfile("codexec-fcgi")
+        if not os.path.exists(self.secret):
+            self.run([self.admin, "--config", self.conf, "secret", "init"])
+        log("starting codexec-fcgi")
+        env = dict(os.environ)
+        proc = self.spawn("codexec-fcgi", [os.path.join(self.bin, "codexec-fcgi"), "--config",
+                                           self.conf], env=env)
+        self.wait_for("codexec-fcgi", self.fcgi_ok, 30, proc)
+
+    def nginx_ok(self):
+        try:
+            with urllib.request.urlopen(self.url + "/v1/health", timeout=5) as r:
+                return r.status in (200, 503)
+        except urllib.error.HTTPError as e:
+            return e.code in (200, 503)
+        except OSError:
+            return False
+
+    def start_nginx(self):
+        if self.pid("nginx") and self.nginx_ok():
+            return
+        self.kill_pidfile("nginx")
+        if port_open(self.http_port):
+            raise StackError(f"port {self.http_port} is taken by another program")
+        log(f"starting nginx on 127.0.0.1:{self.http_port}")
+        ndir = os.path.join(self.var, "nginx")
+        proc = self.spawn("nginx", ["/usr/sbin/nginx", "-p", ndir, "-c",
+                                    os.path.join(ndir, "nginx.conf"), "-e",
+                                    os.path.join(self.logdir, "nginx-error.log")])
+        self.wait_for("nginx", self.nginx_ok, 30, proc)
+
+    def up(self):
+        self.init()
+        self.start_pg()
+        self.start_jupyter()
+        self.start_fcgi()
+        self.start_nginx()
+
+    # --- keys ---------------------------------------------------------------
+    def create_key(self, user, label=None, approval=False):
+        argv = [self.admin, "--config", self.conf, "key", "create", "--user", user]
+        if label:
+            argv += ["--label", label]
+        if approval:
+            argv += ["--require-approval"]
+        return self.run(argv).stdout.strip()
+
+    # --- stop ---------------------------------------------------------------
+    def kill_pidfile(self, name, sig=signal.SIGTERM, timeout=20):
+        pid = self.pid(name)
+        path = os.path.join(self.rundir, f"{name}.pid")
+        if pid:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + timeout
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if pid_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+        if os.path.exists(path):
+            os.unlink(path)
+
+    def leftovers(self):
+        """Processes whose command line names this stack's directory."""
+        found = []
+        me = os.getpid()
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == me:
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if self.var + "/" in cmd and pid_alive(int(d)):
+                found.append((int(d), cmd.strip()))
+        return found
+
+    def down(self):
+        self.kill_pidfile("nginx", signal.SIGQUIT)
+        self.kill_pidfile("codexec-fcgi")
+        self.kill_pidfile("jupyter")
+        if os.path.exists(os.path.join(self.pg_data, "PG_VERSION")) and self.pg_running():
+            self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "-m", "fast", "-w", "stop"],
+                     check=False)
+        for pid, _ in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def status(self):
+        self.load_ports_readonly()
+        return {
+            "postgresql": os.path.exists(os.path.join(self.pg_data, "PG_VERSION")) and self.pg_running(),
+            "jupyter": bool(self.pid("jupyter")),
+            "codexec-fcgi": bool(self.pid("codexec-fcgi")),
+            "nginx": bool(self.pid("nginx")),
+        }
+
+    def load_ports_readonly(self):
+        try:
+            with open(self.ports_file) as f:
+                saved = json.load(f)
+            self.gateway_port = self.gateway_port or saved.get("gateway")
+        except (OSError, ValueError):
+            pass
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["up", "down", "status", "key"])
+    ap.add_argument("--var", default=os.path.join(REPO, "var"))
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--gateway-port", type=int)
+    ap.add_argument("--bindir")
+    ap.add_argument("--user", help="for `key`: the user the key is for")
+    a = ap.parse_args()
+    st = Stack(a.var, http_port=a.port, gateway_port=a.gateway_port, bindir=a.bindir)
+    try:
+        if a.command == "up":
+            st.up()
+        elif a.command == "down":
+            st.down()
+            left = st.leftovers()
+            if left:
+                raise StackError(f"processes left behind: {left}")
+        elif a.command == "status":
+            s = st.status()
+            for k, v in s.items():
+                print(f"{k:14} {'running' if v else 'stopped'}")
+            return 0 if all(s.values()) else 3
+        elif a.command == "key":
+            st.init_secret_files()
+            print(st.create_key(a.user or "demo"))
+    except StackError as e:
+        log(str(e))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

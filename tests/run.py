@@ -1,0 +1,191 @@
+#!/usr/bin/python3
+"""Runs codexec's whole suite against one build: unit tests (make check, TAP)
+and system tests (tests/system/test_*.py) against a stack of real services
+started on free ports in a temporary directory.
+
+Prints TAP-style lines and ends with "<flavour>: N passed, N failed".
+"""
+
+import argparse
+import glob
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "packaging"))
+sys.path.insert(0, os.path.join(HERE, "system"))
+
+import stack  # noqa: E402
+
+
+class Results:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+        self.failures = []
+
+    def record(self, ok, name, detail=""):
+        n = self.passed + self.failed + 1
+        if ok:
+            self.passed += 1
+            print(f"ok {n} - {name}", flush=True)
+        else:
+            self.failed += 1
+            self.failures.append(name)
+            print(f"not ok {n} - {name}", flush=True)
+            for line in detail.rstrip().splitlines():
+                print(f"#   {line}", flush=True)
+
+
+def run_unit(res, build, pg_conninfo, flavour):
+    env = dict(os.environ, CODEXEC_TEST_PG=pg_conninfo)
+    if flavour == "sanitizers":
+        env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0"
+        env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+    for trs in glob.glob(os.path.join(build, "tests", "**", "*.trs"), recursive=True):
+        os.unlink(trs)
+    p = subprocess.run(["make", "-C", build, "-j2", "check"], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    trs_files = sorted(glob.glob(os.path.join(build, "tests", "**", "*.trs"), recursive=True))
+    if not trs_files:
+        res.record(False, "unit: make check ran", p.stdout[-4000:])
+        return
+    for trs in trs_files:
+        name = os.path.relpath(trs, build)[:-4]
+        with open(trs) as f:
+            results = re.findall(r"^:test-result: (\S+)", f.read(), re.M)
+        log = trs[:-4] + ".log"
+        bad = [r for r in results if r not in ("PASS", "SKIP", "XFAIL")]
+        detail = ""
+        if bad:
+            with open(log, errors="replace") as f:
+                detail = "\n".join(l for l in f.read().splitlines()
+                                   if l.startswith(("not ok", "#", "Bail", "==", "ERROR"))
+                                   or "runtime error" in l)[-4000:]
+        # One line per program, counting each of its test points.
+        res.passed += sum(1 for r in results if r in ("PASS", "XFAIL"))
+        if bad:
+            res.record(False, f"unit: {name} ({len(bad)} of {len(results)} failed)", detail)
+        else:
+            print(f"# unit: {name}: {len(results)} passed", flush=True)
+
+
+def load_modules(only):
+    mods = []
+    for path in sorted(glob.glob(os.path.join(HERE, "system", "test_*.py"))):
+        name = os.path.basename(path)[:-3]
+        if only and not any(o in name for o in only):
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mods.append(mod)
+    return mods
+
+
+def run_system(res, st, ctx, only, pattern):
+    for mod in load_modules(only):
+        tests = [(n, getattr(mod, n)) for n in dir(mod) if n.startswith("test_")]
+        tests.sort(key=lambda t: t[1].__code__.co_firstlineno)
+        for name, fn in tests:
+            if pattern and pattern not in name:
+                continue
+            full = f"{mod.__name__}.{name}"
+            t0 = time.monotonic()
+            try:
+                fn(ctx)
+                res.record(True, f"{full} ({time.monotonic() - t0:.1f}s)")
+            except Exception as e:  # a failed assertion or a broken service
+                detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]
+                res.record(False, full, detail)
+
+
+def sanitizer_reports(logdir):
+    found = []
+    for path in glob.glob(os.path.join(logdir, "codexec*")):
+        with open(path, errors="replace") as f:
+            text = f.read()
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            if marker in text:
+                i = text.index(marker)
+                found.append(f"{os.path.basename(path)}: {text[max(0, i - 200):i + 1500]}")
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--flavour", default="werror")
+    ap.add_argument("--only", action="append", help="system test modules to run (substring)")
+    ap.add_argument("-k", dest="pattern", help="system test names containing this")
+    ap.add_argument("--no-unit", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the stack's directory")
+    a = ap.parse_args()
+    build = os.path.abspath(a.build)
+    res = Results()
+    var = tempfile.mkdtemp(prefix="cx-test-")
+    conf_extra = {
+        "max_body_bytes": "2M",
+        "max_code_bytes": "1M",
+        "workers": "8",
+        "log_level": "info",
+    }
+    st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
+                     bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,
+                     nginx_body="8m")
+    if a.flavour == "sanitizers":
+        os.environ["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:log_path=" + os.path.join(
+            var, "log", "codexec-asan")
+        os.environ["UBSAN_OPTIONS"] = "print_stacktrace=1:log_path=" + os.path.join(
+            var, "log", "codexec-ubsan")
+    print(f"# {a.flavour}: stack in {var}", flush=True)
+    try:
+        st.init()
+        st.start_pg()
+        if not a.no_unit:
+            run_unit(res, build, f"host={st.pg_run} port={st.pg_port} user=codexec dbname=postgres",
+                     a.flavour)
+        st.start_jupyter()
+        st.start_fcgi()
+        st.start_nginx()
+        import harness
+        ctx = harness.Context(st, build, a.flavour)
+        run_system(res, st, ctx, a.only, a.pattern)
+    except Exception as e:
+        res.record(False, "the test stack starts", "".join(
+            traceback.format_exception(type(e), e, e.__traceback__))[-3000:])
+    finally:
+        try:
+            st.down()
+        except Exception as e:
+            res.record(False, "the test stack stops", repr(e))
+        left = st.leftovers()
+        res.record(not left, "no process of the stack is left behind", repr(left))
+        if a.flavour == "sanitizers":
+            reports = sanitizer_reports(st.logdir)
+            res.record(not reports, "no sanitizer reports from codexec-fcgi", "\n".join(reports))
+        if res.failed:
+            for f in sorted(glob.glob(os.path.join(st.logdir, "*.log"))):
+                with open(f, errors="replace") as fh:
+                    tail = fh.read()[-1500:]
+                print(f"# --- tail of {os.path.basename(f)} ---")
+                for line in tail.splitlines():
+                    print(f"# {line}")
+        if not a.keep and not res.failed:
+            shutil.rmtree(var, ignore_errors=True)
+        elif res.failed:
+            print(f"# stack directory kept: {var}")
+    print(f"{a.flavour}: {res.passed} passed, {res.failed} failed", flush=True)
+    return 0 if res.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

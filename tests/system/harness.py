@@ -1,0 +1,118 @@
+"""Helpers for the system tests: HTTP through nginx, keys, assertions."""
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+
+
+class Response:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def header(self, name):
+        for k, v in self.headers:
+            if k.lower() == name.lower():
+                return v
+        return None
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return f"<{self.status} {self.body[:300]!r}>"
+
+
+class Context:
+    def __init__(self, st, build, flavour):
+        self.st = st
+        self.build = build
+        self.flavour = flavour
+        self._keys = {}
+
+    # --- HTTP ---------------------------------------------------------------
+    def request(self, method, path, body=None, headers=None, key=None, timeout=120, port=None):
+        h = dict(headers or {})
+        if key:
+            h["Authorization"] = f"Bearer {key}"
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+            h.setdefault("Content-Type", "application/json")
+        elif isinstance(body, str):
+            body = body.encode()
+        conn = http.client.HTTPConnection("127.0.0.1", port or self.st.http_port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=h)
+            r = conn.getresponse()
+            return Response(r.status, r.getheaders(), r.read())
+        finally:
+            conn.close()
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, body=None, **kw):
+        return self.request("POST", path, body=body, **kw)
+
+    # --- keys and the database ----------------------------------------------
+    def key(self, user, approval=False):
+        if (user, approval) not in self._keys:
+            self._keys[(user, approval)] = self.st.create_key(user, approval=approval)
+        return self._keys[(user, approval)]
+
+    def admin(self, *args, check=True):
+        return self.st.run([self.st.admin, "--config", self.st.conf, *args], check=check)
+
+    def psql(self, sql):
+        r = self.st.run(["/usr/lib/postgresql/15/bin/psql", "-h", self.st.pg_run, "-p",
+                         str(self.st.pg_port), "-U", "codexec", "-d", "codexec", "-v",
+                         "ON_ERROR_STOP=1", "-tAc", sql])
+        return r.stdout.strip()
+
+    def log_text(self):
+        out = []
+        for name in sorted(os.listdir(self.st.logdir)):
+            if name.startswith("codexec"):
+                with open(os.path.join(self.st.logdir, name), errors="replace") as f:
+                    out.append(f.read())
+        return "\n".join(out)
+
+
+def eq(got, want, what=""):
+    if got != want:
+        raise AssertionError(f"{what}: got {got!r}, want {want!r}")
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def expect_error(r, status, code=None):
+    eq(r.status, status, f"status of {r!r}")
+    body = r.json()
+    check(isinstance(body.get("error"), dict), f"error object in {r!r}")
+    check(isinstance(body["error"].get("message"), str) and body["error"]["message"],
+          f"error.message in {r!r}")
+    if code:
+        eq(body["error"].get("code"), code, "error.code")
+    return body
+
+
+def new_id():
+    return str(uuid.uuid4())
+
+
+def wait_until(fn, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")

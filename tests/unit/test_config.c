@@ -1,0 +1,99 @@
+#include "../../lib/config.h"
+#include "tap.h"
+
+static const struct {
+    const char *text;
+    int rc;
+    const char *err; /* substring expected in the message */
+} cases[] = {
+    {"", CX_OK, NULL},
+    {"# only a comment\n\n   \n", CX_OK, NULL},
+    {"workers = 4\n", CX_OK, NULL},
+    {"bogus = 1\n", CX_ERR_INVALID, "t.conf:1: unknown key"},
+    {"\n\nworkers = many\n", CX_ERR_INVALID, "t.conf:3: workers"},
+    {"workers = 0\n", CX_ERR_INVALID, "out of range"},
+    {"workers = -1\n", CX_ERR_INVALID, "workers"},
+    {"workers = 4\nworkers = 5\n", CX_ERR_INVALID, "t.conf:2: workers is set twice"},
+    {"max_body_bytes = 12Q\n", CX_ERR_INVALID, "expected a size"},
+    {"max_body_bytes = 99999999999999999999G\n", CX_ERR_INVALID, "max_body_bytes"},
+    {"trust_remote_user = maybe\n", CX_ERR_INVALID, "true or false"},
+    {"delivery = ftp\n", CX_ERR_INVALID, "direct, x-accel or x-sendfile"},
+    {"log_level = loud\n", CX_ERR_INVALID, "log_level"},
+    {"socket_mode = 0999\n", CX_ERR_INVALID, "octal"},
+    {"just words\n", CX_ERR_INVALID, "t.conf:1: expected \"key = value\""},
+    {"default_timeout = 400\n", CX_ERR_INVALID, "default_timeout is above max_timeout"},
+    {"max_code_bytes = 128M\nmax_body_bytes = 64M\n", CX_ERR_INVALID, "max_code_bytes"},
+};
+
+int
+main(void)
+{
+    struct cx_config cfg;
+    char err[512];
+    uint64_t v;
+
+    if (cx_config_defaults(&cfg) != CX_OK)
+        return 1;
+    /* SPEC §5 defaults */
+    is_int(cfg.default_timeout, 30, "default timeout 30 s");
+    is_int(cfg.max_timeout, 300, "max timeout 300 s");
+    is_int(cfg.default_ttl, 600, "default ttl 600 s");
+    is_int(cfg.max_ttl, 3600, "max ttl 3600 s");
+    is_int(cfg.tail_chars, 4000, "tails 4000 chars");
+    is_int(cfg.max_output_bytes, 8 << 20, "output 8 MiB");
+    is_int(cfg.max_code_bytes, 1 << 20, "code 1 MiB");
+    is_int(cfg.max_body_bytes, 64 << 20, "body 64 MiB");
+    is_int(cfg.max_artifact_bytes, 100 << 20, "artifact 100 MiB");
+    is_int(cfg.max_captured_files, 64, "64 captured files");
+    is_int(cfg.max_inputs, 32, "32 inputs");
+    is_int(cfg.user_quota_bytes, 5ULL << 30, "5 GiB per user");
+    is_int(cfg.user_quota_artifacts, 5000, "5000 artifacts per user");
+    is_int(cfg.max_sessions_per_user, 8, "8 sessions per user");
+    is_int(cfg.link_default_expiry, 300, "links 300 s by default");
+    is_int(cfg.link_max_expiry, 7 * 86400, "links 7 days at most");
+    is_int(cfg.delivery, CX_DELIVERY_DIRECT, "direct delivery by default");
+    ok(!cfg.trust_remote_user, "REMOTE_USER not trusted by default");
+    cx_config_cleanup(&cfg);
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        err[0] = '\0';
+        int rc = cx_config_parse(&cfg, "t.conf", cases[i].text, err, sizeof(err));
+        is_int(rc, cases[i].rc, "case %zu: status", i);
+        if (cases[i].err) {
+            ok(strstr(err, cases[i].err) != NULL, "case %zu: message names the problem", i);
+            if (!strstr(err, cases[i].err))
+                printf("#   message: %s\n", err);
+        } else if (rc == CX_OK) {
+            cx_config_cleanup(&cfg);
+        }
+    }
+
+    ok(cx_config_parse(&cfg, "t.conf",
+                       "  database = host=/tmp dbname=x  \n"
+                       "gateway_url=http://127.0.0.1:9\n"
+                       "max_output_bytes = 2M\n"
+                       "delivery = x-accel\n"
+                       "trust_remote_user = yes\n"
+                       "socket_mode = 0600\n",
+                       err, sizeof(err)) == CX_OK,
+       "a full file parses");
+    is_str(cfg.database, "host=/tmp dbname=x", "values are trimmed, inner spaces kept");
+    is_str(cfg.gateway_url, "http://127.0.0.1:9", "no spaces around = is fine");
+    is_int(cfg.max_output_bytes, 2 << 20, "size suffix M");
+    is_int(cfg.delivery, CX_DELIVERY_X_ACCEL, "delivery x-accel");
+    ok(cfg.trust_remote_user, "bool yes");
+    is_int(cfg.socket_mode, 0600, "octal mode");
+    cx_config_cleanup(&cfg);
+
+    ok(cx_config_parse_size("64k", &v) == CX_OK && v == 65536, "size 64k");
+    ok(cx_config_parse_size("5G", &v) == CX_OK && v == 5ULL << 30, "size 5G");
+    ok(cx_config_parse_size("", &v) != CX_OK, "empty size refused");
+    ok(cx_config_parse_size("-5", &v) != CX_OK, "negative size refused");
+    ok(cx_config_parse_size("5 G", &v) != CX_OK, "inner space refused");
+
+    err[0] = '\0';
+    ok(cx_config_load(&cfg, "/nonexistent/codexec.conf", err, sizeof(err)) == CX_ERR_IO,
+       "a missing file is an I/O error");
+    ok(strstr(err, "/nonexistent/codexec.conf") != NULL, "and the message names the file");
+    return tap_done();
+}

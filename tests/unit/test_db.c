@@ -1,0 +1,95 @@
+#include "../../lib/db.h"
+#include "../../lib/log.h"
+#include "pgtest.h"
+
+CX_SQL(q_insert, 2, "INSERT INTO t (k, v) VALUES ($1, $2)");
+CX_SQL(q_select, 1, "SELECT v FROM t WHERE k = $1");
+CX_SQL(q_pid, 0, "SELECT pg_backend_pid()");
+
+static void
+kill_backend(const char *pid)
+{
+    char sql[128];
+    snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%s)", pid);
+    pgtest_admin(sql);
+    usleep(100 * 1000);
+}
+
+int
+main(void)
+{
+    const char *conninfo = pgtest_create("db");
+    struct cx_db *db, *bad;
+    PGresult *r = NULL;
+    int applied = -1;
+    char pid[32];
+
+    if (cx_log_open(NULL, CX_LOG_ERR))
+        return 1;
+    ok(cx_db_new(conninfo, &db) == CX_OK, "handle created");
+    ok(cx_db_migrate(db, &applied) == CX_OK && applied >= 1, "migrations apply (%d)", applied);
+    ok(cx_db_migrate(db, &applied) == CX_OK && applied == 0, "a second migrate applies nothing");
+    ok(cx_db_run(db, "SELECT 1 FROM api_keys, sessions, runs, artifacts, artifact_versions LIMIT 0")
+           == CX_OK, "the spec's tables exist");
+    ok(cx_db_run(db, "CREATE TABLE t (k text PRIMARY KEY, v text)") == CX_OK, "create table");
+    {
+        const char *p[2] = {"a", "it's; DROP TABLE t; --"};
+        ok(cx_db_exec(db, &q_insert, p, NULL) == CX_OK, "parameterised insert");
+        is_int(cx_db_exec(db, &q_insert, p, NULL), CX_ERR_CONFLICT, "unique violation is a conflict");
+        is_str(cx_db_sqlstate(db), "23505", "SQLSTATE kept");
+    }
+    {
+        const char *p[1] = {"a"};
+        ok(cx_db_exec(db, &q_select, p, &r) == CX_OK && PQntuples(r) == 1 &&
+               strcmp(PQgetvalue(r, 0, 0), "it's; DROP TABLE t; --") == 0,
+           "SQL metacharacters are data");
+        PQclear(r);
+    }
+    ok(cx_db_ping(db) == CX_OK, "ping");
+
+    /* The server ends our backend (as a PostgreSQL restart does): the next
+     * call must succeed on a new connection, prepared statements and all. */
+    ok(cx_db_exec(db, &q_pid, NULL, &r) == CX_OK, "backend pid");
+    snprintf(pid, sizeof(pid), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    kill_backend(pid);
+    {
+        const char *p[1] = {"a"};
+        ok(cx_db_exec(db, &q_select, p, &r) == CX_OK && PQntuples(r) == 1,
+           "reconnects transparently after the backend is terminated");
+        PQclear(r);
+    }
+    ok(cx_db_exec(db, &q_pid, NULL, &r) == CX_OK && strcmp(PQgetvalue(r, 0, 0), pid) != 0,
+       "on a new backend");
+    snprintf(pid, sizeof(pid), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+
+    /* Inside a transaction the loss is reported, not papered over. */
+    ok(cx_db_begin(db) == CX_OK, "begin");
+    kill_backend(pid);
+    {
+        const char *p[2] = {"b", "x"};
+        is_int(cx_db_exec(db, &q_insert, p, NULL), CX_ERR_DB, "a broken transaction fails");
+    }
+    cx_db_rollback(db);
+    ok(cx_db_ping(db) == CX_OK, "and the handle works again afterwards");
+    ok(cx_db_begin(db) == CX_OK, "begin");
+    {
+        const char *p[2] = {"c", "y"};
+        ok(cx_db_exec(db, &q_insert, p, NULL) == CX_OK, "insert in transaction");
+    }
+    cx_db_rollback(db);
+    {
+        const char *p[1] = {"c"};
+        ok(cx_db_exec(db, &q_select, p, &r) == CX_OK && PQntuples(r) == 0, "rollback undoes it");
+        PQclear(r);
+    }
+    cx_db_free(db);
+
+    ok(cx_db_new("host=/nonexistent dbname=x connect_timeout=2", &bad) == CX_OK, "bad handle");
+    is_int(cx_db_ping(bad), CX_ERR_DB, "an unreachable server is a db error");
+    cx_db_free(bad);
+    cx_db_free(NULL);
+    pgtest_drop();
+    return tap_done();
+}
