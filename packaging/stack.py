@@ -289,7 +289,7 @@ class Stack:
         conf = f"""# Written by packaging/stack.py.
 daemon off;
 worker_processes 2;
-pid {self.rundir}/nginx.pid;
+pid {self.rundir}/nginx-master.pid;
 error_log {self.logdir}/nginx-error.log warn;
 events {{ worker_connections 1024; }}
 http {{

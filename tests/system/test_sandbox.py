@@ -36,7 +36,7 @@ def client(ctx, kernel_id):
     wait_until(lambda: os.path.exists(cf), 30, "connection file")
     kc = BlockingKernelClient(connection_file=cf)
     kc.load_connection_file()
-    kc.start_channels()
+    kc.start_channels(hb=False)  # heartbeats add timing flakiness, not coverage
     kc.wait_for_ready(timeout=60)
     return kc
 
