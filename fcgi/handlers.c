@@ -6,7 +6,9 @@
 #include "../lib/health.h"
 #include "../lib/log.h"
 #include "../lib/metrics.h"
+#include "../lib/http.h"
 #include "../lib/run.h"
+#include "../lib/session.h"
 #include "handlers.h"
 
 void
@@ -60,12 +62,31 @@ cx_h_runs_get(struct cx_req *r)
     json_decref(out);
 }
 
+static void
+send_run_result(struct cx_req *r, enum cx_err rc, int status, json_t *out, const char *msg)
+{
+    if (rc == CX_OK) {
+        cx_req_send_json(r, status, out);
+        return;
+    }
+    switch (status) {
+    case 400: cx_req_send_error(r, 400, "invalid_request", msg); break;
+    case 404: cx_req_send_error(r, 404, "not_found", "no such pending run"); break;
+    case 409: cx_req_send_error(r, 409, "conversation_busy", msg); break;
+    case 410: cx_req_send_error(r, 410, "expired", "the run waited too long for approval"); break;
+    case 429: cx_req_send_error(r, 429, "quota_exceeded", msg); break;
+    case 502: cx_req_send_error(r, 502, "gateway_error", msg[0] ? msg : "the gateway failed"); break;
+    default: cx_req_send_lib_error(r, rc); break;
+    }
+}
+
 void
 cx_h_runs_create(struct cx_req *r)
 {
     struct cx_run_request req;
-    char msg[200];
-    json_t *body;
+    char msg[256] = "";
+    json_t *body, *out = NULL;
+    int status = 500;
     enum cx_err rc;
 
     if (!cx_req_authenticate(r))
@@ -83,7 +104,58 @@ cx_h_runs_create(struct cx_req *r)
         cx_req_send_error(r, 400, "invalid_request", msg);
         return;
     }
-    cx_log_info("run request user_len=%zu code_len=%zu", strlen(r->who.user), req.code_len);
-    cx_req_send_error(r, 503, "unavailable", "code execution is not enabled in this build");
+    rc = cx_run_submit(r->w, &r->who, &req, &status, &out, msg, sizeof(msg));
+    send_run_result(r, rc, status, out, msg);
+    json_decref(out);
     cx_run_request_cleanup(&req);
+}
+
+void
+cx_h_runs_approve(struct cx_req *r)
+{
+    char msg[256] = "";
+    json_t *out = NULL;
+    int status = 500;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    rc = cx_run_approve(r->w, &r->who, r->captures[0], &status, &out, msg, sizeof(msg));
+    send_run_result(r, rc, status, out, msg);
+    json_decref(out);
+}
+
+void
+cx_h_runs_reject(struct cx_req *r)
+{
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    rc = cx_run_reject(r->w, &r->who, r->captures[0], &out);
+    send_run_result(r, rc, cx_http_status_for(rc), out, "");
+    json_decref(out);
+}
+
+void
+cx_h_session_delete(struct cx_req *r)
+{
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    if (!cx_run_conversation_id_valid(r->captures[0])) {
+        cx_req_send_error(r, 404, "not_found", "no such session");
+        return;
+    }
+    rc = cx_session_close(r->w, r->who.user, r->captures[0]);
+    if (rc == CX_OK)
+        cx_req_send_empty(r, 204);
+    else if (rc == CX_ERR_NOT_FOUND)
+        cx_req_send_error(r, 404, "not_found", "no such session");
+    else if (rc == CX_ERR_CONFLICT)
+        cx_req_send_error(r, 409, "conversation_busy", "a run holds this conversation");
+    else
+        cx_req_send_lib_error(r, rc);
 }

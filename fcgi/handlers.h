@@ -8,5 +8,8 @@ void cx_h_health(struct cx_req *r);
 void cx_h_metrics(struct cx_req *r);
 void cx_h_runs_create(struct cx_req *r);
 void cx_h_runs_get(struct cx_req *r);
+void cx_h_runs_approve(struct cx_req *r);
+void cx_h_runs_reject(struct cx_req *r);
+void cx_h_session_delete(struct cx_req *r);
 
 #endif

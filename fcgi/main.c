@@ -13,7 +13,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,15 +23,19 @@
 #include "../lib/auth.h"
 #include "../lib/config.h"
 #include "../lib/db.h"
+#include "../lib/ctx.h"
 #include "../lib/gateway.h"
+#include "../lib/kernel.h"
 #include "../lib/log.h"
 #include "../lib/metrics.h"
+#include "../lib/run.h"
+#include "../lib/session.h"
 #include "../lib/util.h"
 #include "request.h"
 #include "router.h"
 
 static int listen_fd;
-static volatile int stopping;
+static volatile int stopping; /* set under reaper_lock */
 static pthread_mutex_t accept_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct cx_config cfg;
 static struct cx_auth *auth;
@@ -74,7 +80,7 @@ set_request_context(struct cx_req *r)
 }
 
 static void
-serve(struct cx_worker *w, FCGX_Request *fr)
+serve(struct cx_ctx *w, FCGX_Request *fr)
 {
     struct cx_req r;
     int64_t t0 = cx_now_us();
@@ -97,7 +103,7 @@ serve(struct cx_worker *w, FCGX_Request *fr)
 static void *
 worker_main(void *arg)
 {
-    struct cx_worker w = {.cfg = &cfg, .auth = auth};
+    struct cx_ctx w = {.cfg = &cfg, .auth = auth};
     FCGX_Request fr;
     (void)arg;
 
@@ -125,6 +131,46 @@ worker_main(void *arg)
 out:
     cx_gateway_free(w.gw);
     cx_db_free(w.db);
+    return NULL;
+}
+
+/* Closes expired sessions and expires stale runs every reaper_interval.
+ * Safe with several processes: rows are claimed with SKIP LOCKED. */
+static pthread_mutex_t reaper_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t reaper_cond = PTHREAD_COND_INITIALIZER;
+
+static void *
+reaper_main(void *arg)
+{
+    struct cx_ctx cx = {.cfg = &cfg, .auth = auth};
+    (void)arg;
+
+    cx_log_set_request_id("reaper");
+    if (cx_db_new(cfg.database, &cx.db) ||
+        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &cx.gw)) {
+        cx_log_err(0, "reaper start-up failed: out of memory");
+        goto out;
+    }
+    pthread_mutex_lock(&reaper_lock);
+    while (!stopping) {
+        struct timespec ts;
+        int n, m;
+
+        pthread_mutex_unlock(&reaper_lock);
+        n = cx_session_reap(&cx, 16);
+        m = cx_run_expire(&cx);
+        if (n > 0 || m > 0)
+            cx_log_info("reaper: %d session(s) closed, %d run(s) expired", n, m);
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += n == 16 ? 1 : cfg.reaper_interval; /* more to do: come back soon */
+        pthread_mutex_lock(&reaper_lock);
+        if (!stopping)
+            pthread_cond_timedwait(&reaper_cond, &reaper_lock, &ts);
+    }
+    pthread_mutex_unlock(&reaper_lock);
+out:
+    cx_gateway_free(cx.gw);
+    cx_db_free(cx.db);
     return NULL;
 }
 
@@ -174,7 +220,8 @@ main(int argc, char **argv)
     };
     const char *config_path = "/etc/codexec/codexec.conf", *listen_addr = NULL;
     char errbuf[512];
-    pthread_t *threads = NULL;
+    pthread_t *threads = NULL, reaper;
+    bool reaper_started = false;
     sigset_t sigs;
     unsigned workers = 0, started = 0;
     int c, status = 1;
@@ -242,6 +289,11 @@ main(int argc, char **argv)
         }
     if (started == 0)
         goto out;
+    if (pthread_create(&reaper, NULL, reaper_main, NULL) != 0) {
+        cx_log_err(errno, "pthread_create() of the reaper failed");
+        goto out;
+    }
+    reaper_started = true;
     cx_log_info("codexec-fcgi %s started: %u workers, listening on %s", PACKAGE_VERSION, started,
                 listen_addr && *listen_addr ? listen_addr
                 : listen_fd == 3            ? "fd 3"
@@ -261,12 +313,18 @@ main(int argc, char **argv)
         cx_log_info("signal %d: stopping; requests in flight will finish", sig);
         break;
     }
+    pthread_mutex_lock(&reaper_lock);
     stopping = 1;
+    pthread_cond_signal(&reaper_cond);
+    pthread_mutex_unlock(&reaper_lock);
     /* Wakes every thread blocked in accept(); connections already accepted
      * are separate sockets and finish normally. */
     shutdown(listen_fd, SHUT_RDWR);
     for (unsigned i = 0; i < started; i++)
         pthread_join(threads[i], NULL);
+    if (reaper_started)
+        pthread_join(reaper, NULL);
+    cx_kernel_pool_clear();
     if (listen_addr && *listen_addr) {
         const char *path = strncmp(listen_addr, "unix:", 5) == 0 ? listen_addr + 5 : listen_addr;
         if (path[0] == '/')

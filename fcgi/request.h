@@ -9,25 +9,14 @@
 
 #include "../lib/auth.h"
 #include "../lib/buf.h"
+#include "../lib/ctx.h"
 #include "../lib/err.h"
-
-struct cx_config;
-struct cx_db;
-struct cx_gateway;
-
-/* What a worker thread owns: made once, used by every request it serves. */
-struct cx_worker {
-    const struct cx_config *cfg;
-    const struct cx_auth *auth;
-    struct cx_db *db;
-    struct cx_gateway *gw;
-};
 
 #define CX_MAX_CAPTURES 2
 
 struct cx_req {
     FCGX_Request *fr;
-    struct cx_worker *w;
+    struct cx_ctx *w; /* the worker thread's library context */
     const char *method;
     char path[1024];
     const char *query; /* "" when absent */

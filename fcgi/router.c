@@ -16,6 +16,9 @@ static const struct route routes[] = {
     {"GET", "/metrics", "metrics", cx_h_metrics},
     {"POST", "/v1/runs", "runs_create", cx_h_runs_create},
     {"GET", "/v1/runs/{}", "runs_get", cx_h_runs_get},
+    {"POST", "/v1/runs/{}/approve", "runs_approve", cx_h_runs_approve},
+    {"POST", "/v1/runs/{}/reject", "runs_reject", cx_h_runs_reject},
+    {"DELETE", "/v1/conversations/{}/session", "session_delete", cx_h_session_delete},
 };
 
 /* Matches path against pattern; captures go to r when r is not NULL. */

@@ -18,6 +18,7 @@ static const char *const messages[CX_ERR__COUNT] = {
     [CX_ERR_GATEWAY] = "gateway error",
     [CX_ERR_TIMEOUT] = "timed out",
     [CX_ERR_PROTOCOL] = "protocol error",
+    [CX_ERR_KERNEL_DIED] = "the kernel died",
     [CX_ERR_INTERNAL] = "internal error",
 };
 

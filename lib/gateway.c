@@ -1,4 +1,5 @@
 #include <curl/curl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 struct cx_gateway {
     CURL *curl;
     char *base;
+    char *token;
     struct curl_slist *headers;
     struct cx_buf body;
 };
@@ -48,6 +50,9 @@ cx_gateway_new(const char *url, const char *token, struct cx_gateway **out)
     gw->headers = curl_slist_append(NULL, "Content-Type: application/json");
     if (!gw->headers)
         goto fail;
+    gw->token = strdup(token ? token : "");
+    if (!gw->token)
+        goto fail;
     if (token && *token) {
         n = strlen(token) + sizeof("Authorization: token ");
         auth = malloc(n);
@@ -77,6 +82,10 @@ cx_gateway_free(struct cx_gateway *gw)
         curl_easy_cleanup(gw->curl);
     curl_slist_free_all(gw->headers); /* holds the token: libcurl frees it */
     free(gw->base);
+    if (gw->token) {
+        memset(gw->token, 0, strlen(gw->token));
+        free(gw->token);
+    }
     cx_buf_cleanup(&gw->body);
     free(gw);
 }
@@ -159,4 +168,169 @@ cx_gateway_ping(struct cx_gateway *gw, char *msg, size_t msglen)
     }
     json_decref(resp);
     return rc;
+}
+
+const char *
+cx_gateway_url(const struct cx_gateway *gw)
+{
+    return gw->base;
+}
+
+const char *
+cx_gateway_token(const struct cx_gateway *gw)
+{
+    return gw->token;
+}
+
+/* Ids and paths we put in URLs are our own (uuids, "w-<uuid>"); refuse
+ * anything else rather than escape it. */
+static bool
+url_safe(const char *s)
+{
+    if (!*s || strlen(s) > 200)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '_' || *s == '.'))
+            return false;
+    return !strstr(s, "..");
+}
+
+/* method prefix<id>suffix */
+static enum cx_err
+simple(struct cx_gateway *gw, const char *method, const char *prefix, const char *id,
+       const char *suffix, json_t *body, long *status, json_t **resp, char *msg, size_t msglen)
+{
+    char path[512];
+
+    if (!url_safe(id))
+        return CX_ERR_INVALID;
+    snprintf(path, sizeof(path), "%s%s%s", prefix, id, suffix);
+    return cx_gateway_call(gw, method, path, body, status, resp, msg, msglen);
+}
+
+enum cx_err
+cx_gateway_kernel_start(struct cx_gateway *gw, const char *name, const char *path, char id_out[64],
+                        char *msg, size_t msglen)
+{
+    json_t *body = json_pack("{s:s,s:s}", "name", name, "path", path), *resp = NULL;
+    const char *id;
+    long status = 0;
+    enum cx_err rc;
+
+    if (!body)
+        return CX_ERR_NOMEM;
+    rc = cx_gateway_call(gw, "POST", "/api/kernels", body, &status, &resp, msg, msglen);
+    json_decref(body);
+    if (rc == CX_OK && status != 201 && status != 200)
+        rc = CX_ERR_GATEWAY;
+    id = json_string_value(json_object_get(resp, "id"));
+    if (rc == CX_OK && (!id || !url_safe(id) || strlen(id) >= 64)) {
+        snprintf(msg, msglen, "gateway POST /api/kernels answered without a kernel id");
+        rc = CX_ERR_GATEWAY;
+    }
+    if (rc == CX_OK)
+        snprintf(id_out, 64, "%s", id);
+    json_decref(resp);
+    return rc;
+}
+
+enum cx_err
+cx_gateway_kernel_delete(struct cx_gateway *gw, const char *id)
+{
+    long status = 0;
+    enum cx_err rc = simple(gw, "DELETE", "/api/kernels/", id, "", NULL, &status, NULL, NULL, 0);
+
+    if (rc)
+        return rc;
+    return status == 204 || status == 200 || status == 404 ? CX_OK : CX_ERR_GATEWAY;
+}
+
+static enum cx_err
+kernel_post(struct cx_gateway *gw, const char *id, const char *action)
+{
+    long status = 0;
+    enum cx_err rc = simple(gw, "POST", "/api/kernels/", id, action, NULL, &status, NULL, NULL, 0);
+
+    if (rc)
+        return rc;
+    if (status == 404)
+        return CX_ERR_NOT_FOUND;
+    return status >= 200 && status < 300 ? CX_OK : CX_ERR_GATEWAY;
+}
+
+enum cx_err
+cx_gateway_kernel_interrupt(struct cx_gateway *gw, const char *id)
+{
+    return kernel_post(gw, id, "/interrupt");
+}
+
+enum cx_err
+cx_gateway_kernel_restart(struct cx_gateway *gw, const char *id)
+{
+    return kernel_post(gw, id, "/restart");
+}
+
+enum cx_err
+cx_gateway_kernel_get(struct cx_gateway *gw, const char *id, json_t **model)
+{
+    long status = 0;
+    enum cx_err rc = simple(gw, "GET", "/api/kernels/", id, "", NULL, &status, model, NULL, 0);
+
+    if (rc)
+        return rc;
+    if (status == 404)
+        rc = CX_ERR_NOT_FOUND;
+    else if (status != 200)
+        rc = CX_ERR_GATEWAY;
+    if (rc && model) {
+        json_decref(*model);
+        *model = NULL;
+    }
+    return rc;
+}
+
+enum cx_err
+cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out)
+{
+    long status = 0;
+    enum cx_err rc = cx_gateway_call(gw, "GET", "/api/kernelspecs", NULL, &status, out, NULL, 0);
+
+    if (rc == CX_OK && status != 200) {
+        json_decref(*out);
+        *out = NULL;
+        rc = CX_ERR_GATEWAY;
+    }
+    return rc;
+}
+
+enum cx_err
+cx_gateway_dir_create(struct cx_gateway *gw, const char *path, char *msg, size_t msglen)
+{
+    json_t *body = json_pack("{s:s}", "type", "directory");
+    long status = 0;
+    enum cx_err rc;
+
+    if (!body)
+        return CX_ERR_NOMEM;
+    rc = simple(gw, "PUT", "/api/contents/", path, "", body, &status, NULL, msg, msglen);
+    json_decref(body);
+    if (rc == CX_OK && status != 201 && status != 200) {
+        if (msg)
+            snprintf(msg, msglen, "gateway could not create workspace (HTTP %ld); codexec needs "
+                                  "Jupyter Server's contents API", status);
+        rc = CX_ERR_GATEWAY;
+    }
+    return rc;
+}
+
+enum cx_err
+cx_gateway_dir_delete(struct cx_gateway *gw, const char *path)
+{
+    long status = 0;
+    enum cx_err rc = simple(gw, "DELETE", "/api/contents/", path, "", NULL, &status, NULL, NULL, 0);
+
+    if (rc)
+        return rc;
+    return status == 204 || status == 200 || status == 404 ? CX_OK : CX_ERR_GATEWAY;
 }

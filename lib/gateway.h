@@ -31,4 +31,27 @@ enum cx_err cx_gateway_call(struct cx_gateway *gw, const char *method, const cha
 /* GET /api: CX_OK when the gateway answers 200 with a version. */
 enum cx_err cx_gateway_ping(struct cx_gateway *gw, char *msg, size_t msglen) CX_MUSTCHECK;
 
+/* The base URL and token this handle talks to (borrowed). */
+const char *cx_gateway_url(const struct cx_gateway *gw);
+const char *cx_gateway_token(const struct cx_gateway *gw);
+
+/* POST /api/kernels {"name", "path"}: id_out receives the kernel id. */
+enum cx_err cx_gateway_kernel_start(struct cx_gateway *gw, const char *name, const char *path,
+                                    char id_out[64], char *msg, size_t msglen) CX_MUSTCHECK;
+/* DELETE /api/kernels/{id}; a kernel that is already gone is not an error. */
+enum cx_err cx_gateway_kernel_delete(struct cx_gateway *gw, const char *id) CX_MUSTCHECK;
+/* POST /api/kernels/{id}/interrupt and /restart. CX_ERR_NOT_FOUND if gone. */
+enum cx_err cx_gateway_kernel_interrupt(struct cx_gateway *gw, const char *id) CX_MUSTCHECK;
+enum cx_err cx_gateway_kernel_restart(struct cx_gateway *gw, const char *id) CX_MUSTCHECK;
+/* GET /api/kernels/{id}: *model (may be NULL) gets a new reference. */
+enum cx_err cx_gateway_kernel_get(struct cx_gateway *gw, const char *id, json_t **model)
+    CX_MUSTCHECK;
+/* GET /api/kernelspecs: *out gets a new reference. */
+enum cx_err cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out) CX_MUSTCHECK;
+/* Contents API: create a directory (existing is fine) / delete one with
+ * everything in it (missing is fine). */
+enum cx_err cx_gateway_dir_create(struct cx_gateway *gw, const char *path, char *msg,
+                                  size_t msglen) CX_MUSTCHECK;
+enum cx_err cx_gateway_dir_delete(struct cx_gateway *gw, const char *path) CX_MUSTCHECK;
+
 #endif

@@ -4,9 +4,17 @@
 #include <string.h>
 #include <strings.h>
 
+#include "auth.h"
+#include "buf.h"
 #include "config.h"
+#include "ctx.h"
 #include "db.h"
+#include "gateway.h"
+#include "http.h"
+#include "kernel.h"
+#include "log.h"
 #include "run.h"
+#include "session.h"
 #include "util.h"
 
 #define MAX_OUTPUT_GLOBS 64
@@ -241,4 +249,646 @@ cx_run_get(struct cx_db *db, const char *user, const char *run_id, json_t **out)
                               : json_integer(strtoll(PQgetvalue(r, 0, 11), NULL, 10)));
     PQclear(r);
     return *out ? CX_OK : CX_ERR_NOMEM;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Executing a run                                                           */
+
+#define PROBE_FMT                                                                                  \
+    "(lambda s, t: getattr(s, '_codexec_kernel', None) == t or "                                   \
+    "setattr(s, '_codexec_kernel', t))(__import__('sys'), '%s')"
+
+/* Runs main(**arguments) after a successful cell. The arguments arrive as
+ * JSON data in the request's metadata, never as source; the result leaves
+ * as a JSON display bundle. Runs in a private namespace: nothing of it is
+ * left in the user's. */
+static const char call_cell[] =
+    "exec('''\n"
+    "import json\n"
+    "from IPython import get_ipython\n"
+    "from IPython.display import display\n"
+    "ip = get_ipython()\n"
+    "if ip.last_execution_succeeded:\n"
+    "    args = ip.kernel.get_parent(\"shell\")[\"metadata\"][\"codexec_arguments\"]\n"
+    "    fn = ip.user_ns.get(\"main\")\n"
+    "    if not callable(fn):\n"
+    "        raise NameError(\"with arguments, the code must define a function main()\")\n"
+    "    value = json.loads(json.dumps(fn(**args)))\n"
+    "    display({\"application/vnd.codexec.result+json\": {\"value\": value}}, raw=True)\n"
+    "''', {})\n";
+
+enum { REQ_PROBE, REQ_USER, REQ_CALL, REQ_MAX };
+
+#define PROBE_PATIENCE_US (2 * 1000000LL)
+
+struct tail {
+    struct cx_buf b;
+    size_t keep; /* bytes to keep at least: 4 × tail_chars */
+};
+
+struct exec_state {
+    struct cx_ctx *cx;
+    struct cx_kernel_conn *conn;
+    const char *kernel_id;
+    struct tail out, err;
+    uint64_t output_bytes;
+    bool truncated;
+    bool interrupted_for_output;
+    bool timed_out;
+    bool died;
+    json_t *error;  /* {"ename","evalue","traceback"} of the user or call cell */
+    json_t *result; /* JSON value */
+    bool have_result;
+};
+
+static void
+tail_init(struct tail *t, unsigned chars)
+{
+    t->keep = (size_t)chars * 4;
+    cx_buf_init(&t->b, t->keep * 2 + 65536);
+}
+
+static void
+tail_add(struct tail *t, const char *s, size_t n)
+{
+    if (n > t->keep) {
+        s += n - t->keep;
+        n = t->keep;
+    }
+    if (t->b.len + n > t->keep * 2 + 65536 - 1) {
+        size_t drop = t->b.len - t->keep;
+        memmove(t->b.data, t->b.data + drop, t->b.len - drop);
+        t->b.len -= drop;
+        t->b.data[t->b.len] = '\0';
+    }
+    cx_buf_add(&t->b, s, n);
+}
+
+/* The last chars code points, starting on a character boundary. */
+static const char *
+tail_text(struct tail *t, unsigned chars)
+{
+    const char *start = t->b.data ? t->b.data : "";
+    const char *p = start + t->b.len;
+    unsigned count = 0;
+
+    while (p > start && count < chars) {
+        p--;
+        if (((unsigned char)*p & 0xc0) != 0x80)
+            count++;
+    }
+    while (((unsigned char)*p & 0xc0) == 0x80)
+        p++; /* never start inside a character */
+    return p;
+}
+
+void
+cx_run_strip_ansi(char *s)
+{
+    char *w = s;
+
+    for (char *r = s; *r;) {
+        if (r[0] == '\x1b' && r[1] == '[') {
+            r += 2;
+            while (*r && !(*r >= 0x40 && *r <= 0x7e))
+                r++;
+            if (*r)
+                r++;
+        } else if (r[0] == '\x1b' && r[1] == ']') {
+            r += 2;
+            while (*r && *r != '\x07' && !(r[0] == '\x1b' && r[1] == '\\'))
+                r++;
+            r += *r == '\x07' ? 1 : (*r ? 2 : 0);
+        } else if (r[0] == '\x1b') {
+            r += r[1] ? 2 : 1;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+}
+
+static void
+count_output(struct exec_state *st, size_t n)
+{
+    st->output_bytes += n;
+    if (st->output_bytes <= st->cx->cfg->max_output_bytes || st->truncated)
+        return;
+    st->truncated = true;
+    if (!st->interrupted_for_output) {
+        st->interrupted_for_output = true;
+        if (cx_gateway_kernel_interrupt(st->cx->gw, st->kernel_id))
+            cx_log_warn(0, "interrupt after the output limit failed");
+    }
+}
+
+static enum cx_err
+on_message(void *ctx, int index, const char *type, json_t *content)
+{
+    struct exec_state *st = ctx;
+
+    if (index == REQ_PROBE)
+        return CX_OK;
+    if (!strcmp(type, "stream")) {
+        const char *name = json_string_value(json_object_get(content, "name"));
+        json_t *text = json_object_get(content, "text");
+        size_t n = json_string_length(text);
+
+        if (!json_is_string(text))
+            return CX_OK;
+        count_output(st, n);
+        if (st->truncated)
+            return CX_OK;
+        tail_add(name && !strcmp(name, "stderr") ? &st->err : &st->out, json_string_value(text),
+                 n);
+    } else if (!strcmp(type, "error")) {
+        json_decref(st->error);
+        st->error = json_incref(content);
+    } else if (!strcmp(type, "execute_result") || !strcmp(type, "display_data")) {
+        json_t *data = json_object_get(content, "data");
+        json_t *value = json_object_get(json_object_get(data, "application/vnd.codexec.result+json"), "value");
+
+        if (index == REQ_CALL && value) {
+            json_decref(st->result);
+            st->result = json_incref(value);
+            st->have_result = true;
+            return CX_OK;
+        }
+        if (index == REQ_USER && !strcmp(type, "execute_result")) {
+            json_t *plain = json_object_get(data, "text/plain");
+            if (json_is_string(plain)) {
+                count_output(st, json_string_length(plain));
+                if (!st->truncated) {
+                    json_decref(st->result);
+                    st->result = json_incref(plain);
+                    st->have_result = true;
+                }
+            }
+        }
+    }
+    return CX_OK;
+}
+
+static bool
+probe_says_fresh(const struct cx_exec *probe)
+{
+    json_t *v = json_object_get(json_object_get(probe->reply, "user_expressions"), "cx");
+    const char *plain = json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+
+    return !(plain && !strcmp(plain, "True"));
+}
+
+CX_SQL(q_run_insert, 6,
+       "INSERT INTO runs (id, user_id, conversation_id, api_key_id, status, code_length,"
+       " code_sha256, started_at) VALUES ($1::uuid, $2, $3, nullif($4, '')::uuid, 'running',"
+       " $5::int, $6, now())");
+CX_SQL(q_run_finish, 6,
+       "UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
+       " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now()"
+       " WHERE id = $1::uuid");
+
+static void
+set_error(json_t *payload, const char *ename, const char *evalue, json_t *tb)
+{
+    char *text = NULL;
+    size_t n = strlen(ename) + strlen(evalue) + 3;
+
+    text = malloc(n);
+    if (!text)
+        return;
+    snprintf(text, n, "%s: %s", ename, evalue);
+    cx_run_strip_ansi(text);
+    json_object_set_new(payload, "status", json_string("error"));
+    json_object_set_new(payload, "error", json_string(text));
+    json_object_set_new(payload, "error_name", json_string(ename));
+    free(text);
+    if (tb) {
+        struct cx_buf b;
+        size_t i;
+        json_t *line;
+
+        cx_buf_init(&b, 4u << 20);
+        json_array_foreach(tb, i, line) {
+            if (json_is_string(line))
+                cx_buf_addf(&b, "%s%s", i ? "\n" : "", json_string_value(line));
+        }
+        if (!cx_buf_err(&b) && b.data) {
+            cx_run_strip_ansi(b.data);
+            json_object_set_new(payload, "traceback", json_string(b.data));
+        }
+        cx_buf_cleanup(&b);
+    }
+}
+
+/* Sends the pipelined requests and waits for them, applying the timeout
+ * and its grace period. */
+static enum cx_err
+execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request *req,
+        struct cx_exec *reqs, int *nreq, char *msg, size_t msglen)
+{
+    const struct cx_config *cfg = st->cx->cfg;
+    char probe[256];
+    json_t *uexpr = NULL, *meta = NULL;
+    int64_t deadline;
+    enum cx_err rc;
+    int n = 0;
+
+    snprintf(probe, sizeof(probe), PROBE_FMT, s->kernel_id);
+    uexpr = json_pack("{s:s}", "cx", probe);
+    if (req->arguments)
+        meta = json_pack("{s:O}", "codexec_arguments", req->arguments);
+    memset(reqs, 0, sizeof(*reqs) * REQ_MAX);
+    reqs[REQ_PROBE] = (struct cx_exec){.code = "", .silent = true, .user_expressions = uexpr};
+    reqs[REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
+    n = 2;
+    if (req->arguments) {
+        reqs[REQ_CALL] = (struct cx_exec){.code = call_cell, .metadata = meta};
+        n = 3;
+    }
+    *nreq = n;
+    /* Leftovers of an earlier run or of other clients (a restart notice,
+     * say) must not be taken for this run's news. */
+    cx_kernel_drain(st->conn, 0);
+    rc = CX_OK;
+    for (int i = 0; i < n && rc == CX_OK; i++)
+        rc = cx_kernel_execute(st->conn, &reqs[i]);
+    json_decref(uexpr);
+    json_decref(meta);
+    if (rc) {
+        snprintf(msg, msglen, "sending to the kernel failed");
+        return rc;
+    }
+    deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
+    /* The kernel is idle when a run starts (the conversation is ours), so
+     * the silent probe answers at once. Silence means the gateway may have
+     * dropped the kernel while our pooled WebSocket stayed open: ask. */
+    rc = cx_kernel_wait(st->conn, reqs, n, 1, cx_now_us() + PROBE_PATIENCE_US, on_message, st);
+    while (rc == CX_ERR_TIMEOUT && cx_now_us() < deadline) {
+        rc = cx_gateway_kernel_get(st->cx->gw, s->kernel_id, NULL);
+        if (rc == CX_ERR_NOT_FOUND)
+            return CX_ERR_NOT_FOUND;
+        rc = cx_kernel_wait(st->conn, reqs, n, 1, cx_now_us() + PROBE_PATIENCE_US, on_message, st);
+    }
+    if (rc == CX_OK)
+        rc = cx_kernel_wait(st->conn, reqs, n, n, deadline, on_message, st);
+    if (rc == CX_ERR_TIMEOUT) {
+        st->timed_out = true;
+        cx_log_info("run timed out after %.3gs; interrupting", req->timeout);
+        rc = cx_gateway_kernel_interrupt(st->cx->gw, s->kernel_id);
+        if (rc == CX_ERR_NOT_FOUND)
+            return CX_ERR_NOT_FOUND;
+        if (rc)
+            cx_log_warn(0, "interrupt request failed");
+        rc = cx_kernel_wait(st->conn, reqs, n, n,
+                            cx_now_us() + cfg->interrupt_grace * 1000000LL, on_message, st);
+        if (rc == CX_ERR_TIMEOUT) {
+            cx_log_info("kernel not idle %us after the interrupt; restarting", cfg->interrupt_grace);
+            rc = cx_session_restart_kernel(st->cx, s);
+            if (rc == CX_ERR_NOT_FOUND)
+                return CX_ERR_NOT_FOUND;
+            if (rc)
+                cx_log_warn(0, "kernel restart failed");
+            rc = CX_OK;
+        }
+    }
+    return rc;
+}
+
+static enum cx_err
+run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
+               const char *run_id, int *status, json_t **out, char *msg, size_t msglen)
+{
+    const struct cx_config *cfg = cx->cfg;
+    struct exec_state st;
+    struct cx_session s;
+    struct cx_exec reqs[REQ_MAX];
+    json_t *payload = NULL;
+    int64_t t0 = 0, ms = 0;
+    enum cx_err rc;
+    int nreq = 0, attempt;
+    bool reused = false;
+
+    memset(&st, 0, sizeof(st));
+    memset(reqs, 0, sizeof(reqs));
+    st.cx = cx;
+    tail_init(&st.out, cfg->tail_chars);
+    tail_init(&st.err, cfg->tail_chars);
+
+    rc = cx_session_acquire(cx, who->user, req->conversation_id, req->ttl, &s, msg, msglen);
+    if (rc) {
+        *status = rc == CX_ERR_CONFLICT ? 409 : rc == CX_ERR_QUOTA ? 429 : cx_http_status_for(rc);
+        goto out;
+    }
+    for (attempt = 0; attempt < 2; attempt++) {
+        rc = cx_kernel_conn_get(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), s.kernel_id,
+                                &st.conn, msg, msglen);
+        if (rc == CX_ERR_NOT_FOUND) {
+            /* The gateway forgot the kernel (deleted, culled, gateway restart). */
+            cx_log_info("session %s: kernel %s vanished; replacing it", s.id, s.kernel_id);
+            rc = cx_session_replace_kernel(cx, &s, msg, msglen);
+            if (rc == CX_OK)
+                rc = cx_kernel_conn_get(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw),
+                                        s.kernel_id, &st.conn, msg, msglen);
+        }
+        if (rc) {
+            *status = 502;
+            goto out;
+        }
+        reused = cx_kernel_conn_messages(st.conn) > 0;
+        st.kernel_id = s.kernel_id;
+        t0 = cx_now_us();
+        rc = execute(&st, &s, req, reqs, &nreq, msg, msglen);
+        if (rc == CX_ERR_NOT_FOUND && attempt == 0 && !st.timed_out) {
+            /* The kernel vanished before running anything of ours. */
+            cx_kernel_conn_free(st.conn);
+            st.conn = NULL;
+            cx_exec_cleanup(reqs, nreq);
+            cx_log_info("session %s: kernel %s vanished; replacing it", s.id, s.kernel_id);
+            rc = cx_session_replace_kernel(cx, &s, msg, msglen);
+            if (rc) {
+                *status = 502;
+                goto out;
+            }
+            continue;
+        }
+        if (rc == CX_ERR_NOT_FOUND) {
+            /* It vanished while the code ran: what ran is lost with it. */
+            rc = cx_session_replace_kernel(cx, &s, msg, msglen);
+            if (rc) {
+                *status = 502;
+                goto out;
+            }
+            rc = CX_ERR_KERNEL_DIED;
+        }
+        if (rc == CX_ERR_IO && reused && !reqs[REQ_PROBE].got_reply) {
+            /* A pooled connection the server had closed: nothing ran yet. */
+            cx_kernel_conn_free(st.conn);
+            st.conn = NULL;
+            cx_exec_cleanup(reqs, nreq);
+            continue;
+        }
+        break;
+    }
+    ms = (cx_now_us() - t0) / 1000;
+    if (rc == CX_ERR_KERNEL_DIED) {
+        st.died = true;
+        s.reset = true;
+        s.kernel_fresh = true; /* the gateway restarts it */
+        cx_kernel_conn_free(st.conn);
+        st.conn = NULL;
+        rc = CX_OK;
+    } else if (rc) {
+        snprintf(msg, msglen, "the connection to the kernel failed during the run");
+        *status = 502;
+        goto out;
+    }
+    if (!st.died && reqs[REQ_PROBE].got_reply && probe_says_fresh(&reqs[REQ_PROBE]) &&
+        !s.kernel_fresh)
+        s.reset = true; /* restarted behind our back since the last run */
+    if (!st.died && !st.timed_out)
+        s.kernel_fresh = false;
+
+    payload = json_pack("{s:s,s:s,s:s,s:[],s:[],s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}",
+                        "run_id", run_id, "status", "ok", "stdout_tail",
+                        tail_text(&st.out, cfg->tail_chars), "artifacts", "inputs_loaded",
+                        "result", st.have_result ? st.result : NULL, "truncated", st.truncated,
+                        "execution_ms", (json_int_t)ms, "session", "conversation_id",
+                        req->conversation_id, "created", s.created, "reset", s.reset,
+                        "expires_at", s.expires_at);
+    if (!payload) {
+        rc = CX_ERR_NOMEM;
+        *status = 500;
+        goto out;
+    }
+    if (st.err.b.len)
+        json_object_set_new(payload, "stderr_tail",
+                            json_string(tail_text(&st.err, cfg->tail_chars)));
+    if (st.timed_out) {
+        char ev[64];
+        snprintf(ev, sizeof(ev), "execution exceeded %gs", req->timeout);
+        set_error(payload, "TimeoutError", ev, NULL);
+    } else if (st.died) {
+        set_error(payload, "KernelDied",
+                  "the kernel exited during the run; its state was lost", NULL);
+    } else if (st.interrupted_for_output && st.error) {
+        char ev[96];
+        snprintf(ev, sizeof(ev), "output exceeded %llu bytes",
+                 (unsigned long long)cfg->max_output_bytes);
+        set_error(payload, "OutputLimitExceeded", ev, NULL);
+    } else if (st.error) {
+        const char *en = json_string_value(json_object_get(st.error, "ename"));
+        const char *ev = json_string_value(json_object_get(st.error, "evalue"));
+        set_error(payload, en ? en : "Error", ev ? ev : "", json_object_get(st.error, "traceback"));
+    }
+    *status = 200;
+    rc = CX_OK;
+out:
+    if (s.locked) {
+        if (!s.reset)
+            cx_kernel_conn_put(st.conn); /* kept open for the next run */
+        else
+            cx_kernel_conn_free(st.conn);
+        st.conn = NULL;
+        cx_session_release(cx, &s);
+    }
+    cx_kernel_conn_free(st.conn);
+    {
+        const char *st_s = payload ? json_string_value(json_object_get(payload, "status")) : "error";
+        const char *en = payload ? json_string_value(json_object_get(payload, "error_name")) : NULL;
+        char msbuf[24];
+        const char *p[6] = {run_id, st_s, en ? en : (payload ? NULL : "RequestFailed"),
+                            st.truncated ? "true" : "false", s.reset ? "true" : "false", msbuf};
+        snprintf(msbuf, sizeof(msbuf), "%lld", (long long)ms);
+        if (cx_db_exec(cx->db, &q_run_finish, p, NULL))
+            cx_log_warn(0, "could not record the end of run %s", run_id);
+        cx_log_info("run %s %s in %lldms output=%llu reset=%d", run_id, st_s, (long long)ms,
+                    (unsigned long long)st.output_bytes, s.reset);
+    }
+    cx_exec_cleanup(reqs, nreq);
+    json_decref(st.error);
+    json_decref(st.result);
+    cx_buf_cleanup(&st.out.b);
+    cx_buf_cleanup(&st.err.b);
+    *out = payload;
+    return rc;
+}
+
+CX_SQL(q_pending_insert, 8,
+       "WITH r AS (INSERT INTO runs (id, user_id, conversation_id, api_key_id, status,"
+       " code_length, code_sha256) VALUES ($1::uuid, $2, $3, nullif($4, '')::uuid,"
+       " 'pending_approval', $5::int, $6) RETURNING id)"
+       " INSERT INTO pending_runs (run_id, request, expires_at)"
+       " SELECT id, $7::jsonb, now() + make_interval(secs => $8::int) FROM r");
+
+enum cx_err
+cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
+              int *status, json_t **out, char *msg, size_t msglen)
+{
+    char run_id[37], len_s[24], sha[65];
+    const char *p[8] = {run_id, who->user, req->conversation_id, who->key_id, len_s, sha};
+    enum cx_err rc;
+
+    *out = NULL;
+    cx_uuid_generate(run_id);
+    snprintf(len_s, sizeof(len_s), "%zu", req->code_len);
+    cx_sha256_hex(req->code, req->code_len, sha);
+    cx_log_info("run %s requested: code_len=%zu code_sha256=%s", run_id, req->code_len, sha);
+    if (cx->cfg->require_approval || who->require_approval) {
+        char ttl[16], *request = json_dumps(req->root, JSON_COMPACT);
+        if (!request)
+            return CX_ERR_NOMEM;
+        snprintf(ttl, sizeof(ttl), "%u", cx->cfg->approval_ttl);
+        p[6] = request;
+        p[7] = ttl;
+        rc = cx_db_exec(cx->db, &q_pending_insert, p, NULL);
+        free(request);
+        if (rc) {
+            *status = 503;
+            snprintf(msg, msglen, "the database is unavailable");
+            return rc;
+        }
+        *out = json_pack("{s:s,s:s}", "run_id", run_id, "status", "pending_approval");
+        *status = 202;
+        return *out ? CX_OK : CX_ERR_NOMEM;
+    }
+    rc = cx_db_exec(cx->db, &q_run_insert, p, NULL);
+    if (rc) {
+        *status = 503;
+        snprintf(msg, msglen, "the database is unavailable");
+        return rc;
+    }
+    return run_in_session(cx, who, req, run_id, status, out, msg, msglen);
+}
+
+CX_SQL(q_pending_take, 2,
+       "WITH p AS (DELETE FROM pending_runs WHERE run_id = $1::uuid AND run_id IN"
+       " (SELECT id FROM runs WHERE id = $1::uuid AND user_id = $2 AND status = 'pending_approval')"
+       " RETURNING request, expires_at < now() AS expired)"
+       " SELECT request::text, expired FROM p");
+CX_SQL(q_run_status, 2, "UPDATE runs SET status = $2, started_at = CASE WHEN $2 = 'running'"
+                        " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
+                        " THEN now() ELSE finished_at END WHERE id = $1::uuid");
+
+/* Takes the pending request of a run (deleting it) and sets the run's new
+ * status in one transaction. *request: new reference. */
+static enum cx_err
+take_pending(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+             const char *new_status, json_t **request)
+{
+    const char *p[2] = {run_id, who->user};
+    const char *u[2] = {run_id, new_status};
+    PGresult *r = NULL;
+    enum cx_err rc;
+    bool expired;
+
+    *request = NULL;
+    if (!cx_uuid_valid(run_id))
+        return CX_ERR_NOT_FOUND;
+    rc = cx_db_begin(cx->db);
+    if (rc)
+        return rc;
+    rc = cx_db_exec(cx->db, &q_pending_take, p, &r);
+    if (rc)
+        goto fail;
+    if (PQntuples(r) != 1) {
+        rc = CX_ERR_NOT_FOUND;
+        goto fail;
+    }
+    expired = PQgetvalue(r, 0, 1)[0] == 't';
+    if (expired)
+        u[1] = "expired";
+    rc = cx_db_exec(cx->db, &q_run_status, u, NULL);
+    if (rc)
+        goto fail;
+    if (!expired) {
+        *request = json_loads(PQgetvalue(r, 0, 0), 0, NULL);
+        if (!*request) {
+            rc = CX_ERR_INTERNAL;
+            goto fail;
+        }
+    }
+    PQclear(r);
+    rc = cx_db_commit(cx->db);
+    if (rc) {
+        json_decref(*request);
+        *request = NULL;
+        return rc;
+    }
+    return expired ? CX_ERR_EXPIRED : CX_OK;
+fail:
+    PQclear(r);
+    cx_db_rollback(cx->db);
+    return rc;
+}
+
+enum cx_err
+cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id, int *status,
+               json_t **out, char *msg, size_t msglen)
+{
+    struct cx_run_request req;
+    json_t *request = NULL;
+    enum cx_err rc;
+
+    *out = NULL;
+    rc = take_pending(cx, who, run_id, "running", &request);
+    if (rc) {
+        *status = cx_http_status_for(rc);
+        return rc;
+    }
+    /* Validated again: the limits may have changed while it waited. */
+    rc = cx_run_request_parse(cx->cfg, request, &req, msg, msglen);
+    json_decref(request);
+    if (rc) {
+        const char *p[2] = {run_id, "error"};
+        if (cx_db_exec(cx->db, &q_run_status, p, NULL))
+            cx_log_warn(0, "could not fail run %s", run_id);
+        *status = 400;
+        return rc;
+    }
+    rc = run_in_session(cx, who, &req, run_id, status, out, msg, msglen);
+    cx_run_request_cleanup(&req);
+    return rc;
+}
+
+enum cx_err
+cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id, json_t **out)
+{
+    json_t *request = NULL;
+    enum cx_err rc;
+
+    *out = NULL;
+    rc = take_pending(cx, who, run_id, "rejected", &request);
+    json_decref(request);
+    if (rc)
+        return rc;
+    *out = json_pack("{s:s,s:s}", "run_id", run_id, "status", "rejected");
+    return *out ? CX_OK : CX_ERR_NOMEM;
+}
+
+CX_SQL(q_expire_pending, 0,
+       "WITH p AS (DELETE FROM pending_runs WHERE expires_at < now() RETURNING run_id)"
+       " UPDATE runs SET status = 'expired', finished_at = now() FROM p WHERE runs.id = p.run_id");
+CX_SQL(q_abandon, 1,
+       "UPDATE runs SET status = 'error', error_name = 'Abandoned', finished_at = now()"
+       " WHERE status = 'running' AND started_at < now() - make_interval(secs => $1::int)");
+
+int
+cx_run_expire(struct cx_ctx *cx)
+{
+    char secs[16];
+    const char *p[1] = {secs};
+    PGresult *r = NULL;
+    int n = 0;
+
+    if (cx_db_exec(cx->db, &q_expire_pending, NULL, &r))
+        return -1;
+    n += (int)strtol(PQcmdTuples(r), NULL, 10);
+    PQclear(r);
+    /* Longer than any run can last: its process died. */
+    snprintf(secs, sizeof(secs), "%u", cx->cfg->max_timeout + cx->cfg->interrupt_grace + 600);
+    if (cx_db_exec(cx->db, &q_abandon, p, &r))
+        return -1;
+    n += (int)strtol(PQcmdTuples(r), NULL, 10);
+    PQclear(r);
+    return n;
 }

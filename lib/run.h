@@ -44,4 +44,30 @@ void cx_run_request_cleanup(struct cx_run_request *req);
 enum cx_err cx_run_get(struct cx_db *db, const char *user, const char *run_id,
                        json_t **out) CX_MUSTCHECK;
 
+struct cx_ctx;
+struct cx_principal;
+
+/* POST /v1/runs: runs the request in the caller's conversation, or, when
+ * approval is required (config or key), records it as pending. On CX_OK
+ * *status is 200 or 202 and *out the payload (new reference). On failure
+ * *status and msg describe the request-level error (409 busy, 429 at the
+ * session cap, 502 gateway, 503 database). */
+enum cx_err cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who,
+                          struct cx_run_request *req, int *status, json_t **out, char *msg,
+                          size_t msglen) CX_MUSTCHECK;
+
+/* POST /v1/runs/{id}/approve and /reject. CX_ERR_NOT_FOUND for a run that
+ * is not this user's or not pending, CX_ERR_EXPIRED when it waited too long. */
+enum cx_err cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+                           int *status, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+enum cx_err cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+                          json_t **out) CX_MUSTCHECK;
+
+/* Marks pending runs past approval_ttl expired and runs left "running" by a
+ * crashed process failed. Returns rows changed, -1 on a database error. */
+int cx_run_expire(struct cx_ctx *cx);
+
+/* Strips ANSI escape sequences (CSI and OSC) in place. */
+void cx_run_strip_ansi(char *s);
+
 #endif

@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <stdio.h>
 #include <sodium.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,4 +108,26 @@ cx_random_id(char out[33])
 
     randombytes_buf(raw, sizeof(raw));
     sodium_bin2hex(out, 33, raw, sizeof(raw));
+}
+
+void
+cx_uuid_generate(char out[37])
+{
+    unsigned char b[16];
+    char hex[33];
+
+    randombytes_buf(b, sizeof(b));
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    sodium_bin2hex(hex, sizeof(hex), b, sizeof(b));
+    snprintf(out, 37, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
+}
+
+void
+cx_sha256_hex(const void *data, size_t len, char out[65])
+{
+    unsigned char h[crypto_hash_sha256_BYTES];
+
+    crypto_hash_sha256(h, data, len);
+    sodium_bin2hex(out, 65, h, sizeof(h));
 }

@@ -24,4 +24,10 @@ int64_t cx_now_us(void);
 /* Lower-case hex of 16 random bytes (a request id). out: 33 bytes. */
 void cx_random_id(char out[33]);
 
+/* A random (version 4) UUID, lower case. out: 37 bytes. */
+void cx_uuid_generate(char out[37]);
+
+/* SHA-256 of data as 64 lower-case hex characters. out: 65 bytes. */
+void cx_sha256_hex(const void *data, size_t len, char out[65]);
+
 #endif

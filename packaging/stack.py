@@ -386,6 +386,8 @@ http {{
             "--ServerApp.port_retries=0", "--ServerApp.open_browser=False",
             f"--ServerApp.root_dir={self.workspaces}",
             "--KernelManager.transport=ipc",
+            # Workspaces are removed with everything in them, not sent to a trash.
+            "--FileContentsManager.delete_to_trash=False",
             f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
             f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}",
         ], env=env, cwd=self.workspaces)

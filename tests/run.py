@@ -135,8 +135,13 @@ def main():
     conf_extra = {
         "max_body_bytes": "2M",
         "max_code_bytes": "1M",
-        "workers": "8",
+        "workers": "24",
         "log_level": "info",
+        "busy_wait": "3",
+        "max_sessions_per_user": "4",
+        "reaper_interval": "1",
+        "interrupt_grace": "2",
+        "max_output_bytes": "1M",
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,

@@ -1,0 +1,18 @@
+/* codexec: what one thread of work needs from the library: the shared
+ * configuration and secret, and its own database and gateway handles. */
+#ifndef CX_CTX_H
+#define CX_CTX_H
+
+struct cx_config;
+struct cx_auth;
+struct cx_db;
+struct cx_gateway;
+
+struct cx_ctx {
+    const struct cx_config *cfg; /* shared, read-only */
+    const struct cx_auth *auth;  /* shared, read-only */
+    struct cx_db *db;            /* this thread's */
+    struct cx_gateway *gw;       /* this thread's */
+};
+
+#endif

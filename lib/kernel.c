@@ -1,0 +1,335 @@
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "buf.h"
+#include "kernel.h"
+#include "log.h"
+#include "util.h"
+#include "ws.h"
+
+#define POOL_MAX         256
+#define POOL_IDLE_US     (300 * 1000000LL)
+#define MAX_WS_MESSAGE   (64u << 20)
+
+struct cx_kernel_conn {
+    struct cx_kernel_conn *next;
+    char kernel_id[64];
+    char gateway_url[512];
+    char session[37]; /* the Jupyter client session id */
+    struct cx_ws *ws;
+    struct cx_buf msg;
+    int64_t last_used_us;
+    uint64_t messages;
+};
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cx_kernel_conn *pool;
+static int pool_len;
+
+void
+cx_kernel_conn_free(struct cx_kernel_conn *c)
+{
+    if (!c)
+        return;
+    cx_ws_free(c->ws);
+    cx_buf_cleanup(&c->msg);
+    free(c);
+}
+
+static struct cx_kernel_conn *
+pool_take(const char *gateway_url, const char *kernel_id)
+{
+    struct cx_kernel_conn **pp, *c, *stale = NULL;
+    int64_t now = cx_now_us();
+
+    pthread_mutex_lock(&pool_lock);
+    for (pp = &pool; (c = *pp);) {
+        if (now - c->last_used_us > POOL_IDLE_US) {
+            *pp = c->next;
+            pool_len--;
+            c->next = stale;
+            stale = c;
+            continue;
+        }
+        if (!strcmp(c->kernel_id, kernel_id) && !strcmp(c->gateway_url, gateway_url)) {
+            *pp = c->next;
+            pool_len--;
+            c->next = NULL;
+            break;
+        }
+        pp = &c->next;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    while (stale) {
+        struct cx_kernel_conn *n = stale->next;
+        cx_kernel_conn_free(stale);
+        stale = n;
+    }
+    return c;
+}
+
+enum cx_err
+cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kernel_id,
+                   struct cx_kernel_conn **out, char *msg, size_t msglen)
+{
+    struct cx_ws_options opt = {0};
+    struct cx_kernel_conn *c;
+    char url[1024], auth[512];
+    enum cx_err rc;
+
+    c = pool_take(gateway_url, kernel_id);
+    if (c && cx_ws_alive(c->ws)) {
+        *out = c;
+        return CX_OK;
+    }
+    cx_kernel_conn_free(c);
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return CX_ERR_NOMEM;
+    snprintf(c->kernel_id, sizeof(c->kernel_id), "%s", kernel_id);
+    snprintf(c->gateway_url, sizeof(c->gateway_url), "%s", gateway_url);
+    cx_uuid_generate(c->session);
+    cx_buf_init(&c->msg, MAX_WS_MESSAGE);
+    /* http://host → ws://host, https:// → wss:// */
+    if (strncmp(gateway_url, "https://", 8) == 0)
+        snprintf(url, sizeof(url), "wss://%s/api/kernels/%s/channels?session_id=%s",
+                 gateway_url + 8, kernel_id, c->session);
+    else if (strncmp(gateway_url, "http://", 7) == 0)
+        snprintf(url, sizeof(url), "ws://%s/api/kernels/%s/channels?session_id=%s",
+                 gateway_url + 7, kernel_id, c->session);
+    else {
+        cx_kernel_conn_free(c);
+        snprintf(msg, msglen, "gateway_url must start with http:// or https://");
+        return CX_ERR_INVALID;
+    }
+    /* Base URLs with a trailing slash would give "//api". */
+    for (char *p = strstr(url, "//api/"); p; p = strstr(p, "//api/"))
+        memmove(p, p + 1, strlen(p));
+    opt.url = url;
+    if (token && *token) {
+        snprintf(auth, sizeof(auth), "Authorization: token %s", token);
+        opt.extra_header = auth;
+    }
+    /* The server answers the upgrade once the kernel is ready (it nudges the
+     * kernel first): a cold kernel on a busy machine takes seconds. */
+    opt.connect_timeout_ms = 90000;
+    opt.max_message = MAX_WS_MESSAGE;
+    rc = cx_ws_connect(&opt, &c->ws, msg, msglen);
+    memset(auth, 0, sizeof(auth));
+    if (rc) {
+        cx_kernel_conn_free(c);
+        return rc;
+    }
+    *out = c;
+    return CX_OK;
+}
+
+void
+cx_kernel_conn_put(struct cx_kernel_conn *c)
+{
+    if (!c)
+        return;
+    if (!cx_ws_alive(c->ws)) {
+        cx_kernel_conn_free(c);
+        return;
+    }
+    c->last_used_us = cx_now_us();
+    pthread_mutex_lock(&pool_lock);
+    if (pool_len < POOL_MAX) {
+        c->next = pool;
+        pool = c;
+        pool_len++;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    cx_kernel_conn_free(c);
+}
+
+void
+cx_kernel_pool_forget(const char *kernel_id)
+{
+    for (;;) {
+        struct cx_kernel_conn **pp, *c = NULL;
+
+        pthread_mutex_lock(&pool_lock);
+        for (pp = &pool; *pp; pp = &(*pp)->next)
+            if (!strcmp((*pp)->kernel_id, kernel_id)) {
+                c = *pp;
+                *pp = c->next;
+                pool_len--;
+                break;
+            }
+        pthread_mutex_unlock(&pool_lock);
+        if (!c)
+            return;
+        cx_kernel_conn_free(c);
+    }
+}
+
+void
+cx_kernel_pool_clear(void)
+{
+    struct cx_kernel_conn *c;
+
+    pthread_mutex_lock(&pool_lock);
+    c = pool;
+    pool = NULL;
+    pool_len = 0;
+    pthread_mutex_unlock(&pool_lock);
+    while (c) {
+        struct cx_kernel_conn *n = c->next;
+        cx_kernel_conn_free(c);
+        c = n;
+    }
+}
+
+uint64_t
+cx_kernel_conn_messages(const struct cx_kernel_conn *c)
+{
+    return c->messages;
+}
+
+static void
+iso_now(char out[64])
+{
+    struct timespec ts;
+    struct tm tm;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    snprintf(out, 64, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
+}
+
+enum cx_err
+cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
+{
+    char date[64];
+    json_t *m;
+    char *text;
+    enum cx_err rc;
+
+    cx_uuid_generate(e->msg_id);
+    iso_now(date);
+    m = json_pack("{s:{s:s,s:s,s:s,s:s,s:s,s:s},s:{},s:O?,s:{s:s,s:b,s:b,s:O?,s:b,s:b},s:s,s:[]}",
+                  "header", "msg_id", e->msg_id, "username", "codexec", "session", c->session,
+                  "date", date, "msg_type", "execute_request", "version", "5.3",
+                  "parent_header",
+                  "metadata", e->metadata,
+                  "content", "code", e->code, "silent", e->silent, "store_history",
+                  e->store_history, "user_expressions", e->user_expressions, "allow_stdin",
+                  e->allow_stdin, "stop_on_error", e->stop_on_error,
+                  "channel", "shell", "buffers");
+    if (!m)
+        return CX_ERR_NOMEM;
+    if (!e->metadata)
+        json_object_set_new(m, "metadata", json_object());
+    if (!e->user_expressions)
+        json_object_set_new(json_object_get(m, "content"), "user_expressions", json_object());
+    text = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    if (!text)
+        return CX_ERR_NOMEM;
+    rc = cx_ws_send(c->ws, CX_WS_TEXT, text, strlen(text));
+    free(text);
+    if (rc == CX_OK)
+        e->sent = true;
+    return rc;
+}
+
+static int
+find_request(struct cx_exec *reqs, int n, const char *parent_id)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].sent && !strcmp(reqs[i].msg_id, parent_id))
+            return i;
+    return -1;
+}
+
+static bool
+all_done(struct cx_exec *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].sent && !(reqs[i].got_reply && reqs[i].got_idle))
+            return false;
+    return true;
+}
+
+enum cx_err
+cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need,
+               int64_t deadline_us, cx_exec_fn fn, void *ctx)
+{
+    enum cx_ws_opcode op;
+    enum cx_err rc;
+
+    while (!all_done(reqs, need)) {
+        json_t *m, *content;
+        const char *type, *channel, *parent_id, *state;
+        int i;
+
+        rc = cx_ws_recv(c->ws, deadline_us, &c->msg, &op);
+        if (rc)
+            return rc;
+        c->messages++;
+        if (op != CX_WS_TEXT)
+            continue; /* messages with binary buffers carry nothing we use */
+        m = json_loadb(c->msg.data, c->msg.len, 0, NULL);
+        if (!m)
+            continue;
+        type = json_string_value(json_object_get(json_object_get(m, "header"), "msg_type"));
+        channel = json_string_value(json_object_get(m, "channel"));
+        parent_id = json_string_value(
+            json_object_get(json_object_get(m, "parent_header"), "msg_id"));
+        content = json_object_get(m, "content");
+        if (!type || !channel || !json_is_object(content)) {
+            json_decref(m);
+            continue;
+        }
+        state = json_string_value(json_object_get(content, "execution_state"));
+        if (!parent_id && !strcmp(type, "status") && state &&
+            (!strcmp(state, "restarting") || !strcmp(state, "dead"))) {
+            /* The server's own notice: the kernel process went away. */
+            json_decref(m);
+            return CX_ERR_KERNEL_DIED;
+        }
+        i = parent_id ? find_request(reqs, n, parent_id) : -1;
+        if (i < 0) {
+            json_decref(m);
+            continue; /* another client's or an earlier run's message */
+        }
+        if (!strcmp(channel, "shell") && !strcmp(type, "execute_reply")) {
+            reqs[i].got_reply = true;
+            json_decref(reqs[i].reply);
+            reqs[i].reply = json_incref(content);
+        } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
+                   !strcmp(state, "idle")) {
+            reqs[i].got_idle = true;
+        }
+        rc = fn ? fn(ctx, i, type, content) : CX_OK;
+        json_decref(m);
+        if (rc)
+            return rc;
+    }
+    return CX_OK;
+}
+
+void
+cx_exec_cleanup(struct cx_exec *reqs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        json_decref(reqs[i].reply);
+        reqs[i].reply = NULL;
+    }
+}
+
+void
+cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms)
+{
+    enum cx_ws_opcode op;
+
+    while (cx_ws_recv(c->ws, cx_now_us() + wait_ms * 1000LL, &c->msg, &op) == CX_OK)
+        c->messages++;
+}

@@ -1,0 +1,81 @@
+/* codexec: Jupyter messaging (protocol 5.3) on a kernel's channels WebSocket.
+ *
+ * A struct cx_kernel_conn is one WebSocket to /api/kernels/{id}/channels.
+ * Connections are pooled per process and reused across runs: a run checks
+ * one out (cx_kernel_conn_get), owns it exclusively, and checks it back in
+ * (cx_kernel_conn_put). Requests are pipelined: send several
+ * execute_requests, then wait for all of them at once. */
+#ifndef CX_KERNEL_H
+#define CX_KERNEL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+
+struct cx_kernel_conn;
+
+/* One execute_request and what came back for it. */
+struct cx_exec {
+    /* in */
+    const char *code;
+    bool silent;
+    bool store_history;
+    bool stop_on_error;
+    bool allow_stdin;
+    json_t *user_expressions; /* borrowed, may be NULL */
+    json_t *metadata;         /* borrowed, may be NULL */
+    /* out */
+    char msg_id[40];
+    bool sent;
+    bool got_reply;
+    bool got_idle;
+    json_t *reply; /* execute_reply content (new reference), or NULL */
+};
+
+/* Called for each iopub/shell message whose parent is one of the requests:
+ * index is the request's position, msg_type e.g. "stream", content the
+ * message content (borrowed). A non-zero return stops the wait with that
+ * error. */
+typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, json_t *content);
+
+/* A connection to the kernel: a pooled one if available, else a new one.
+ * CX_ERR_NOT_FOUND when the gateway does not know the kernel. */
+enum cx_err cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kernel_id,
+                               struct cx_kernel_conn **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* Returns a connection to the pool (or frees it when it is broken). */
+void cx_kernel_conn_put(struct cx_kernel_conn *c);
+
+/* Frees a connection without pooling it. NULL is a no-op. */
+void cx_kernel_conn_free(struct cx_kernel_conn *c);
+
+/* Drops pooled connections to a kernel (it was deleted or replaced). */
+void cx_kernel_pool_forget(const char *kernel_id);
+
+/* Frees every pooled connection (at exit). */
+void cx_kernel_pool_clear(void);
+
+/* Sends e as an execute_request on the shell channel; fills e->msg_id. */
+enum cx_err cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e) CX_MUSTCHECK;
+
+/* Processes messages for the requests in reqs until the first `need` sent
+ * ones have both their reply and their idle status, or until deadline_us.
+ * Messages for any of the n requests reach fn. CX_ERR_TIMEOUT is resumable;
+ * CX_ERR_KERNEL_DIED when the server reports the kernel restarting or dead;
+ * CX_ERR_IO when the WebSocket failed. */
+enum cx_err cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need,
+                           int64_t deadline_us, cx_exec_fn fn, void *ctx) CX_MUSTCHECK;
+
+/* Releases the replies held by reqs. */
+void cx_exec_cleanup(struct cx_exec *reqs, int n);
+
+/* Reads and discards whatever is queued, until nothing arrives for wait_ms
+ * (stale messages from an earlier run). */
+void cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
+
+/* WebSocket messages received on this connection (for tests and metrics). */
+uint64_t cx_kernel_conn_messages(const struct cx_kernel_conn *c);
+
+#endif

@@ -1,0 +1,401 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "db.h"
+#include "gateway.h"
+#include "kernel.h"
+#include "log.h"
+#include "session.h"
+#include "util.h"
+
+/* Advisory lock keys: one per conversation, one per user (creation). The
+ * separator cannot occur in either part (users have no control characters,
+ * conversation ids are [A-Za-z0-9._:-]). */
+#define CONV_KEY "hashtextextended($1 || E'\\n' || $2, 0)"
+#define USER_KEY "hashtextextended('user' || E'\\n' || $1, 1)"
+
+CX_SQL(q_lock_wait, 3, "SELECT set_config('lock_timeout', $3, false), pg_advisory_lock(" CONV_KEY ")");
+CX_SQL(q_lock_try, 2, "SELECT pg_try_advisory_lock(" CONV_KEY ")");
+CX_SQL(q_lock_reset, 0, "SELECT set_config('lock_timeout', '0', false)");
+CX_SQL(q_unlock, 2, "SELECT pg_advisory_unlock(" CONV_KEY ")");
+CX_SQL(q_user_lock, 1, "SELECT pg_advisory_lock(" USER_KEY ")");
+CX_SQL(q_user_unlock, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
+
+#define EXPIRES "to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+
+CX_SQL(q_touch, 3,
+       "UPDATE sessions SET last_used_at = now(),"
+       " expires_at = greatest(expires_at, now() + make_interval(secs => $3::int))"
+       " WHERE user_id = $1 AND conversation_id = $2"
+       " RETURNING id, coalesce(kernel_id, ''), workspace, kernel_fresh, gateway_url, " EXPIRES);
+/* Sessions with a kernel count toward the cap; an evicted one keeps its row
+ * (without a kernel) so its next run can say session.reset. */
+CX_SQL(q_count, 1, "SELECT count(*) FROM sessions WHERE user_id = $1 AND kernel_id IS NOT NULL");
+CX_SQL(q_lru, 2,
+       "SELECT conversation_id FROM sessions WHERE user_id = $1 AND conversation_id <> $2"
+       " AND kernel_id IS NOT NULL ORDER BY last_used_at LIMIT 64");
+CX_SQL(q_evicted, 1, "UPDATE sessions SET kernel_id = NULL WHERE id = $1::uuid");
+CX_SQL(q_insert, 5,
+       "INSERT INTO sessions (id, user_id, conversation_id, gateway_url, workspace, expires_at)"
+       " VALUES ($1::uuid, $2, $3, $4, 'w-' || $1, now() + make_interval(secs => $5::int))"
+       " RETURNING workspace, " EXPIRES);
+CX_SQL(q_set_kernel, 3,
+       "UPDATE sessions SET kernel_id = $2, gateway_url = $3, kernel_fresh = true"
+       " WHERE id = $1::uuid");
+CX_SQL(q_release, 2,
+       "UPDATE sessions SET kernel_fresh = $2::boolean, last_used_at = now() WHERE id = $1::uuid");
+CX_SQL(q_get, 2,
+       "SELECT id, coalesce(kernel_id, ''), workspace FROM sessions"
+       " WHERE user_id = $1 AND conversation_id = $2");
+CX_SQL(q_delete, 1, "DELETE FROM sessions WHERE id = $1::uuid");
+CX_SQL(q_expired, 1,
+       "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), workspace FROM sessions"
+       " WHERE expires_at < now() ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED");
+
+static enum cx_err
+lock_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool *got)
+{
+    char wait[32];
+    const char *p[3] = {user, cid, wait};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    *got = false;
+    if (cx->cfg->busy_wait == 0) {
+        rc = cx_db_exec(cx->db, &q_lock_try, p, &r);
+        if (rc == CX_OK)
+            *got = PQgetvalue(r, 0, 0)[0] == 't';
+        PQclear(r);
+        return rc;
+    }
+    snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait);
+    rc = cx_db_exec(cx->db, &q_lock_wait, p, NULL);
+    if (rc == CX_OK)
+        *got = true;
+    else if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
+        rc = CX_OK; /* lock_timeout: busy */
+    if (cx_db_exec(cx->db, &q_lock_reset, NULL, NULL))
+        cx_log_warn(0, "could not reset lock_timeout");
+    return rc;
+}
+
+static void
+unlock_conversation(struct cx_ctx *cx, const char *user, const char *cid)
+{
+    const char *p[2] = {user, cid};
+
+    if (cx_db_exec(cx->db, &q_unlock, p, NULL))
+        cx_log_warn(0, "advisory unlock failed; the lock ends with the connection");
+}
+
+/* Deletes kernel, workspace and (unless keep_row) the row of a session
+ * whose lock we hold. */
+static enum cx_err
+close_locked(struct cx_ctx *cx, const char *id, const char *kernel_id, const char *workspace,
+             bool keep_row)
+{
+    const char *p[1] = {id};
+    enum cx_err rc;
+
+    if (kernel_id && *kernel_id) {
+        cx_kernel_pool_forget(kernel_id);
+        rc = cx_gateway_kernel_delete(cx->gw, kernel_id);
+        if (rc)
+            return rc;
+    }
+    rc = cx_gateway_dir_delete(cx->gw, workspace);
+    if (rc)
+        return rc;
+    rc = cx_db_exec(cx->db, keep_row ? &q_evicted : &q_delete, p, NULL);
+    if (rc == CX_OK)
+        cx_log_info("session %s %s", id, keep_row ? "evicted" : "closed");
+    return rc;
+}
+
+static enum cx_err
+close_by_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool keep_row)
+{
+    const char *p[2] = {user, cid};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    rc = cx_db_exec(cx->db, &q_get, p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) == 1)
+        rc = close_locked(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
+                          keep_row);
+    else
+        rc = CX_ERR_NOT_FOUND;
+    PQclear(r);
+    return rc;
+}
+
+/* At the cap: close the least recently used session that no run holds. */
+static enum cx_err
+make_room(struct cx_ctx *cx, const char *user, const char *cid)
+{
+    const char *p[2] = {user, cid};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    rc = cx_db_exec(cx->db, &q_count, p, &r);
+    if (rc)
+        return rc;
+    long n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    if (n < (long)cx->cfg->max_sessions_per_user)
+        return CX_OK;
+    rc = cx_db_exec(cx->db, &q_lru, p, &r);
+    if (rc)
+        return rc;
+    rc = CX_ERR_QUOTA;
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *other[2] = {user, PQgetvalue(r, i, 0)};
+        PGresult *t = NULL;
+        bool got;
+
+        if (cx_db_exec(cx->db, &q_lock_try, other, &t))
+            break;
+        got = PQgetvalue(t, 0, 0)[0] == 't';
+        PQclear(t);
+        if (!got)
+            continue; /* a run holds it */
+        rc = close_by_conversation(cx, user, other[1], true);
+        unlock_conversation(cx, user, other[1]);
+        if (rc == CX_ERR_NOT_FOUND)
+            continue;
+        if (rc == CX_OK)
+            cx_log_info("closed the least recently used session to make room");
+        break;
+    }
+    PQclear(r);
+    return rc;
+}
+
+static enum cx_err
+start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
+{
+    const char *p[3] = {s->id, NULL, cx_gateway_url(cx->gw)};
+    char kid[64];
+    enum cx_err rc;
+
+    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, s->workspace, kid, msg, msglen);
+    if (rc)
+        return rc;
+    p[1] = kid;
+    rc = cx_db_exec(cx->db, &q_set_kernel, p, NULL);
+    if (rc) {
+        if (cx_gateway_kernel_delete(cx->gw, kid))
+            cx_log_warn(0, "could not delete kernel %s after a database error", kid);
+        return rc;
+    }
+    snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", kid);
+    s->kernel_fresh = true;
+    cx_log_info("session %s: kernel %s started", s->id, kid);
+    return CX_OK;
+}
+
+static enum cx_err
+create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
+{
+    char ttl_s[16];
+    const char *ul[1] = {s->user};
+    const char *p[5] = {s->id, s->user, s->conversation_id, cx_gateway_url(cx->gw), ttl_s};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
+    if (rc)
+        return rc;
+    rc = make_room(cx, s->user, s->conversation_id);
+    if (rc) {
+        if (rc == CX_ERR_QUOTA)
+            snprintf(msg, msglen, "all %u sessions of this user are busy",
+                     cx->cfg->max_sessions_per_user);
+        goto out;
+    }
+    cx_uuid_generate(s->id);
+    snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
+    rc = cx_db_exec(cx->db, &q_insert, p, &r);
+    if (rc)
+        goto out;
+    snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 0));
+    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    r = NULL;
+    rc = cx_gateway_dir_create(cx->gw, s->workspace, msg, msglen);
+    if (rc == CX_OK)
+        rc = start_kernel(cx, s, msg, msglen);
+    if (rc) {
+        const char *d[1] = {s->id};
+        if (cx_gateway_dir_delete(cx->gw, s->workspace) || cx_db_exec(cx->db, &q_delete, d, NULL))
+            cx_log_warn(0, "cleanup of session %s after a failed start failed", s->id);
+        goto out;
+    }
+    s->created = true;
+    cx_log_info("session %s created", s->id);
+out:
+    PQclear(r);
+    if (cx_db_exec(cx->db, &q_user_unlock, ul, NULL))
+        cx_log_warn(0, "user advisory unlock failed");
+    return rc;
+}
+
+enum cx_err
+cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
+                   struct cx_session *s, char *msg, size_t msglen)
+{
+    char ttl_s[16];
+    const char *p[3] = {user, cid, ttl_s};
+    PGresult *r = NULL;
+    enum cx_err rc;
+    bool got;
+
+    memset(s, 0, sizeof(*s));
+    snprintf(s->user, sizeof(s->user), "%s", user);
+    snprintf(s->conversation_id, sizeof(s->conversation_id), "%s", cid);
+    snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
+    rc = lock_conversation(cx, user, cid, &got);
+    if (rc)
+        return rc;
+    if (!got) {
+        snprintf(msg, msglen, "another run holds this conversation; retry later");
+        return CX_ERR_CONFLICT;
+    }
+    s->locked = true;
+    rc = cx_db_exec(cx->db, &q_touch, p, &r);
+    if (rc)
+        goto fail;
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        rc = create(cx, s, ttl, msg, msglen);
+        if (rc)
+            goto fail;
+        return CX_OK;
+    }
+    snprintf(s->id, sizeof(s->id), "%s", PQgetvalue(r, 0, 0));
+    snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", PQgetvalue(r, 0, 1));
+    snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 2));
+    s->kernel_fresh = PQgetvalue(r, 0, 3)[0] == 't';
+    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 5));
+    got = strcmp(PQgetvalue(r, 0, 4), cx_gateway_url(cx->gw)) == 0;
+    PQclear(r);
+    if (!s->kernel_id[0] || !got) {
+        /* No kernel yet (a creation that failed half-way), or one on
+         * another gateway: start one here. */
+        rc = cx_session_replace_kernel(cx, s, msg, msglen);
+        if (rc)
+            goto fail;
+    }
+    return CX_OK;
+fail:
+    cx_session_release(cx, s);
+    return rc;
+}
+
+void
+cx_session_release(struct cx_ctx *cx, struct cx_session *s)
+{
+    if (!s->locked)
+        return;
+    if (s->id[0]) {
+        const char *p[2] = {s->id, s->kernel_fresh ? "true" : "false"};
+        if (cx_db_exec(cx->db, &q_release, p, NULL))
+            cx_log_warn(0, "could not record the state of session %s", s->id);
+    }
+    unlock_conversation(cx, s->user, s->conversation_id);
+    s->locked = false;
+}
+
+enum cx_err
+cx_session_replace_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
+{
+    char old[64];
+    enum cx_err rc;
+
+    snprintf(old, sizeof(old), "%s", s->kernel_id);
+    if (old[0]) {
+        cx_kernel_pool_forget(old);
+        if (cx_gateway_kernel_delete(cx->gw, old))
+            cx_log_warn(0, "could not delete replaced kernel %s", old);
+    }
+    rc = cx_gateway_dir_create(cx->gw, s->workspace, msg, msglen);
+    if (rc == CX_OK)
+        rc = start_kernel(cx, s, msg, msglen);
+    if (rc == CX_OK) {
+        s->reset = !s->created;
+        cx_log_info("session %s: kernel replaced", s->id);
+    }
+    return rc;
+}
+
+enum cx_err
+cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s)
+{
+    enum cx_err rc;
+
+    cx_kernel_pool_forget(s->kernel_id);
+    rc = cx_gateway_kernel_restart(cx->gw, s->kernel_id);
+    if (rc == CX_OK) {
+        s->reset = true;
+        s->kernel_fresh = true;
+        cx_log_info("session %s: kernel %s restarted", s->id, s->kernel_id);
+    }
+    return rc;
+}
+
+enum cx_err
+cx_session_close(struct cx_ctx *cx, const char *user, const char *cid)
+{
+    bool got;
+    enum cx_err rc;
+
+    rc = lock_conversation(cx, user, cid, &got);
+    if (rc)
+        return rc;
+    if (!got)
+        return CX_ERR_CONFLICT;
+    rc = close_by_conversation(cx, user, cid, false);
+    unlock_conversation(cx, user, cid);
+    return rc;
+}
+
+int
+cx_session_reap(struct cx_ctx *cx, int limit)
+{
+    char lim[16];
+    const char *p[1] = {lim};
+    PGresult *r = NULL;
+    int closed = 0;
+
+    snprintf(lim, sizeof(lim), "%d", limit);
+    if (cx_db_begin(cx->db))
+        return -1;
+    if (cx_db_exec(cx->db, &q_expired, p, &r)) {
+        cx_db_rollback(cx->db);
+        return -1;
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *who[2] = {PQgetvalue(r, i, 1), PQgetvalue(r, i, 2)};
+        PGresult *t = NULL;
+        bool got;
+
+        if (cx_db_exec(cx->db, &q_lock_try, who, &t))
+            break;
+        got = PQgetvalue(t, 0, 0)[0] == 't';
+        PQclear(t);
+        if (!got)
+            continue; /* a run is using it; it extended the expiry anyway */
+        if (close_locked(cx, PQgetvalue(r, i, 0), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4),
+                         false) == CX_OK)
+            closed++;
+        unlock_conversation(cx, who[0], who[1]);
+    }
+    PQclear(r);
+    if (cx_db_commit(cx->db))
+        return -1;
+    return closed;
+}

@@ -1,0 +1,58 @@
+/* codexec: sandbox sessions, one kernel per (user, conversation).
+ *
+ * Session rows live in PostgreSQL so any codexec process serves any
+ * conversation. Runs in one conversation are serialised with a session-level
+ * PostgreSQL advisory lock held by the run's connection for the whole run. */
+#ifndef CX_SESSION_H
+#define CX_SESSION_H
+
+#include <stdbool.h>
+
+#include "auth.h"
+#include "ctx.h"
+#include "err.h"
+#include "run.h"
+
+struct cx_session {
+    char id[37];
+    char user[CX_USER_MAX + 1];
+    char conversation_id[CX_CONVERSATION_MAX + 1];
+    char kernel_id[64];
+    char workspace[48];
+    char expires_at[32];
+    bool created;      /* this acquire made the session */
+    bool reset;        /* its kernel was replaced: state lost */
+    bool kernel_fresh; /* codexec started or restarted the kernel itself */
+    bool locked;
+};
+
+/* Locks the conversation (waiting up to busy_wait: CX_ERR_CONFLICT), then
+ * loads or creates its session and kernel, extending the expiry to at least
+ * now + ttl. At the user's session cap the least recently used idle
+ * session is closed first; CX_ERR_QUOTA if all are busy. On success the
+ * lock is held: cx_session_release() ends it. msg says what failed. */
+enum cx_err cx_session_acquire(struct cx_ctx *cx, const char *user, const char *conversation_id,
+                               unsigned ttl, struct cx_session *s, char *msg, size_t msglen)
+    CX_MUSTCHECK;
+
+/* Records the kernel's state after a run and unlocks. Safe to call twice. */
+void cx_session_release(struct cx_ctx *cx, struct cx_session *s);
+
+/* The kernel vanished or died for good: start a new one in the same
+ * workspace (s->reset becomes true). */
+enum cx_err cx_session_replace_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg,
+                                      size_t msglen) CX_MUSTCHECK;
+
+/* Restarts the kernel (a run overran its grace period): s->reset. */
+enum cx_err cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s) CX_MUSTCHECK;
+
+/* DELETE /v1/conversations/{cid}/session: CX_ERR_NOT_FOUND if none,
+ * CX_ERR_CONFLICT if a run holds it. */
+enum cx_err cx_session_close(struct cx_ctx *cx, const char *user, const char *conversation_id)
+    CX_MUSTCHECK;
+
+/* Closes up to limit expired sessions that no run holds; safe with several
+ * processes. Returns how many were closed (or -1 on a database error). */
+int cx_session_reap(struct cx_ctx *cx, int limit);
+
+#endif

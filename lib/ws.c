@@ -1,0 +1,527 @@
+#include <curl/curl.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/evp.h>
+#include <poll.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "util.h"
+#include "ws.h"
+
+#define WS_GUID        "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+#define MAX_HANDSHAKE  16384
+#define SEND_CHUNK     65536
+#define READ_CHUNK     65536
+
+struct cx_ws {
+    CURL *curl;
+    curl_socket_t fd;
+    bool alive;
+    bool close_sent;
+    bool quickack;
+    size_t max_message;
+    /* received bytes not yet parsed: data[off .. len) */
+    struct cx_buf in;
+    size_t off;
+    /* a fragmented data message being assembled */
+    bool in_message;
+    enum cx_ws_opcode message_op;
+    uint64_t reads;
+};
+
+static void
+quickack(struct cx_ws *ws)
+{
+    /* Jupyter's server writes each message as its own small segment without
+     * TCP_NODELAY; with delayed ACKs on our side every message pair waits
+     * ~40 ms. Quick-ACK mode is reset by the kernel, so re-arm it after
+     * every read. */
+    int one = 1;
+
+    if (ws->quickack && ws->fd != CURL_SOCKET_BAD)
+        setsockopt(ws->fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+}
+
+static int
+wait_fd(struct cx_ws *ws, short events, int64_t deadline_us)
+{
+    struct pollfd p = {.fd = ws->fd, .events = events};
+    int64_t left = deadline_us - cx_now_us();
+    int rc;
+
+    if (left <= 0)
+        return 0;
+    do
+        rc = poll(&p, 1, (int)((left + 999) / 1000));
+    while (rc < 0 && errno == EINTR);
+    return rc;
+}
+
+/* Reads what is available into ws->in, waiting until the deadline.
+ * CX_OK when at least one byte arrived. */
+static enum cx_err
+read_some(struct cx_ws *ws, int64_t deadline_us)
+{
+    char chunk[READ_CHUNK];
+
+    for (;;) {
+        size_t n = 0;
+        CURLcode cc = curl_easy_recv(ws->curl, chunk, sizeof(chunk), &n);
+
+        if (cc == CURLE_OK) {
+            ws->reads++;
+            quickack(ws);
+            if (n == 0)
+                return CX_ERR_IO; /* orderly shutdown by the peer */
+            /* compact before growing */
+            if (ws->off > 0 && ws->off == ws->in.len) {
+                cx_buf_reset(&ws->in);
+                ws->off = 0;
+            } else if (ws->off > (1u << 20)) {
+                memmove(ws->in.data, ws->in.data + ws->off, ws->in.len - ws->off);
+                ws->in.len -= ws->off;
+                ws->off = 0;
+            }
+            cx_buf_add(&ws->in, chunk, n);
+            return cx_buf_err(&ws->in) ? CX_ERR_TOO_LARGE : CX_OK;
+        }
+        if (cc != CURLE_AGAIN)
+            return CX_ERR_IO;
+        int w = wait_fd(ws, POLLIN, deadline_us);
+        if (w == 0)
+            return CX_ERR_TIMEOUT;
+        if (w < 0)
+            return CX_ERR_IO;
+    }
+}
+
+static enum cx_err
+send_all(struct cx_ws *ws, const void *data, size_t len)
+{
+    const char *p = data;
+    int64_t deadline = cx_now_us() + 30 * 1000000LL;
+
+    while (len > 0) {
+        size_t n = 0;
+        CURLcode cc = curl_easy_send(ws->curl, p, len, &n);
+
+        if (cc == CURLE_OK) {
+            p += n;
+            len -= n;
+            continue;
+        }
+        if (cc != CURLE_AGAIN)
+            return CX_ERR_IO;
+        if (wait_fd(ws, POLLOUT, deadline) <= 0)
+            return CX_ERR_TIMEOUT;
+    }
+    return CX_OK;
+}
+
+static void
+accept_value(const char *key, char out[64])
+{
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int dlen = 0;
+    char cat[128];
+
+    snprintf(cat, sizeof(cat), "%s%s", key, WS_GUID);
+    EVP_Digest(cat, strlen(cat), digest, &dlen, EVP_sha1(), NULL);
+    sodium_bin2base64(out, 64, digest, dlen, sodium_base64_VARIANT_ORIGINAL);
+}
+
+/* Finds header name in the response head; copies its trimmed value. */
+static bool
+find_header(const char *head, const char *name, char *out, size_t outlen)
+{
+    size_t nlen = strlen(name);
+    const char *line = strstr(head, "\r\n");
+
+    while (line && line[2] != '\r') {
+        line += 2;
+        if (strncasecmp(line, name, nlen) == 0 && line[nlen] == ':') {
+            const char *v = line + nlen + 1, *e = strstr(v, "\r\n");
+            while (*v == ' ' || *v == '\t')
+                v++;
+            while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
+                e--;
+            snprintf(out, outlen, "%.*s", (int)(e - v), v);
+            return true;
+        }
+        line = strstr(line, "\r\n");
+    }
+    return false;
+}
+
+static enum cx_err
+handshake(struct cx_ws *ws, const struct cx_ws_options *opt, const char *host_port,
+          const char *target, char *msg, size_t msglen)
+{
+    unsigned char nonce[16];
+    char key[32], expect[64], got[128], *end;
+    struct cx_buf req;
+    int64_t deadline = cx_now_us() + opt->connect_timeout_ms * 1000LL;
+    enum cx_err rc;
+    int status = 0;
+
+    randombytes_buf(nonce, sizeof(nonce));
+    sodium_bin2base64(key, sizeof(key), nonce, sizeof(nonce), sodium_base64_VARIANT_ORIGINAL);
+    cx_buf_init(&req, MAX_HANDSHAKE);
+    cx_buf_addf(&req,
+                "GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n",
+                target, host_port, key);
+    if (opt->extra_header)
+        cx_buf_addf(&req, "%s\r\n", opt->extra_header);
+    cx_buf_adds(&req, "\r\n");
+    rc = cx_buf_err(&req) ? CX_ERR_INVALID : send_all(ws, req.data, req.len);
+    sodium_memzero(req.data, req.len); /* it holds the token */
+    cx_buf_cleanup(&req);
+    if (rc) {
+        snprintf(msg, msglen, "WebSocket handshake: send failed");
+        return CX_ERR_GATEWAY;
+    }
+    while (!(end = ws->in.data ? strstr(ws->in.data, "\r\n\r\n") : NULL)) {
+        rc = read_some(ws, deadline);
+        if (rc) {
+            snprintf(msg, msglen, "WebSocket handshake: %s",
+                     rc == CX_ERR_TIMEOUT ? "timed out" : "connection closed");
+            return rc == CX_ERR_TIMEOUT ? CX_ERR_TIMEOUT : CX_ERR_GATEWAY;
+        }
+        if (ws->in.len > MAX_HANDSHAKE) {
+            snprintf(msg, msglen, "WebSocket handshake: response head too large");
+            return CX_ERR_PROTOCOL;
+        }
+    }
+    end[2] = '\0'; /* head ends with one CRLF now; frames start at end + 4 */
+    if (sscanf(ws->in.data, "HTTP/1.%*d %d", &status) != 1)
+        status = 0;
+    if (status != 101) {
+        snprintf(msg, msglen, "WebSocket handshake: server answered %d", status);
+        return status == 404 ? CX_ERR_NOT_FOUND
+               : (status == 401 || status == 403) ? CX_ERR_UNAUTHORIZED
+                                                  : CX_ERR_GATEWAY;
+    }
+    accept_value(key, expect);
+    if (!find_header(ws->in.data, "Sec-WebSocket-Accept", got, sizeof(got)) ||
+        strcmp(got, expect) != 0) {
+        snprintf(msg, msglen, "WebSocket handshake: wrong Sec-WebSocket-Accept");
+        return CX_ERR_PROTOCOL;
+    }
+    ws->off = (size_t)(end + 4 - ws->in.data);
+    return CX_OK;
+}
+
+enum cx_err
+cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, char *msg, size_t msglen)
+{
+    char http_url[2048], host_port[512], target[2048];
+    char *host = NULL, *port = NULL, *path = NULL, *query = NULL;
+    struct cx_ws *ws = NULL;
+    CURLU *u = NULL;
+    enum cx_err rc = CX_ERR_INVALID;
+    CURLcode cc;
+    const char *rest;
+    bool tls;
+
+    *out = NULL;
+    if (strncmp(opt->url, "ws://", 5) == 0) {
+        tls = false;
+        rest = opt->url + 5;
+    } else if (strncmp(opt->url, "wss://", 6) == 0) {
+        tls = true;
+        rest = opt->url + 6;
+    } else {
+        snprintf(msg, msglen, "not a ws:// or wss:// URL");
+        return CX_ERR_INVALID;
+    }
+    snprintf(http_url, sizeof(http_url), "%s://%s", tls ? "https" : "http", rest);
+    u = curl_url();
+    if (!u || curl_url_set(u, CURLUPART_URL, http_url, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK) {
+        snprintf(msg, msglen, "malformed WebSocket URL");
+        goto out;
+    }
+    (void)curl_url_get(u, CURLUPART_QUERY, &query, 0);
+    snprintf(host_port, sizeof(host_port), "%s:%s", host, port);
+    snprintf(target, sizeof(target), "%s%s%s", path, query ? "?" : "", query ? query : "");
+
+    ws = calloc(1, sizeof(*ws));
+    if (!ws) {
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
+    ws->fd = CURL_SOCKET_BAD;
+    ws->quickack = !opt->no_quickack;
+    ws->max_message = opt->max_message ? opt->max_message : 64u << 20;
+    cx_buf_init(&ws->in, ws->max_message + MAX_HANDSHAKE + 64);
+    ws->curl = curl_easy_init();
+    if (!ws->curl) {
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
+    curl_easy_setopt(ws->curl, CURLOPT_URL, http_url);
+    curl_easy_setopt(ws->curl, CURLOPT_CONNECT_ONLY, 1L);
+    curl_easy_setopt(ws->curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(ws->curl, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(ws->curl, CURLOPT_CONNECTTIMEOUT_MS,
+                     opt->connect_timeout_ms ? opt->connect_timeout_ms : 10000L);
+    curl_easy_setopt(ws->curl, CURLOPT_PROTOCOLS_STR, "http,https");
+    cc = curl_easy_perform(ws->curl);
+    if (cc != CURLE_OK) {
+        snprintf(msg, msglen, "WebSocket connect failed: %s", curl_easy_strerror(cc));
+        rc = CX_ERR_GATEWAY;
+        goto out;
+    }
+    if (curl_easy_getinfo(ws->curl, CURLINFO_ACTIVESOCKET, &ws->fd) != CURLE_OK ||
+        ws->fd == CURL_SOCKET_BAD) {
+        snprintf(msg, msglen, "WebSocket connect: no socket");
+        rc = CX_ERR_GATEWAY;
+        goto out;
+    }
+    rc = handshake(ws, opt, host_port, target, msg, msglen);
+    if (rc)
+        goto out;
+    ws->alive = true;
+    *out = ws;
+    ws = NULL;
+out:
+    if (ws) {
+        ws->close_sent = true; /* never opened: nothing to close */
+        cx_ws_free(ws);
+    }
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_free(query);
+    curl_url_cleanup(u);
+    return rc;
+}
+
+enum cx_err
+cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data, size_t len)
+{
+    unsigned char head[14], mask[4], chunk[SEND_CHUNK];
+    const unsigned char *p = data;
+    size_t h = 0;
+    enum cx_err rc;
+
+    if (!ws->alive)
+        return CX_ERR_IO;
+    head[h++] = (unsigned char)(0x80 | (op & 0x0f));
+    if (len < 126) {
+        head[h++] = (unsigned char)(0x80 | len);
+    } else if (len <= 0xffff) {
+        head[h++] = 0x80 | 126;
+        head[h++] = (unsigned char)(len >> 8);
+        head[h++] = (unsigned char)len;
+    } else {
+        head[h++] = 0x80 | 127;
+        for (int i = 7; i >= 0; i--)
+            head[h++] = (unsigned char)((uint64_t)len >> (8 * i));
+    }
+    randombytes_buf(mask, sizeof(mask));
+    memcpy(head + h, mask, 4);
+    h += 4;
+    rc = send_all(ws, head, h);
+    /* Masked in bounded pieces: memory does not grow with the message. */
+    for (size_t done = 0; rc == CX_OK && done < len;) {
+        size_t n = len - done < sizeof(chunk) ? len - done : sizeof(chunk);
+        for (size_t i = 0; i < n; i++)
+            chunk[i] = p[done + i] ^ mask[(done + i) & 3];
+        rc = send_all(ws, chunk, n);
+        done += n;
+    }
+    if (rc)
+        ws->alive = false;
+    return rc;
+}
+
+/* Parses one complete frame at ws->in[off] if it is all there.
+ * *have is false when more bytes are needed. */
+static enum cx_err
+next_frame(struct cx_ws *ws, bool *have, bool *fin, unsigned *opcode, const unsigned char **payload,
+           uint64_t *plen)
+{
+    const unsigned char *b = (const unsigned char *)ws->in.data + ws->off;
+    size_t avail = ws->in.len - ws->off, h = 2;
+    uint64_t len;
+
+    *have = false;
+    if (avail < 2)
+        return CX_OK;
+    if (b[0] & 0x70)
+        return CX_ERR_PROTOCOL; /* RSV bits without a negotiated extension */
+    if (b[1] & 0x80)
+        return CX_ERR_PROTOCOL; /* servers must not mask */
+    len = b[1] & 0x7f;
+    if (len == 126) {
+        if (avail < 4)
+            return CX_OK;
+        len = ((uint64_t)b[2] << 8) | b[3];
+        if (len < 126)
+            return CX_ERR_PROTOCOL; /* not minimal */
+        h = 4;
+    } else if (len == 127) {
+        if (avail < 10)
+            return CX_OK;
+        len = 0;
+        for (int i = 0; i < 8; i++)
+            len = (len << 8) | b[2 + i];
+        if (len >> 63 || len <= 0xffff)
+            return CX_ERR_PROTOCOL;
+        h = 10;
+    }
+    *fin = b[0] & 0x80;
+    *opcode = b[0] & 0x0f;
+    if (*opcode >= 0x8 && (!*fin || len > 125))
+        return CX_ERR_PROTOCOL; /* control frames are short and whole */
+    if (len > ws->max_message)
+        return CX_ERR_TOO_LARGE;
+    if (avail - h < len)
+        return CX_OK;
+    *payload = b + h;
+    *plen = len;
+    *have = true;
+    ws->off += h + (size_t)len;
+    return CX_OK;
+}
+
+/* Best effort: the connection is going away whether or not this arrives. */
+static void
+send_close(struct cx_ws *ws, const void *body, size_t len)
+{
+    ws->close_sent = true;
+    if (cx_ws_send(ws, CX_WS_CLOSE, body, len) != CX_OK)
+        ws->alive = false;
+}
+
+static void
+fail(struct cx_ws *ws, unsigned short code)
+{
+    unsigned char body[2] = {(unsigned char)(code >> 8), (unsigned char)code};
+
+    if (ws->alive && !ws->close_sent)
+        send_close(ws, body, sizeof(body));
+    ws->alive = false;
+}
+
+enum cx_err
+cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws_opcode *op)
+{
+    enum cx_err rc;
+
+    if (!ws->alive)
+        return CX_ERR_IO;
+    if (!ws->in_message)
+        cx_buf_reset(out);
+    for (;;) {
+        const unsigned char *payload = NULL;
+        uint64_t plen = 0;
+        unsigned opcode = 0;
+        bool have, fin = false;
+
+        rc = next_frame(ws, &have, &fin, &opcode, &payload, &plen);
+        if (rc) {
+            fail(ws, rc == CX_ERR_TOO_LARGE ? 1009 : 1002);
+            return rc;
+        }
+        if (!have) {
+            rc = read_some(ws, deadline_us);
+            if (rc == CX_ERR_TIMEOUT)
+                return rc;
+            if (rc) {
+                ws->alive = false;
+                return rc;
+            }
+            continue;
+        }
+        switch (opcode) {
+        case CX_WS_PING:
+            /* payload points into ws->in, which a send does not touch */
+            if (cx_ws_send(ws, CX_WS_PONG, payload, (size_t)plen))
+                return CX_ERR_IO;
+            continue;
+        case CX_WS_PONG:
+            continue;
+        case CX_WS_CLOSE:
+            if (!ws->close_sent)
+                send_close(ws, payload, plen >= 2 ? 2 : 0);
+            ws->alive = false;
+            return CX_ERR_IO;
+        case CX_WS_TEXT:
+        case CX_WS_BINARY:
+            if (ws->in_message) {
+                fail(ws, 1002); /* a new message inside a fragmented one */
+                return CX_ERR_PROTOCOL;
+            }
+            ws->in_message = true;
+            ws->message_op = opcode;
+            cx_buf_reset(out);
+            break;
+        case CX_WS_CONT:
+            if (!ws->in_message) {
+                fail(ws, 1002);
+                return CX_ERR_PROTOCOL;
+            }
+            break;
+        default:
+            fail(ws, 1002);
+            return CX_ERR_PROTOCOL;
+        }
+        if (out->len + plen > ws->max_message) {
+            fail(ws, 1009);
+            return CX_ERR_TOO_LARGE;
+        }
+        cx_buf_add(out, payload, (size_t)plen);
+        if (cx_buf_err(out)) {
+            fail(ws, 1009);
+            return CX_ERR_TOO_LARGE;
+        }
+        if (!fin)
+            continue;
+        ws->in_message = false;
+        if (ws->message_op == CX_WS_TEXT && !cx_utf8_valid(out->data ? out->data : "", out->len)) {
+            fail(ws, 1007);
+            return CX_ERR_PROTOCOL;
+        }
+        *op = ws->message_op;
+        return CX_OK;
+    }
+}
+
+bool
+cx_ws_alive(const struct cx_ws *ws)
+{
+    return ws && ws->alive;
+}
+
+uint64_t
+cx_ws_reads(const struct cx_ws *ws)
+{
+    return ws->reads;
+}
+
+void
+cx_ws_free(struct cx_ws *ws)
+{
+    if (!ws)
+        return;
+    if (ws->alive && !ws->close_sent) {
+        unsigned char body[2] = {0x03, 0xe8}; /* 1000, normal closure */
+        send_close(ws, body, sizeof(body));
+    }
+    if (ws->curl)
+        curl_easy_cleanup(ws->curl);
+    cx_buf_cleanup(&ws->in);
+    free(ws);
+}

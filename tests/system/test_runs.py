@@ -1,0 +1,381 @@
+"""POST /v1/runs through nginx against a real Jupyter server with the
+sandboxed kernelspec."""
+
+import hashlib
+import json
+import threading
+import time
+import urllib.request
+
+from harness import check, eq, expect_error, new_id, wait_until
+
+
+def run(ctx, user, cid, code, status=200, **extra):
+    body = {"conversation_id": cid, "code": code}
+    body.update(extra)
+    r = ctx.post("/v1/runs", body, key=ctx.key(user), timeout=180)
+    eq(r.status, status, f"run status {r!r}")
+    return r.json()
+
+
+def gateway(ctx, method, path):
+    st = ctx.st
+    req = urllib.request.Request(st.gateway_url + path, method=method,
+                                 headers={"Authorization": f"token {st.gateway_token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read()
+            return r.status, (json.loads(text) if text else None)
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
+def session_kernel(ctx, user, cid):
+    return ctx.psql(f"SELECT kernel_id FROM sessions WHERE user_id = '{user}'"
+                    f" AND conversation_id = '{cid}'")
+
+
+def test_state_persists_across_runs(ctx):
+    r = run(ctx, "u-state", "c1", "x = 6 * 7\nprint(x)\nx")
+    eq(r["status"], "ok", "first run")
+    eq(r["stdout_tail"], "42\n", "stdout")
+    eq(r["result"], "42", "result of the last expression")
+    eq(r["session"]["created"], True, "created")
+    eq(r["session"]["reset"], False, "not reset")
+    eq(r["session"]["conversation_id"], "c1", "conversation id")
+    check(r["session"]["expires_at"].endswith("Z"), "expires_at is UTC")
+    check("stderr_tail" not in r, "no stderr_tail when empty")
+    eq(r["artifacts"], [], "artifacts list")
+    eq(r["truncated"], False, "not truncated")
+    check(isinstance(r["execution_ms"], int), "execution_ms")
+    r2 = run(ctx, "u-state", "c1", "x += 1\nprint(x)")
+    eq(r2["stdout_tail"], "43\n", "state kept")
+    eq(r2["session"]["created"], False, "same session")
+    eq(r2["session"]["reset"], False, "not reset")
+    eq(r2["result"], None, "no expression, no result")
+
+
+def test_run_record(ctx):
+    code = "print('record')"
+    r = run(ctx, "u-record", "c1", code)
+    rec = ctx.get(f"/v1/runs/{r['run_id']}", key=ctx.key("u-record")).json()
+    eq(rec["status"], "ok", "status")
+    eq(rec["code_length"], len(code), "code length")
+    eq(rec["code_sha256"], hashlib.sha256(code.encode()).hexdigest(), "code sha256")
+    check("code" not in rec, "no code in the record")
+    check(rec["finished_at"] and rec["execution_ms"] is not None, "timings")
+    expect_error(ctx.get(f"/v1/runs/{r['run_id']}", key=ctx.key("u-other")), 404, "not_found")
+
+
+def test_users_never_share_a_kernel(ctx):
+    run(ctx, "u-alice", "shared", "secret = 'alice'")
+    r = run(ctx, "u-bob", "shared", "print(secret)")
+    eq(r["status"], "error", "bob cannot see alice's variable")
+    eq(r["error_name"], "NameError", "NameError")
+    check(session_kernel(ctx, "u-alice", "shared") != session_kernel(ctx, "u-bob", "shared"),
+          "two kernels")
+    r = run(ctx, "u-bob", "shared", "import os\nprint(sorted(os.listdir('/workspace')))\n"
+                                    "open('bob.txt','w').write('b')")
+    r = run(ctx, "u-alice", "shared", "import os\nprint(os.path.exists('bob.txt'))")
+    eq(r["stdout_tail"], "False\n", "separate workspaces")
+
+
+def test_exceptions_and_tracebacks(ctx):
+    r = run(ctx, "u-exc", "c1", "def f():\n    return 1 / 0\nprint('before')\nf()")
+    eq(r["status"], "error", "status")
+    eq(r["error"], "ZeroDivisionError: division by zero", "error")
+    eq(r["error_name"], "ZeroDivisionError", "error_name")
+    check("\x1b" not in r["traceback"], "no ANSI codes")
+    check("return 1 / 0" in r["traceback"] and "ZeroDivisionError" in r["traceback"],
+          f"traceback {r['traceback']!r}")
+    eq(r["stdout_tail"], "before\n", "output before the error kept")
+    r = run(ctx, "u-exc", "c1", "import sys\nprint('to stderr', file=sys.stderr)\nraise ValueError('bad \"value\"\\nline2')")
+    eq(r["error"], "ValueError: bad \"value\"\nline2", "error with quotes and newline")
+    eq(r["stderr_tail"], "to stderr\n", "stderr tail")
+    r = run(ctx, "u-exc", "c1", "print('after')")
+    eq(r["status"], "ok", "the session goes on after an error")
+
+
+def test_syntax_error(ctx):
+    r = run(ctx, "u-exc", "c2", "def (:")
+    eq(r["status"], "error", "status")
+    eq(r["error_name"], "SyntaxError", "SyntaxError")
+
+
+def test_timeout_interrupts(ctx):
+    t0 = time.monotonic()
+    r = run(ctx, "u-timeout", "c1", "import time\nstate = 'kept'\ntime.sleep(30)", timeout=1)
+    elapsed = time.monotonic() - t0
+    eq(r["status"], "error", "status")
+    eq(r["error"], "TimeoutError: execution exceeded 1s", "error text")
+    eq(r["error_name"], "TimeoutError", "error name")
+    check(elapsed < 1 + 2 + 10, f"answered in seconds ({elapsed:.1f}s)")
+    eq(r["session"]["reset"], False, "an interruptible cell keeps the kernel")
+    r = run(ctx, "u-timeout", "c1", "print(state)")
+    eq(r["stdout_tail"], "kept\n", "state survived the interrupt")
+    eq(r["session"]["reset"], False, "still not reset")
+
+
+def test_interrupt_proof_loop_resets(ctx):
+    run(ctx, "u-stubborn", "c1", "state = 1")
+    code = ("import time\nwhile True:\n    try:\n        time.sleep(0.1)\n"
+            "    except KeyboardInterrupt:\n        pass\n")
+    t0 = time.monotonic()
+    r = run(ctx, "u-stubborn", "c1", code, timeout=1)
+    elapsed = time.monotonic() - t0
+    eq(r["error_name"], "TimeoutError", "timeout")
+    eq(r["session"]["reset"], True, "kernel restarted: reset said")
+    check(elapsed < 1 + 2 + 15, f"answered within timeout + grace ({elapsed:.1f}s)")
+    r = run(ctx, "u-stubborn", "c1", "print('alive'); print('state' in globals())")
+    eq(r["status"], "ok", f"next run works {r}")
+    eq(r["stdout_tail"], "alive\nFalse\n", "state is gone, as said")
+    eq(r["session"]["reset"], False, "the restart is not reported twice")
+
+
+def test_kernel_exit_is_a_clean_error(ctx):
+    run(ctx, "u-exit", "c1", "x = 1")
+    r = run(ctx, "u-exit", "c1", "import os\nos._exit(3)", timeout=20)
+    eq(r["status"], "error", f"status {r}")
+    eq(r["error_name"], "KernelDied", "error name")
+    eq(r["session"]["reset"], True, "reset")
+    r = wait_until(lambda: (lambda x: x if x["status"] == "ok" else None)(
+        run(ctx, "u-exit", "c1", "print('back')", timeout=20)), 60, "a working run")
+    eq(r["stdout_tail"], "back\n", "the next run works")
+
+
+def test_vanished_kernel_is_replaced(ctx):
+    run(ctx, "u-vanish", "c1", "x = 1")
+    kid = session_kernel(ctx, "u-vanish", "c1")
+    status, _ = gateway(ctx, "DELETE", f"/api/kernels/{kid}")
+    eq(status, 204, "deleted behind codexec's back")
+    r = run(ctx, "u-vanish", "c1", "print('x' in globals())")
+    eq(r["status"], "ok", "run works")
+    eq(r["stdout_tail"], "False\n", "a new kernel")
+    eq(r["session"]["reset"], True, "reset said")
+    eq(r["session"]["created"], False, "same session")
+    check(session_kernel(ctx, "u-vanish", "c1") != kid, "kernel id changed")
+
+
+def test_restart_behind_our_back_is_reported(ctx):
+    run(ctx, "u-restart", "c1", "x = 1")
+    kid = session_kernel(ctx, "u-restart", "c1")
+    status, _ = gateway(ctx, "POST", f"/api/kernels/{kid}/restart")
+    eq(status, 200, "restarted behind codexec's back")
+    r = run(ctx, "u-restart", "c1", "print('x' in globals())", timeout=30)
+    eq(r["stdout_tail"], "False\n", "state lost")
+    eq(r["session"]["reset"], True, "and said so")
+
+
+def test_concurrent_runs_in_one_conversation_are_serialised(ctx):
+    run(ctx, "u-serial", "c1", "import time\nlog = []")
+    results = []
+
+    def one(i):
+        code = (f"t0 = time.time()\ntime.sleep(0.3)\nlog.append(({i}, t0, time.time()))\n"
+                f"print(len(log))")
+        results.append(run(ctx, "u-serial", "c1", code, timeout=30))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    eq(sorted(r["stdout_tail"] for r in results), ["1\n", "2\n", "3\n", "4\n", "5\n"],
+       "every run happened, one after another")
+    r = run(ctx, "u-serial", "c1", "spans = sorted((a, b) for _, a, b in log)\n"
+                                    "print(all(spans[i][1] <= spans[i + 1][0] for i in range(4)))")
+    eq(r["stdout_tail"], "True\n", "no two runs overlapped in the kernel")
+
+
+def test_busy_conversation_is_409(ctx):
+    run(ctx, "u-busy", "c1", "import time")
+    first = {}
+
+    def long_run():
+        first["r"] = run(ctx, "u-busy", "c1", "time.sleep(8)", timeout=30)
+
+    t = threading.Thread(target=long_run)
+    t.start()
+    time.sleep(1.5)
+    r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "1"}, key=ctx.key("u-busy"))
+    expect_error(r, 409, "conversation_busy")
+    t.join()
+    eq(first["r"]["status"], "ok", "the long run finished")
+
+
+def test_sixteen_conversations_at_once(ctx):
+    results = {}
+
+    def one(i):
+        results[i] = run(ctx, f"u-many-{i}", f"conv-{i}", f"import os\nprint({i} * 2, os.getcwd())",
+                         timeout=60)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    eq(len(results), 16, "all answered")
+    for i, r in results.items():
+        eq(r["status"], "ok", f"conversation {i}")
+        eq(r["stdout_tail"], f"{i * 2} /workspace\n", f"output of {i}")
+
+
+def test_arguments_travel_as_data(ctx):
+    args = {"a": None, "b": True, "c": False, "d": "quote ' \" and \\ backslash\nnew line",
+            "e": [1, 2.5, {"x": None}], "f": "'''; import os; os._exit(1); '''", "g": "\u00e9\u4e2d"}
+    code = "def main(**kw):\n    return {'got': kw, 'n': len(kw)}"
+    r = run(ctx, "u-args", "c1", code, arguments=args)
+    eq(r["status"], "ok", f"status {r}")
+    eq(r["result"], {"got": args, "n": len(args)}, "result is main's JSON return value")
+    r = run(ctx, "u-args", "c1", "print(sorted(k for k in globals() if 'codexec' in k))")
+    eq(r["stdout_tail"], "[]\n", "nothing of the call is left in the user's namespace")
+    r = run(ctx, "u-args", "c2", "x = 1", arguments={"a": 1})
+    eq(r["status"], "error", "main missing")
+    eq(r["error_name"], "NameError", "named")
+    r = run(ctx, "u-args", "c3", "def main(a):\n    return object()", arguments={"a": 1})
+    eq(r["error_name"], "TypeError", "non-JSON return value")
+    r = run(ctx, "u-args", "c4", "def main(a):\n    return a\n1/0", arguments={"a": 1})
+    eq(r["error_name"], "ZeroDivisionError", "main is not called after a failing cell")
+    eq(r["result"], None, "no result")
+
+
+def test_output_flood_is_truncated(ctx):
+    code = "import sys\nwhile True:\n    sys.stdout.write('y' * 9999 + '\\n')"
+    r = run(ctx, "u-flood", "c1", code, timeout=60)
+    eq(r["truncated"], True, "truncated")
+    eq(r["status"], "error", "status")
+    eq(r["error_name"], "OutputLimitExceeded", "named")
+    check(len(r["stdout_tail"]) <= 4000, f"tail bounded ({len(r['stdout_tail'])})")
+    r = run(ctx, "u-flood", "c1", "print('quiet')")
+    eq(r["stdout_tail"], "quiet\n", "the session goes on")
+    eq(r["truncated"], False, "not truncated now")
+
+
+def test_tail_keeps_the_last_characters(ctx):
+    r = run(ctx, "u-tail", "c1", "print(''.join(chr(0x4e00 + i % 50) for i in range(10000)), end='')\nprint('END')")
+    t = r["stdout_tail"]
+    eq(len(t), 4000, "4000 characters, not bytes")
+    check(t.endswith("END\n"), "the end is kept")
+
+
+def test_close_session(ctx):
+    run(ctx, "u-close", "c1", "x = 1")
+    kid = session_kernel(ctx, "u-close", "c1")
+    r = ctx.request("DELETE", "/v1/conversations/c1/session", key=ctx.key("u-close"))
+    eq(r.status, 204, f"closed {r!r}")
+    status, _ = gateway(ctx, "GET", f"/api/kernels/{kid}")
+    eq(status, 404, "kernel deleted")
+    r = run(ctx, "u-close", "c1", "print('x' in globals())")
+    eq(r["session"]["created"], True, "a new session")
+    expect_error(ctx.request("DELETE", "/v1/conversations/nope/session", key=ctx.key("u-close")),
+                 404, "not_found")
+    expect_error(ctx.request("DELETE", "/v1/conversations/c1/session", key=ctx.key("u-other")),
+                 404, "not_found")
+    expect_error(ctx.request("DELETE", "/v1/conversations/..%2F..%2Fetc/session",
+                             key=ctx.key("u-close")), 404)
+
+
+def test_session_cap_evicts_least_recently_used(ctx):
+    user = "u-cap"
+    for i in range(4):  # the test stack's max_sessions_per_user
+        run(ctx, user, f"c{i}", f"v = {i}")
+    run(ctx, user, "c0", "v")  # c0 is now the most recently used; c1 the least
+    r = run(ctx, user, "c4", "v = 4")
+    eq(r["session"]["created"], True, "room was made")
+    eq(ctx.psql(f"SELECT count(*) FROM sessions WHERE user_id = '{user}' AND kernel_id IS NOT NULL"),
+       "4", "still at the cap")
+    r = run(ctx, user, "c1", "print('v' in globals())")
+    eq(r["session"]["reset"], True, "the evicted conversation says reset")
+    eq(r["stdout_tail"], "False\n", "its state is gone")
+    r = run(ctx, user, "c0", "print(v)")
+    eq(r["stdout_tail"], "0\n", "the recently used one kept its state")
+
+
+def test_session_cap_all_busy_is_429(ctx):
+    user = "u-cap-busy"
+    threads = []
+    for i in range(4):
+        run(ctx, user, f"b{i}", "import time")
+    for i in range(4):
+        t = threading.Thread(target=lambda i=i: run(ctx, user, f"b{i}", "time.sleep(6)", timeout=30))
+        t.start()
+        threads.append(t)
+    time.sleep(2)
+    r = ctx.post("/v1/runs", {"conversation_id": "b9", "code": "1"}, key=ctx.key(user))
+    expect_error(r, 429, "quota_exceeded")
+    for t in threads:
+        t.join()
+
+
+def test_ttl_is_extended_never_shrunk(ctx):
+    r1 = run(ctx, "u-ttl", "c1", "1", ttl=3000)
+    r2 = run(ctx, "u-ttl", "c1", "1", ttl=5)
+    eq(r2["session"]["expires_at"] >= r1["session"]["expires_at"], True, "never shrunk")
+    r3 = run(ctx, "u-ttl", "c1", "1", ttl=999999)
+    check(r3["session"]["expires_at"] >= r2["session"]["expires_at"], "extended (clamped)")
+
+
+def test_reaper_closes_expired_sessions(ctx):
+    run(ctx, "u-reap", "c1", "x = 1", ttl=1)
+    kid = session_kernel(ctx, "u-reap", "c1")
+    wait_until(lambda: session_kernel(ctx, "u-reap", "c1") == "", 30, "the reaper")
+    status, _ = gateway(ctx, "GET", f"/api/kernels/{kid}")
+    eq(status, 404, "its kernel is gone")
+    r = run(ctx, "u-reap", "c1", "print('x' in globals())")
+    eq(r["session"]["created"], True, "a later run starts afresh")
+
+
+def test_approval_gating(ctx):
+    key = ctx.key("u-approve", approval=True)
+    r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "print('approved')"}, key=key)
+    eq(r.status, 202, f"pending {r!r}")
+    body = r.json()
+    eq(body["status"], "pending_approval", "status")
+    run_id = body["run_id"]
+    eq(ctx.get(f"/v1/runs/{run_id}", key=key).json()["status"], "pending_approval", "record")
+    eq(ctx.psql("SELECT count(*) FROM sessions WHERE user_id = 'u-approve'"), "0",
+       "nothing ran yet")
+    other = ctx.key("u-approve-other")
+    expect_error(ctx.post(f"/v1/runs/{run_id}/approve", key=other), 404, "not_found")
+    r = ctx.post(f"/v1/runs/{run_id}/approve", key=key, timeout=120)
+    eq(r.status, 200, f"approved {r!r}")
+    eq(r.json()["stdout_tail"], "approved\n", "ran")
+    eq(r.json()["run_id"], run_id, "same run id")
+    expect_error(ctx.post(f"/v1/runs/{run_id}/approve", key=key), 404, "not_found")
+    eq(ctx.get(f"/v1/runs/{run_id}", key=key).json()["status"], "ok", "record updated")
+    # reject
+    r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "print('no')"}, key=key)
+    rid = r.json()["run_id"]
+    r = ctx.post(f"/v1/runs/{rid}/reject", key=key)
+    eq(r.status, 200, "rejected")
+    eq(r.json()["status"], "rejected", "status")
+    expect_error(ctx.post(f"/v1/runs/{rid}/approve", key=key), 404, "not_found")
+    eq(ctx.psql("SELECT count(*) FROM pending_runs"), "0", "pending requests are not kept")
+    # expiry
+    r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "print(1)"}, key=key)
+    rid = r.json()["run_id"]
+    ctx.psql(f"UPDATE pending_runs SET expires_at = now() - interval '1 second' WHERE run_id = '{rid}'")
+    expect_error(ctx.post(f"/v1/runs/{rid}/approve", key=key), 410, "expired")
+    eq(ctx.get(f"/v1/runs/{rid}", key=key).json()["status"], "expired", "record says expired")
+    expect_error(ctx.post("/v1/runs/not-a-uuid/approve", key=key), 404)
+
+
+def test_pending_code_is_not_kept_after_the_decision(ctx):
+    key = ctx.key("u-approve", approval=True)
+    r = ctx.post("/v1/runs", {"conversation_id": "c9", "code": "print('PENDING_MARKER')"}, key=key)
+    rid = r.json()["run_id"]
+    check("PENDING_MARKER" in ctx.psql("SELECT request::text FROM pending_runs"), "kept while pending")
+    ctx.post(f"/v1/runs/{rid}/reject", key=key)
+    check("PENDING_MARKER" not in ctx.psql("SELECT coalesce(string_agg(request::text, ''), '') FROM pending_runs"),
+          "gone after the decision")
+
+
+def test_logs_carry_no_code_or_output(ctx):
+    marker = "RUN_LOG_MARKER_7731"
+    run(ctx, "u-logs", "c1", f"print('{marker}')\nraise ValueError('{marker}')")
+    run(ctx, "u-logs", "c1", f"def main(a):\n    return a", arguments={"a": marker})
+    text = ctx.log_text()
+    check(marker not in text, "no code, output or error text in codexec's logs")
+    check(ctx.st.gateway_token not in text, "no gateway token")
+    check("code_sha256=" in text, "code hashes are logged instead")
