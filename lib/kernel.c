@@ -12,7 +12,7 @@
 
 #define POOL_MAX         256
 #define POOL_IDLE_US     (300 * 1000000LL)
-#define MAX_WS_MESSAGE   (64u << 20)
+#define MAX_WS_MESSAGE   (32u << 20)
 
 struct cx_kernel_conn {
     struct cx_kernel_conn *next;
@@ -271,6 +271,15 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need,
         int i;
 
         rc = cx_ws_recv(c->ws, deadline_us, &c->msg, &op);
+        if (rc == CX_ERR_TOO_LARGE && cx_ws_alive(c->ws)) {
+            /* A message too large to keep was skipped (a huge stream chunk):
+             * it can only be output, so report it as such. */
+            c->messages++;
+            rc = fn ? fn(ctx, -1, "oversized", NULL) : CX_OK;
+            if (rc)
+                return rc;
+            continue;
+        }
         if (rc)
             return rc;
         c->messages++;
@@ -296,6 +305,7 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need,
             return CX_ERR_KERNEL_DIED;
         }
         i = parent_id ? find_request(reqs, n, parent_id) : -1;
+        cx_log_debug("kernel message %s/%s for request %d", channel, type, i);
         if (i < 0) {
             json_decref(m);
             continue; /* another client's or an earlier run's message */

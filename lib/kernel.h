@@ -37,7 +37,8 @@ struct cx_exec {
 /* Called for each iopub/shell message whose parent is one of the requests:
  * index is the request's position, msg_type e.g. "stream", content the
  * message content (borrowed). A non-zero return stops the wait with that
- * error. */
+ * error. A message too large to keep (over 32 MiB) is skipped and reported
+ * as index -1, msg_type "oversized", content NULL. */
 typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, json_t *content);
 
 /* A connection to the kernel: a pooled one if available, else a new one.

@@ -254,7 +254,10 @@ cx_run_get(struct cx_db *db, const char *user, const char *run_id, json_t **out)
 /* ------------------------------------------------------------------------ */
 /* Executing a run                                                           */
 
-#define PROBE_FMT                                                                                  \
+/* Evaluated by the epilogue: "True" when this kernel process has run for
+ * codexec before (the token is set), else it sets the token. A kernel that
+ * answers otherwise was started or restarted since. */
+#define TOKEN_CHECK_FMT                                                                            \
     "(lambda s, t: getattr(s, '_codexec_kernel', None) == t or "                                   \
     "setattr(s, '_codexec_kernel', t))(__import__('sys'), '%s')"
 
@@ -277,9 +280,10 @@ static const char call_cell[] =
     "    display({\"application/vnd.codexec.result+json\": {\"value\": value}}, raw=True)\n"
     "''', {})\n";
 
-enum { REQ_PROBE, REQ_USER, REQ_CALL, REQ_MAX };
+/* The pipelined requests of a run, in the order the kernel runs them. */
+enum { REQ_USER, REQ_CALL, REQ_EPILOGUE, REQ_MAX };
 
-#define PROBE_PATIENCE_US (2 * 1000000LL)
+#define WINDOW_US (2 * 1000000LL)
 
 struct tail {
     struct cx_buf b;
@@ -299,6 +303,8 @@ struct exec_state {
     json_t *error;  /* {"ename","evalue","traceback"} of the user or call cell */
     json_t *result; /* JSON value */
     bool have_result;
+    bool any_message; /* a message for one of the requests arrived */
+    bool output_lost; /* replies came, idle statuses did not */
 };
 
 static void
@@ -387,7 +393,12 @@ on_message(void *ctx, int index, const char *type, json_t *content)
 {
     struct exec_state *st = ctx;
 
-    if (index == REQ_PROBE)
+    if (index < 0) {
+        count_output(st, st->cx->cfg->max_output_bytes + 1); /* "oversized" */
+        return CX_OK;
+    }
+    st->any_message = true;
+    if (index == REQ_EPILOGUE)
         return CX_OK;
     if (!strcmp(type, "stream")) {
         const char *name = json_string_value(json_object_get(content, "name"));
@@ -430,9 +441,9 @@ on_message(void *ctx, int index, const char *type, json_t *content)
 }
 
 static bool
-probe_says_fresh(const struct cx_exec *probe)
+epilogue_says_fresh(const struct cx_exec *epilogue)
 {
-    json_t *v = json_object_get(json_object_get(probe->reply, "user_expressions"), "cx");
+    json_t *v = json_object_get(json_object_get(epilogue->reply, "user_expressions"), "cx");
     const char *plain = json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
 
     return !(plain && !strcmp(plain, "True"));
@@ -480,77 +491,100 @@ set_error(json_t *payload, const char *ename, const char *evalue, json_t *tb)
     }
 }
 
-/* Sends the pipelined requests and waits for them, applying the timeout
- * and its grace period. */
+/* Waits for the sent requests until deadline_us, in windows: a window with
+ * no message at all asks the gateway whether the kernel still exists (our
+ * pooled WebSocket outlives a kernel deleted behind our back); a silent
+ * window in which every reply was already in but an idle status never came
+ * means the output channel was lost. */
+static enum cx_err
+wait_windows(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, int n,
+             int64_t deadline_us)
+{
+    enum cx_err rc;
+
+    for (;;) {
+        int64_t now = cx_now_us();
+        int64_t until = now + WINDOW_US < deadline_us ? now + WINDOW_US : deadline_us;
+        uint64_t before = cx_kernel_conn_messages(st->conn);
+        bool replied = true;
+
+        if (now >= deadline_us)
+            return CX_ERR_TIMEOUT;
+        for (int i = 0; i < n; i++)
+            replied = replied && (!reqs[i].sent || reqs[i].got_reply);
+        rc = cx_kernel_wait(st->conn, reqs, n, n, until, on_message, st);
+        if (rc != CX_ERR_TIMEOUT)
+            return rc;
+        if (replied && cx_kernel_conn_messages(st->conn) == before) {
+            st->output_lost = true;
+            return CX_OK;
+        }
+        if (!st->any_message) {
+            rc = cx_gateway_kernel_get(st->cx->gw, s->kernel_id, NULL);
+            if (rc == CX_ERR_NOT_FOUND)
+                return rc;
+        }
+    }
+}
+
+/* Sends the pipelined requests (the user's cell, main() when there are
+ * arguments, the epilogue) and waits for them, applying the timeout and
+ * its grace period. */
 static enum cx_err
 execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request *req,
         struct cx_exec *reqs, int *nreq, char *msg, size_t msglen)
 {
     const struct cx_config *cfg = st->cx->cfg;
-    char probe[256];
+    char check[256];
     json_t *uexpr = NULL, *meta = NULL;
-    int64_t deadline;
-    enum cx_err rc;
-    int n = 0;
+    enum cx_err rc = CX_OK;
 
-    snprintf(probe, sizeof(probe), PROBE_FMT, s->kernel_id);
-    uexpr = json_pack("{s:s}", "cx", probe);
+    snprintf(check, sizeof(check), TOKEN_CHECK_FMT, s->kernel_id);
+    uexpr = json_pack("{s:s}", "cx", check);
     if (req->arguments)
         meta = json_pack("{s:O}", "codexec_arguments", req->arguments);
     memset(reqs, 0, sizeof(*reqs) * REQ_MAX);
-    reqs[REQ_PROBE] = (struct cx_exec){.code = "", .silent = true, .user_expressions = uexpr};
     reqs[REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
-    n = 2;
-    if (req->arguments) {
-        reqs[REQ_CALL] = (struct cx_exec){.code = call_cell, .metadata = meta};
-        n = 3;
-    }
-    *nreq = n;
+    reqs[REQ_CALL] = (struct cx_exec){.code = call_cell, .metadata = meta};
+    reqs[REQ_EPILOGUE] = (struct cx_exec){.code = "", .silent = true, .user_expressions = uexpr};
+    *nreq = REQ_MAX;
     /* Leftovers of an earlier run or of other clients (a restart notice,
      * say) must not be taken for this run's news. */
     cx_kernel_drain(st->conn, 0);
-    rc = CX_OK;
-    for (int i = 0; i < n && rc == CX_OK; i++)
-        rc = cx_kernel_execute(st->conn, &reqs[i]);
-    json_decref(uexpr);
-    json_decref(meta);
+    for (int i = 0; i < REQ_MAX && rc == CX_OK; i++)
+        if (i != REQ_CALL || req->arguments)
+            rc = cx_kernel_execute(st->conn, &reqs[i]);
     if (rc) {
         snprintf(msg, msglen, "sending to the kernel failed");
-        return rc;
+        goto out;
     }
-    deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
-    /* The kernel is idle when a run starts (the conversation is ours), so
-     * the silent probe answers at once. Silence means the gateway may have
-     * dropped the kernel while our pooled WebSocket stayed open: ask. */
-    rc = cx_kernel_wait(st->conn, reqs, n, 1, cx_now_us() + PROBE_PATIENCE_US, on_message, st);
-    while (rc == CX_ERR_TIMEOUT && cx_now_us() < deadline) {
-        rc = cx_gateway_kernel_get(st->cx->gw, s->kernel_id, NULL);
-        if (rc == CX_ERR_NOT_FOUND)
-            return CX_ERR_NOT_FOUND;
-        rc = cx_kernel_wait(st->conn, reqs, n, 1, cx_now_us() + PROBE_PATIENCE_US, on_message, st);
-    }
-    if (rc == CX_OK)
-        rc = cx_kernel_wait(st->conn, reqs, n, n, deadline, on_message, st);
+    rc = wait_windows(st, s, reqs, REQ_MAX, cx_now_us() + (int64_t)(req->timeout * 1e6));
     if (rc == CX_ERR_TIMEOUT) {
         st->timed_out = true;
         cx_log_info("run timed out after %.3gs; interrupting", req->timeout);
         rc = cx_gateway_kernel_interrupt(st->cx->gw, s->kernel_id);
         if (rc == CX_ERR_NOT_FOUND)
-            return CX_ERR_NOT_FOUND;
+            goto out;
         if (rc)
             cx_log_warn(0, "interrupt request failed");
-        rc = cx_kernel_wait(st->conn, reqs, n, n,
-                            cx_now_us() + cfg->interrupt_grace * 1000000LL, on_message, st);
+        rc = wait_windows(st, s, reqs, REQ_MAX,
+                          cx_now_us() + cfg->interrupt_grace * 1000000LL);
         if (rc == CX_ERR_TIMEOUT) {
             cx_log_info("kernel not idle %us after the interrupt; restarting", cfg->interrupt_grace);
             rc = cx_session_restart_kernel(st->cx, s);
             if (rc == CX_ERR_NOT_FOUND)
-                return CX_ERR_NOT_FOUND;
+                goto out;
             if (rc)
                 cx_log_warn(0, "kernel restart failed");
             rc = CX_OK;
         }
     }
+out:
+    /* the requests borrowed these until now */
+    for (int i = 0; i < REQ_MAX; i++)
+        reqs[i].user_expressions = reqs[i].metadata = NULL;
+    json_decref(uexpr);
+    json_decref(meta);
     return rc;
 }
 
@@ -620,7 +654,7 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
             }
             rc = CX_ERR_KERNEL_DIED;
         }
-        if (rc == CX_ERR_IO && reused && !reqs[REQ_PROBE].got_reply) {
+        if (rc == CX_ERR_IO && reused && !st.any_message) {
             /* A pooled connection the server had closed: nothing ran yet. */
             cx_kernel_conn_free(st.conn);
             st.conn = NULL;
@@ -630,6 +664,12 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         break;
     }
     ms = (cx_now_us() - t0) / 1000;
+    if (rc == CX_OK && st.output_lost) {
+        cx_log_warn(0, "run %s: replies arrived without their idle status; output channel lost",
+                    run_id);
+        cx_kernel_conn_free(st.conn);
+        st.conn = NULL;
+    }
     if (rc == CX_ERR_KERNEL_DIED) {
         st.died = true;
         s.reset = true;
@@ -638,11 +678,12 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         st.conn = NULL;
         rc = CX_OK;
     } else if (rc) {
+        cx_log_warn(0, "run %s: kernel connection failed: %s", run_id, cx_strerror(rc));
         snprintf(msg, msglen, "the connection to the kernel failed during the run");
         *status = 502;
         goto out;
     }
-    if (!st.died && reqs[REQ_PROBE].got_reply && probe_says_fresh(&reqs[REQ_PROBE]) &&
+    if (!st.died && reqs[REQ_EPILOGUE].got_reply && epilogue_says_fresh(&reqs[REQ_EPILOGUE]) &&
         !s.kernel_fresh)
         s.reset = true; /* restarted behind our back since the last run */
     if (!st.died && !st.timed_out)
@@ -670,6 +711,10 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     } else if (st.died) {
         set_error(payload, "KernelDied",
                   "the kernel exited during the run; its state was lost", NULL);
+    } else if (st.output_lost) {
+        set_error(payload, "OutputLost",
+                  "the kernel's output channel was lost during the run; output may be incomplete",
+                  NULL);
     } else if (st.interrupted_for_output && st.error) {
         char ev[96];
         snprintf(ev, sizeof(ev), "output exceeded %llu bytes",

@@ -33,6 +33,10 @@ struct cx_ws {
     /* a fragmented data message being assembled */
     bool in_message;
     enum cx_ws_opcode message_op;
+    /* an oversized message being skipped */
+    bool discarding;
+    bool discard_fin;
+    uint64_t discard_left;
     uint64_t reads;
 };
 
@@ -346,17 +350,16 @@ cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data, size_t len)
     return rc;
 }
 
-/* Parses one complete frame at ws->in[off] if it is all there.
- * *have is false when more bytes are needed. */
+/* Parses the frame header at ws->in[off]. *hlen is 0 while more bytes are
+ * needed for the header itself. */
 static enum cx_err
-next_frame(struct cx_ws *ws, bool *have, bool *fin, unsigned *opcode, const unsigned char **payload,
-           uint64_t *plen)
+frame_header(struct cx_ws *ws, size_t *hlen, bool *fin, unsigned *opcode, uint64_t *plen)
 {
     const unsigned char *b = (const unsigned char *)ws->in.data + ws->off;
     size_t avail = ws->in.len - ws->off, h = 2;
     uint64_t len;
 
-    *have = false;
+    *hlen = 0;
     if (avail < 2)
         return CX_OK;
     if (b[0] & 0x70)
@@ -385,14 +388,11 @@ next_frame(struct cx_ws *ws, bool *have, bool *fin, unsigned *opcode, const unsi
     *opcode = b[0] & 0x0f;
     if (*opcode >= 0x8 && (!*fin || len > 125))
         return CX_ERR_PROTOCOL; /* control frames are short and whole */
-    if (len > ws->max_message)
-        return CX_ERR_TOO_LARGE;
-    if (avail - h < len)
-        return CX_OK;
-    *payload = b + h;
+    if (*opcode != CX_WS_CONT && *opcode != CX_WS_TEXT && *opcode != CX_WS_BINARY &&
+        *opcode != CX_WS_CLOSE && *opcode != CX_WS_PING && *opcode != CX_WS_PONG)
+        return CX_ERR_PROTOCOL;
+    *hlen = h;
     *plen = len;
-    *have = true;
-    ws->off += h + (size_t)len;
     return CX_OK;
 }
 
@@ -415,6 +415,17 @@ fail(struct cx_ws *ws, unsigned short code)
     ws->alive = false;
 }
 
+/* Drops buffered bytes of a frame being discarded. */
+static void
+discard_buffered(struct cx_ws *ws)
+{
+    size_t avail = ws->in.len - ws->off;
+    size_t n = avail < ws->discard_left ? avail : (size_t)ws->discard_left;
+
+    ws->off += n;
+    ws->discard_left -= n;
+}
+
 enum cx_err
 cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws_opcode *op)
 {
@@ -425,17 +436,36 @@ cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws
     if (!ws->in_message)
         cx_buf_reset(out);
     for (;;) {
-        const unsigned char *payload = NULL;
+        const unsigned char *payload;
         uint64_t plen = 0;
         unsigned opcode = 0;
-        bool have, fin = false;
+        size_t hlen = 0;
+        bool fin = false, need_more;
 
-        rc = next_frame(ws, &have, &fin, &opcode, &payload, &plen);
+        if (ws->discard_left > 0) {
+            discard_buffered(ws);
+            if (ws->discard_left == 0 && ws->discard_fin) {
+                /* The oversized message is over; the connection lives on. */
+                ws->in_message = false;
+                ws->discarding = false;
+                cx_buf_reset(out);
+                return CX_ERR_TOO_LARGE;
+            }
+        }
+        rc = ws->discard_left ? CX_OK : frame_header(ws, &hlen, &fin, &opcode, &plen);
         if (rc) {
-            fail(ws, rc == CX_ERR_TOO_LARGE ? 1009 : 1002);
+            fail(ws, 1002);
             return rc;
         }
-        if (!have) {
+        if (ws->discard_left > 0)
+            need_more = true; /* every buffered byte of it is gone */
+        else if (!hlen)
+            need_more = true; /* the header is incomplete */
+        else if (opcode < 0x8 && (ws->discarding || out->len + plen > ws->max_message))
+            need_more = false; /* to be skipped: the header is enough */
+        else
+            need_more = ws->in.len - ws->off - hlen < plen;
+        if (need_more) {
             rc = read_some(ws, deadline_us);
             if (rc == CX_ERR_TIMEOUT)
                 return rc;
@@ -445,15 +475,19 @@ cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws
             }
             continue;
         }
+        payload = (const unsigned char *)ws->in.data + ws->off + hlen;
         switch (opcode) {
         case CX_WS_PING:
+            ws->off += hlen + (size_t)plen;
             /* payload points into ws->in, which a send does not touch */
             if (cx_ws_send(ws, CX_WS_PONG, payload, (size_t)plen))
                 return CX_ERR_IO;
             continue;
         case CX_WS_PONG:
+            ws->off += hlen + (size_t)plen;
             continue;
         case CX_WS_CLOSE:
+            ws->off += hlen + (size_t)plen;
             if (!ws->close_sent)
                 send_close(ws, payload, plen >= 2 ? 2 : 0);
             ws->alive = false;
@@ -465,23 +499,33 @@ cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws
                 return CX_ERR_PROTOCOL;
             }
             ws->in_message = true;
+            ws->discarding = false;
             ws->message_op = opcode;
             cx_buf_reset(out);
             break;
-        case CX_WS_CONT:
+        default: /* CX_WS_CONT */
             if (!ws->in_message) {
                 fail(ws, 1002);
                 return CX_ERR_PROTOCOL;
             }
             break;
-        default:
-            fail(ws, 1002);
-            return CX_ERR_PROTOCOL;
         }
-        if (out->len + plen > ws->max_message) {
-            fail(ws, 1009);
-            return CX_ERR_TOO_LARGE;
+        if (ws->discarding || out->len + plen > ws->max_message) {
+            /* Too large to keep: skip it as it streams by, in bounded memory,
+             * and report it once the whole message has passed. */
+            ws->discarding = true;
+            ws->off += hlen;
+            ws->discard_left = plen;
+            ws->discard_fin = fin;
+            cx_buf_reset(out);
+            if (plen == 0 && fin) {
+                ws->in_message = false;
+                ws->discarding = false;
+                return CX_ERR_TOO_LARGE;
+            }
+            continue;
         }
+        ws->off += hlen + (size_t)plen;
         cx_buf_add(out, payload, (size_t)plen);
         if (cx_buf_err(out)) {
             fail(ws, 1009);

@@ -388,6 +388,10 @@ http {{
             "--KernelManager.transport=ipc",
             # Workspaces are removed with everything in them, not sent to a trash.
             "--FileContentsManager.delete_to_trash=False",
+            # codexec enforces max_output_bytes itself; the server must not drop
+            # output silently on the way.
+            "--ServerApp.iopub_data_rate_limit=0",
+            "--ServerApp.iopub_msg_rate_limit=0",
             f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
             f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}",
         ], env=env, cwd=self.workspaces)

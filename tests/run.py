@@ -136,7 +136,7 @@ def main():
         "max_body_bytes": "2M",
         "max_code_bytes": "1M",
         "workers": "24",
-        "log_level": "info",
+        "log_level": os.environ.get("CODEXEC_TEST_LOG_LEVEL", "info"),
         "busy_wait": "3",
         "max_sessions_per_user": "4",
         "reaper_interval": "1",
