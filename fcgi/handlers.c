@@ -15,7 +15,8 @@ void
 cx_h_health(struct cx_req *r)
 {
     json_t *body = NULL;
-    bool ok = cx_health_check(r->w->db, r->w->gw, r->w->cfg->storage_dir, &body);
+    bool ok =
+        cx_health_check(r->w->db, r->w->gw, r->w->cfg->kernel_name, r->w->cfg->storage_dir, &body);
 
     if (!ok) {
         json_object_set_new(body, "error",
@@ -75,7 +76,9 @@ send_run_result(struct cx_req *r, enum cx_err rc, int status, json_t *out, const
     case 409: cx_req_send_error(r, 409, "conversation_busy", msg); break;
     case 410: cx_req_send_error(r, 410, "expired", "the run waited too long for approval"); break;
     case 429: cx_req_send_error(r, 429, "quota_exceeded", msg); break;
-    case 502: cx_req_send_error(r, 502, "gateway_error", msg[0] ? msg : "the gateway failed"); break;
+    case 502:
+        cx_req_send_error(r, 502, "gateway_error", msg[0] ? msg : "the gateway failed");
+        break;
     default: cx_req_send_lib_error(r, rc); break;
     }
 }

@@ -20,7 +20,7 @@ enum cx_err {
     CX_ERR_DB,      /* PostgreSQL failed */
     CX_ERR_GATEWAY, /* the Jupyter gateway failed or answered badly */
     CX_ERR_TIMEOUT,
-    CX_ERR_PROTOCOL, /* a peer broke its protocol (WebSocket, Jupyter) */
+    CX_ERR_PROTOCOL,    /* a peer broke its protocol (WebSocket, Jupyter) */
     CX_ERR_KERNEL_DIED, /* the kernel exited or was restarted during a run */
     CX_ERR_INTERNAL,
     CX_ERR__COUNT

@@ -317,8 +317,10 @@ cx_gateway_dir_create(struct cx_gateway *gw, const char *path, char *msg, size_t
     json_decref(body);
     if (rc == CX_OK && status != 201 && status != 200) {
         if (msg)
-            snprintf(msg, msglen, "gateway could not create workspace (HTTP %ld); codexec needs "
-                                  "Jupyter Server's contents API", status);
+            snprintf(msg, msglen,
+                     "gateway could not create workspace (HTTP %ld); codexec needs "
+                     "Jupyter Server's contents API",
+                     status);
         rc = CX_ERR_GATEWAY;
     }
     return rc;

@@ -44,8 +44,8 @@ enum cx_err cx_gateway_kernel_delete(struct cx_gateway *gw, const char *id) CX_M
 enum cx_err cx_gateway_kernel_interrupt(struct cx_gateway *gw, const char *id) CX_MUSTCHECK;
 enum cx_err cx_gateway_kernel_restart(struct cx_gateway *gw, const char *id) CX_MUSTCHECK;
 /* GET /api/kernels/{id}: *model (may be NULL) gets a new reference. */
-enum cx_err cx_gateway_kernel_get(struct cx_gateway *gw, const char *id, json_t **model)
-    CX_MUSTCHECK;
+enum cx_err cx_gateway_kernel_get(struct cx_gateway *gw, const char *id,
+                                  json_t **model) CX_MUSTCHECK;
 /* GET /api/kernelspecs: *out gets a new reference. */
 enum cx_err cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out) CX_MUSTCHECK;
 /* Contents API: create a directory (existing is fine) / delete one with

@@ -8,11 +8,12 @@
 struct cx_db;
 struct cx_gateway;
 
-/* Checks PostgreSQL (SELECT 1), the gateway (GET /api) and storage (a probe
+/* Checks PostgreSQL (SELECT 1), the gateway (GET /api, then the token and
+ * kernel_name through GET /api/kernelspecs) and storage (a probe
  * file is written and synced). *out gets a new reference:
  * {"status": "ok"|"unavailable", "checks": {"postgresql": "ok"|"failed: …", …}}.
  * Returns true when every check passed. */
-bool cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *storage_dir,
-                     json_t **out);
+bool cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name,
+                     const char *storage_dir, json_t **out);
 
 #endif

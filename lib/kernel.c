@@ -10,9 +10,9 @@
 #include "util.h"
 #include "ws.h"
 
-#define POOL_MAX         256
-#define POOL_IDLE_US     (300 * 1000000LL)
-#define MAX_WS_MESSAGE   (32u << 20)
+#define POOL_MAX       256
+#define POOL_IDLE_US   (300 * 1000000LL)
+#define MAX_WS_MESSAGE (32u << 20)
 
 struct cx_kernel_conn {
     struct cx_kernel_conn *next;
@@ -75,17 +75,25 @@ enum cx_err
 cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kernel_id,
                    struct cx_kernel_conn **out, char *msg, size_t msglen)
 {
-    struct cx_ws_options opt = {0};
-    struct cx_kernel_conn *c;
-    char url[1024], auth[512];
-    enum cx_err rc;
+    struct cx_kernel_conn *c = pool_take(gateway_url, kernel_id);
 
-    c = pool_take(gateway_url, kernel_id);
     if (c && cx_ws_alive(c->ws)) {
         *out = c;
         return CX_OK;
     }
     cx_kernel_conn_free(c);
+    return cx_kernel_conn_open(gateway_url, token, kernel_id, true, out, msg, msglen);
+}
+
+enum cx_err
+cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kernel_id,
+                    bool quickack, struct cx_kernel_conn **out, char *msg, size_t msglen)
+{
+    struct cx_ws_options opt = {0};
+    struct cx_kernel_conn *c;
+    char url[1024], auth[512];
+    enum cx_err rc;
+
     c = calloc(1, sizeof(*c));
     if (!c)
         return CX_ERR_NOMEM;
@@ -98,8 +106,8 @@ cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kerne
         snprintf(url, sizeof(url), "wss://%s/api/kernels/%s/channels?session_id=%s",
                  gateway_url + 8, kernel_id, c->session);
     else if (strncmp(gateway_url, "http://", 7) == 0)
-        snprintf(url, sizeof(url), "ws://%s/api/kernels/%s/channels?session_id=%s",
-                 gateway_url + 7, kernel_id, c->session);
+        snprintf(url, sizeof(url), "ws://%s/api/kernels/%s/channels?session_id=%s", gateway_url + 7,
+                 kernel_id, c->session);
     else {
         cx_kernel_conn_free(c);
         snprintf(msg, msglen, "gateway_url must start with http:// or https://");
@@ -117,6 +125,7 @@ cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kerne
      * kernel first): a cold kernel on a busy machine takes seconds. */
     opt.connect_timeout_ms = 90000;
     opt.max_message = MAX_WS_MESSAGE;
+    opt.no_quickack = !quickack;
     rc = cx_ws_connect(&opt, &c->ws, msg, msglen);
     memset(auth, 0, sizeof(auth));
     if (rc) {
@@ -192,6 +201,12 @@ cx_kernel_conn_messages(const struct cx_kernel_conn *c)
     return c->messages;
 }
 
+uint64_t
+cx_kernel_conn_reads(const struct cx_kernel_conn *c)
+{
+    return cx_ws_reads(c->ws);
+}
+
 static void
 iso_now(char out[64])
 {
@@ -216,13 +231,11 @@ cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
     iso_now(date);
     m = json_pack("{s:{s:s,s:s,s:s,s:s,s:s,s:s},s:{},s:O?,s:{s:s,s:b,s:b,s:O?,s:b,s:b},s:s,s:[]}",
                   "header", "msg_id", e->msg_id, "username", "codexec", "session", c->session,
-                  "date", date, "msg_type", "execute_request", "version", "5.3",
-                  "parent_header",
-                  "metadata", e->metadata,
-                  "content", "code", e->code, "silent", e->silent, "store_history",
-                  e->store_history, "user_expressions", e->user_expressions, "allow_stdin",
-                  e->allow_stdin, "stop_on_error", e->stop_on_error,
-                  "channel", "shell", "buffers");
+                  "date", date, "msg_type", "execute_request", "version", "5.3", "parent_header",
+                  "metadata", e->metadata, "content", "code", e->code, "silent", e->silent,
+                  "store_history", e->store_history, "user_expressions", e->user_expressions,
+                  "allow_stdin", e->allow_stdin, "stop_on_error", e->stop_on_error, "channel",
+                  "shell", "buffers");
     if (!m)
         return CX_ERR_NOMEM;
     if (!e->metadata)
@@ -259,8 +272,8 @@ all_done(struct cx_exec *reqs, int n)
 }
 
 enum cx_err
-cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need,
-               int64_t deadline_us, cx_exec_fn fn, void *ctx)
+cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, int64_t deadline_us,
+               cx_exec_fn fn, void *ctx)
 {
     enum cx_ws_opcode op;
     enum cx_err rc;
@@ -290,8 +303,8 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need,
             continue;
         type = json_string_value(json_object_get(json_object_get(m, "header"), "msg_type"));
         channel = json_string_value(json_object_get(m, "channel"));
-        parent_id = json_string_value(
-            json_object_get(json_object_get(m, "parent_header"), "msg_id"));
+        parent_id =
+            json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
         content = json_object_get(m, "content");
         if (!type || !channel || !json_is_object(content)) {
             json_decref(m);

@@ -46,6 +46,12 @@ typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, js
 enum cx_err cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kernel_id,
                                struct cx_kernel_conn **out, char *msg, size_t msglen) CX_MUSTCHECK;
 
+/* A new connection, never pooled unless put back. quickack = false leaves
+ * delayed ACKs on: only for measuring what a plain client pays. */
+enum cx_err cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kernel_id,
+                                bool quickack, struct cx_kernel_conn **out, char *msg,
+                                size_t msglen) CX_MUSTCHECK;
+
 /* Returns a connection to the pool (or frees it when it is broken). */
 void cx_kernel_conn_put(struct cx_kernel_conn *c);
 
@@ -78,5 +84,8 @@ void cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
 
 /* WebSocket messages received on this connection (for tests and metrics). */
 uint64_t cx_kernel_conn_messages(const struct cx_kernel_conn *c);
+
+/* Socket reads so far: grows while any byte arrives, even mid-message. */
+uint64_t cx_kernel_conn_reads(const struct cx_kernel_conn *c);
 
 #endif

@@ -303,8 +303,10 @@ struct exec_state {
     json_t *error;  /* {"ename","evalue","traceback"} of the user or call cell */
     json_t *result; /* JSON value */
     bool have_result;
-    bool any_message; /* a message for one of the requests arrived */
-    bool output_lost; /* replies came, idle statuses did not */
+    bool any_message;     /* a message for one of the requests arrived */
+    struct cx_exec *reqs; /* the run's requests, REQ_MAX of them */
+    bool output_lost;     /* replies came, idle statuses did not */
+    bool abandoned;       /* stopped reading mid-output */
 };
 
 static void
@@ -388,10 +390,24 @@ count_output(struct exec_state *st, size_t n)
     }
 }
 
+static bool
+all_replied(const struct cx_exec *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].sent && !reqs[i].got_reply)
+            return false;
+    return true;
+}
+
 static enum cx_err
 on_message(void *ctx, int index, const char *type, json_t *content)
 {
     struct exec_state *st = ctx;
+
+    /* Past the output limit, once every reply is in, the rest of the output
+     * is of no use: stop here rather than wait for it to drain. */
+    if (st->truncated && all_replied(st->reqs, REQ_MAX))
+        return CX_ERR_TOO_LARGE;
 
     if (index < 0) {
         count_output(st, st->cx->cfg->max_output_bytes + 1); /* "oversized" */
@@ -410,14 +426,14 @@ on_message(void *ctx, int index, const char *type, json_t *content)
         count_output(st, n);
         if (st->truncated)
             return CX_OK;
-        tail_add(name && !strcmp(name, "stderr") ? &st->err : &st->out, json_string_value(text),
-                 n);
+        tail_add(name && !strcmp(name, "stderr") ? &st->err : &st->out, json_string_value(text), n);
     } else if (!strcmp(type, "error")) {
         json_decref(st->error);
         st->error = json_incref(content);
     } else if (!strcmp(type, "execute_result") || !strcmp(type, "display_data")) {
         json_t *data = json_object_get(content, "data");
-        json_t *value = json_object_get(json_object_get(data, "application/vnd.codexec.result+json"), "value");
+        json_t *value =
+            json_object_get(json_object_get(data, "application/vnd.codexec.result+json"), "value");
 
         if (index == REQ_CALL && value) {
             json_decref(st->result);
@@ -444,7 +460,8 @@ static bool
 epilogue_says_fresh(const struct cx_exec *epilogue)
 {
     json_t *v = json_object_get(json_object_get(epilogue->reply, "user_expressions"), "cx");
-    const char *plain = json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+    const char *plain =
+        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
 
     return !(plain && !strcmp(plain, "True"));
 }
@@ -479,7 +496,8 @@ set_error(json_t *payload, const char *ename, const char *evalue, json_t *tb)
         json_t *line;
 
         cx_buf_init(&b, 4u << 20);
-        json_array_foreach(tb, i, line) {
+        json_array_foreach(tb, i, line)
+        {
             if (json_is_string(line))
                 cx_buf_addf(&b, "%s%s", i ? "\n" : "", json_string_value(line));
         }
@@ -501,21 +519,25 @@ wait_windows(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, 
              int64_t deadline_us)
 {
     enum cx_err rc;
+    int silent = 0;
 
     for (;;) {
         int64_t now = cx_now_us();
         int64_t until = now + WINDOW_US < deadline_us ? now + WINDOW_US : deadline_us;
-        uint64_t before = cx_kernel_conn_messages(st->conn);
-        bool replied = true;
+        uint64_t before = cx_kernel_conn_reads(st->conn);
+        bool replied = all_replied(reqs, n);
 
         if (now >= deadline_us)
             return CX_ERR_TIMEOUT;
-        for (int i = 0; i < n; i++)
-            replied = replied && (!reqs[i].sent || reqs[i].got_reply);
         rc = cx_kernel_wait(st->conn, reqs, n, n, until, on_message, st);
+        if (rc == CX_ERR_TOO_LARGE) {
+            st->abandoned = true; /* output left unread: do not pool */
+            return CX_OK;
+        }
         if (rc != CX_ERR_TIMEOUT)
             return rc;
-        if (replied && cx_kernel_conn_messages(st->conn) == before) {
+        silent = replied && cx_kernel_conn_reads(st->conn) == before ? silent + 1 : 0;
+        if (silent >= 2) {
             st->output_lost = true;
             return CX_OK;
         }
@@ -567,10 +589,10 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
             goto out;
         if (rc)
             cx_log_warn(0, "interrupt request failed");
-        rc = wait_windows(st, s, reqs, REQ_MAX,
-                          cx_now_us() + cfg->interrupt_grace * 1000000LL);
+        rc = wait_windows(st, s, reqs, REQ_MAX, cx_now_us() + cfg->interrupt_grace * 1000000LL);
         if (rc == CX_ERR_TIMEOUT) {
-            cx_log_info("kernel not idle %us after the interrupt; restarting", cfg->interrupt_grace);
+            cx_log_info("kernel not idle %us after the interrupt; restarting",
+                        cfg->interrupt_grace);
             rc = cx_session_restart_kernel(st->cx, s);
             if (rc == CX_ERR_NOT_FOUND)
                 goto out;
@@ -605,6 +627,7 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     memset(&st, 0, sizeof(st));
     memset(reqs, 0, sizeof(reqs));
     st.cx = cx;
+    st.reqs = reqs;
     tail_init(&st.out, cfg->tail_chars);
     tail_init(&st.err, cfg->tail_chars);
 
@@ -664,9 +687,10 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         break;
     }
     ms = (cx_now_us() - t0) / 1000;
-    if (rc == CX_OK && st.output_lost) {
-        cx_log_warn(0, "run %s: replies arrived without their idle status; output channel lost",
-                    run_id);
+    if (rc == CX_OK && (st.output_lost || st.abandoned)) {
+        if (st.output_lost)
+            cx_log_warn(0, "run %s: replies arrived without their idle status; output lost",
+                        run_id);
         cx_kernel_conn_free(st.conn);
         st.conn = NULL;
     }
@@ -683,19 +707,25 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         *status = 502;
         goto out;
     }
+    /* The execute_reply carries the error too, when its iopub copy was not
+     * read (the run stopped reading past the output limit). */
+    for (int i = REQ_USER; i <= REQ_CALL && !st.error; i++) {
+        const char *rs = json_string_value(json_object_get(reqs[i].reply, "status"));
+        if (rs && !strcmp(rs, "error"))
+            st.error = json_incref(reqs[i].reply);
+    }
     if (!st.died && reqs[REQ_EPILOGUE].got_reply && epilogue_says_fresh(&reqs[REQ_EPILOGUE]) &&
         !s.kernel_fresh)
         s.reset = true; /* restarted behind our back since the last run */
     if (!st.died && !st.timed_out)
         s.kernel_fresh = false;
 
-    payload = json_pack("{s:s,s:s,s:s,s:[],s:[],s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}",
-                        "run_id", run_id, "status", "ok", "stdout_tail",
-                        tail_text(&st.out, cfg->tail_chars), "artifacts", "inputs_loaded",
-                        "result", st.have_result ? st.result : NULL, "truncated", st.truncated,
-                        "execution_ms", (json_int_t)ms, "session", "conversation_id",
-                        req->conversation_id, "created", s.created, "reset", s.reset,
-                        "expires_at", s.expires_at);
+    payload = json_pack("{s:s,s:s,s:s,s:[],s:[],s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id",
+                        run_id, "status", "ok", "stdout_tail", tail_text(&st.out, cfg->tail_chars),
+                        "artifacts", "inputs_loaded", "result", st.have_result ? st.result : NULL,
+                        "truncated", st.truncated, "execution_ms", (json_int_t)ms, "session",
+                        "conversation_id", req->conversation_id, "created", s.created, "reset",
+                        s.reset, "expires_at", s.expires_at);
     if (!payload) {
         rc = CX_ERR_NOMEM;
         *status = 500;
@@ -709,8 +739,8 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         snprintf(ev, sizeof(ev), "execution exceeded %gs", req->timeout);
         set_error(payload, "TimeoutError", ev, NULL);
     } else if (st.died) {
-        set_error(payload, "KernelDied",
-                  "the kernel exited during the run; its state was lost", NULL);
+        set_error(payload, "KernelDied", "the kernel exited during the run; its state was lost",
+                  NULL);
     } else if (st.output_lost) {
         set_error(payload, "OutputLost",
                   "the kernel's output channel was lost during the run; output may be incomplete",
@@ -738,11 +768,16 @@ out:
     }
     cx_kernel_conn_free(st.conn);
     {
-        const char *st_s = payload ? json_string_value(json_object_get(payload, "status")) : "error";
+        const char *st_s =
+            payload ? json_string_value(json_object_get(payload, "status")) : "error";
         const char *en = payload ? json_string_value(json_object_get(payload, "error_name")) : NULL;
         char msbuf[24];
-        const char *p[6] = {run_id, st_s, en ? en : (payload ? NULL : "RequestFailed"),
-                            st.truncated ? "true" : "false", s.reset ? "true" : "false", msbuf};
+        const char *p[6] = {run_id,
+                            st_s,
+                            en ? en : (payload ? NULL : "RequestFailed"),
+                            st.truncated ? "true" : "false",
+                            s.reset ? "true" : "false",
+                            msbuf};
         snprintf(msbuf, sizeof(msbuf), "%lld", (long long)ms);
         if (cx_db_exec(cx->db, &q_run_finish, p, NULL))
             cx_log_warn(0, "could not record the end of run %s", run_id);
@@ -810,9 +845,10 @@ CX_SQL(q_pending_take, 2,
        " (SELECT id FROM runs WHERE id = $1::uuid AND user_id = $2 AND status = 'pending_approval')"
        " RETURNING request, expires_at < now() AS expired)"
        " SELECT request::text, expired FROM p");
-CX_SQL(q_run_status, 2, "UPDATE runs SET status = $2, started_at = CASE WHEN $2 = 'running'"
-                        " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
-                        " THEN now() ELSE finished_at END WHERE id = $1::uuid");
+CX_SQL(q_run_status, 2,
+       "UPDATE runs SET status = $2, started_at = CASE WHEN $2 = 'running'"
+       " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
+       " THEN now() ELSE finished_at END WHERE id = $1::uuid");
 
 /* Takes the pending request of a run (deleting it) and sets the run's new
  * status in one transaction. *request: new reference. */

@@ -16,7 +16,8 @@
 #define CONV_KEY "hashtextextended($1 || E'\\n' || $2, 0)"
 #define USER_KEY "hashtextextended('user' || E'\\n' || $1, 1)"
 
-CX_SQL(q_lock_wait, 3, "SELECT set_config('lock_timeout', $3, false), pg_advisory_lock(" CONV_KEY ")");
+CX_SQL(q_lock_wait, 3,
+       "SELECT set_config('lock_timeout', $3, false), pg_advisory_lock(" CONV_KEY ")");
 CX_SQL(q_lock_try, 2, "SELECT pg_try_advisory_lock(" CONV_KEY ")");
 CX_SQL(q_lock_reset, 0, "SELECT set_config('lock_timeout', '0', false)");
 CX_SQL(q_unlock, 2, "SELECT pg_advisory_unlock(" CONV_KEY ")");

@@ -32,8 +32,8 @@ struct cx_session {
  * session is closed first; CX_ERR_QUOTA if all are busy. On success the
  * lock is held: cx_session_release() ends it. msg says what failed. */
 enum cx_err cx_session_acquire(struct cx_ctx *cx, const char *user, const char *conversation_id,
-                               unsigned ttl, struct cx_session *s, char *msg, size_t msglen)
-    CX_MUSTCHECK;
+                               unsigned ttl, struct cx_session *s, char *msg,
+                               size_t msglen) CX_MUSTCHECK;
 
 /* Records the kernel's state after a run and unlocks. Safe to call twice. */
 void cx_session_release(struct cx_ctx *cx, struct cx_session *s);
@@ -48,8 +48,8 @@ enum cx_err cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s) C
 
 /* DELETE /v1/conversations/{cid}/session: CX_ERR_NOT_FOUND if none,
  * CX_ERR_CONFLICT if a run holds it. */
-enum cx_err cx_session_close(struct cx_ctx *cx, const char *user, const char *conversation_id)
-    CX_MUSTCHECK;
+enum cx_err cx_session_close(struct cx_ctx *cx, const char *user,
+                             const char *conversation_id) CX_MUSTCHECK;
 
 /* Closes up to limit expired sessions that no run holds; safe with several
  * processes. Returns how many were closed (or -1 on a database error). */

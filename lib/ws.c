@@ -15,10 +15,10 @@
 #include "util.h"
 #include "ws.h"
 
-#define WS_GUID        "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-#define MAX_HANDSHAKE  16384
-#define SEND_CHUNK     65536
-#define READ_CHUNK     65536
+#define WS_GUID       "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+#define MAX_HANDSHAKE 16384
+#define SEND_CHUNK    65536
+#define READ_CHUNK    65536
 
 struct cx_ws {
     CURL *curl;
@@ -209,7 +209,7 @@ handshake(struct cx_ws *ws, const struct cx_ws_options *opt, const char *host_po
         status = 0;
     if (status != 101) {
         snprintf(msg, msglen, "WebSocket handshake: server answered %d", status);
-        return status == 404 ? CX_ERR_NOT_FOUND
+        return status == 404                      ? CX_ERR_NOT_FOUND
                : (status == 401 || status == 403) ? CX_ERR_UNAUTHORIZED
                                                   : CX_ERR_GATEWAY;
     }
@@ -483,9 +483,7 @@ cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws
             if (cx_ws_send(ws, CX_WS_PONG, payload, (size_t)plen))
                 return CX_ERR_IO;
             continue;
-        case CX_WS_PONG:
-            ws->off += hlen + (size_t)plen;
-            continue;
+        case CX_WS_PONG: ws->off += hlen + (size_t)plen; continue;
         case CX_WS_CLOSE:
             ws->off += hlen + (size_t)plen;
             if (!ws->close_sent)

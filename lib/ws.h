@@ -29,11 +29,11 @@ enum cx_ws_opcode {
 };
 
 struct cx_ws_options {
-    const char *url;           /* ws://host:port/path?query or wss:// */
-    const char *extra_header;  /* one "Name: value" line, or NULL (e.g. Authorization) */
-    long connect_timeout_ms;   /* connect + handshake */
-    size_t max_message;        /* larger messages fail with CX_ERR_TOO_LARGE */
-    bool no_quickack;          /* for measurements only: leave delayed ACKs on */
+    const char *url;          /* ws://host:port/path?query or wss:// */
+    const char *extra_header; /* one "Name: value" line, or NULL (e.g. Authorization) */
+    long connect_timeout_ms;  /* connect + handshake */
+    size_t max_message;       /* larger messages fail with CX_ERR_TOO_LARGE */
+    bool no_quickack;         /* for measurements only: leave delayed ACKs on */
 };
 
 /* Connects and completes the handshake (status 101 and a correct
@@ -44,8 +44,8 @@ enum cx_err cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, c
                           size_t msglen) CX_MUSTCHECK;
 
 /* Sends one message in one frame (masked, as a client must). */
-enum cx_err cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data, size_t len)
-    CX_MUSTCHECK;
+enum cx_err cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data,
+                       size_t len) CX_MUSTCHECK;
 
 /* Receives the next data message (text or binary) into out (reset first),
  * waiting until deadline_us (cx_now_us() clock). Pings are answered and

@@ -45,8 +45,10 @@ class Results:
                 print(f"#   {line}", flush=True)
 
 
-def run_unit(res, build, pg_conninfo, flavour):
-    env = dict(os.environ, CODEXEC_TEST_PG=pg_conninfo)
+def run_unit(res, build, st, flavour):
+    env = dict(os.environ,
+               CODEXEC_TEST_PG=f"host={st.pg_run} port={st.pg_port} user=codexec dbname=postgres",
+               CODEXEC_TEST_GATEWAY_URL=st.gateway_url, CODEXEC_TEST_GATEWAY_TOKEN=st.gateway_token)
     if flavour == "sanitizers":
         env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0"
         env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
@@ -155,10 +157,9 @@ def main():
     try:
         st.init()
         st.start_pg()
-        if not a.no_unit:
-            run_unit(res, build, f"host={st.pg_run} port={st.pg_port} user=codexec dbname=postgres",
-                     a.flavour)
         st.start_jupyter()
+        if not a.no_unit:
+            run_unit(res, build, st, a.flavour)
         st.start_fcgi()
         st.start_nginx()
         import harness

@@ -1,0 +1,219 @@
+/* The gateway client (REST + WebSocket + Jupyter messaging) against the
+ * suite's real Jupyter server. */
+#include <curl/curl.h>
+#include <sodium.h>
+#include <unistd.h>
+
+#include "../../lib/gateway.h"
+#include "../../lib/kernel.h"
+#include "../../lib/log.h"
+#include "../../lib/util.h"
+#include "tap.h"
+
+struct seen {
+    int streams, errors, results, statuses;
+    char text[256];
+};
+
+static enum cx_err
+on_msg(void *ctx, int index, const char *type, json_t *content)
+{
+    struct seen *s = ctx;
+    (void)index;
+    if (!strcmp(type, "stream")) {
+        s->streams++;
+        snprintf(s->text + strlen(s->text), sizeof(s->text) - strlen(s->text), "%s",
+                 json_string_value(json_object_get(content, "text")));
+    } else if (!strcmp(type, "error")) {
+        s->errors++;
+    } else if (!strcmp(type, "execute_result")) {
+        s->results++;
+    } else if (!strcmp(type, "status")) {
+        s->statuses++;
+    }
+    return CX_OK;
+}
+
+static enum cx_err
+exec1(struct cx_kernel_conn *c, const char *code, int64_t deadline, struct seen *s,
+      struct cx_exec *e)
+{
+    enum cx_err rc;
+
+    memset(e, 0, sizeof(*e));
+    e->code = code;
+    e->store_history = true;
+    rc = cx_kernel_execute(c, e);
+    if (rc)
+        return rc;
+    return cx_kernel_wait(c, e, 1, 1, deadline, on_msg, s);
+}
+
+/* Executes x=1 n times; returns how many took 30 ms or more (delayed-ACK
+ * stalls: a tuned client takes a few ms here). */
+static int
+count_stalls(struct cx_kernel_conn *c, int n, double *median_ms)
+{
+    double t[64];
+    int stalls = 0;
+
+    for (int i = 0; i < n; i++) {
+        struct cx_exec e;
+        struct seen s = {0};
+        int64_t t0 = cx_now_us();
+        if (exec1(c, "x=1", cx_now_us() + 10000000, &s, &e))
+            return -1;
+        t[i] = (double)(cx_now_us() - t0) / 1000.0;
+        cx_exec_cleanup(&e, 1);
+        if (t[i] >= 30.0)
+            stalls++;
+    }
+    for (int i = 0; i < n; i++) /* insertion sort for the median */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    *median_ms = t[n / 2];
+    return stalls;
+}
+
+int
+main(void)
+{
+    const char *url = getenv("CODEXEC_TEST_GATEWAY_URL"), *token = getenv("CODEXEC_TEST_GATEWAY_TOKEN");
+    struct cx_gateway *gw = NULL;
+    struct cx_kernel_conn *c = NULL, *plain = NULL, *again = NULL;
+    struct cx_exec e;
+    struct seen s;
+    char msg[256], kid[64], ws[64];
+    json_t *specs = NULL;
+    enum cx_err rc;
+
+    if (!url || !token) {
+        printf("Bail out! CODEXEC_TEST_GATEWAY_URL/TOKEN not set: run through packaging/quickstart test\n");
+        return 1;
+    }
+    if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
+        return 1;
+    ok(cx_gateway_new(url, token, &gw) == CX_OK, "gateway handle");
+    ok(cx_gateway_ping(gw, msg, sizeof(msg)) == CX_OK, "GET /api");
+    ok(cx_gateway_kernelspecs(gw, &specs) == CX_OK &&
+           json_object_get(json_object_get(specs, "kernelspecs"), "python3-sandbox"),
+       "the sandboxed kernelspec is listed");
+    json_decref(specs);
+
+    snprintf(ws, sizeof(ws), "w-unit-%ld", (long)getpid());
+    ok(cx_gateway_dir_create(gw, ws, msg, sizeof(msg)) == CX_OK, "workspace created");
+    ok(cx_gateway_dir_create(gw, ws, msg, sizeof(msg)) == CX_OK, "creating it again is fine");
+    rc = cx_gateway_kernel_start(gw, "python3-sandbox", ws, kid, msg, sizeof(msg));
+    ok(rc == CX_OK, "kernel started (%s)", rc ? msg : "ok");
+    if (rc)
+        return tap_done();
+    ok(cx_gateway_kernel_get(gw, kid, NULL) == CX_OK, "kernel known");
+    {
+        char other[64];
+        ok(cx_gateway_kernel_start(gw, "no-such-spec", ws, other, msg, sizeof(msg)) != CX_OK,
+           "an unknown kernelspec fails");
+    }
+    is_int(cx_gateway_kernel_get(gw, "../../etc", NULL), CX_ERR_INVALID, "path tricks in ids refused");
+
+    ok(cx_kernel_conn_open(url, token, kid, true, &c, msg, sizeof(msg)) == CX_OK, "channels open");
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c, "print('hi')\n6*7", cx_now_us() + 60000000, &s, &e) == CX_OK, "execute");
+    ok(s.streams == 1 && !strcmp(s.text, "hi\n"), "stream seen");
+    is_int(s.results, 1, "execute_result seen");
+    ok(e.got_reply && e.got_idle, "reply and idle both arrived");
+    is_str(json_string_value(json_object_get(e.reply, "status")), "ok", "reply status");
+    cx_exec_cleanup(&e, 1);
+
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c, "1/0", cx_now_us() + 10000000, &s, &e) == CX_OK, "execute an error");
+    is_int(s.errors, 1, "error message seen");
+    is_str(json_string_value(json_object_get(e.reply, "ename")), "ZeroDivisionError", "ename");
+    cx_exec_cleanup(&e, 1);
+
+    /* pipelining: three requests in flight, answered in order */
+    {
+        struct cx_exec r[3] = {{.code = "a = 1"}, {.code = "a += 1"}, {.code = "print(a)"}};
+        memset(&s, 0, sizeof(s));
+        for (int i = 0; i < 3; i++)
+            ok(cx_kernel_execute(c, &r[i]) == CX_OK, "pipelined send %d", i);
+        ok(cx_kernel_wait(c, r, 3, 3, cx_now_us() + 10000000, on_msg, &s) == CX_OK,
+           "all three complete");
+        is_str(s.text, "2\n", "in order");
+        cx_exec_cleanup(r, 3);
+    }
+
+    /* interrupt */
+    memset(&s, 0, sizeof(s));
+    memset(&e, 0, sizeof(e));
+    e.code = "import time\ntime.sleep(30)";
+    ok(cx_kernel_execute(c, &e) == CX_OK, "send a long cell");
+    is_int(cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 500000, on_msg, &s), CX_ERR_TIMEOUT,
+           "the wait times out");
+    ok(cx_gateway_kernel_interrupt(gw, kid) == CX_OK, "interrupt (message mode)");
+    ok(cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 10000000, on_msg, &s) == CX_OK,
+       "the wait resumes and completes");
+    is_str(json_string_value(json_object_get(e.reply, "ename")), "KeyboardInterrupt",
+           "interrupted");
+    cx_exec_cleanup(&e, 1);
+
+    /* delayed ACK stalls: tuned vs plain client, same kernel */
+    {
+        double tuned_ms = 0, plain_ms = 0;
+        int tuned, plain_stalls;
+        ok(cx_kernel_conn_open(url, token, kid, false, &plain, msg, sizeof(msg)) == CX_OK,
+           "a plain (delayed-ACK) connection");
+        count_stalls(c, 5, &tuned_ms); /* warm up */
+        tuned = count_stalls(c, 40, &tuned_ms);
+        plain_stalls = count_stalls(plain, 40, &plain_ms);
+        printf("# x=1 over 40 executes: tuned client %d stalls >= 30 ms (median %.1f ms), "
+               "plain client %d stalls (median %.1f ms)\n",
+               tuned, tuned_ms, plain_stalls, plain_ms);
+        ok(tuned >= 0 && tuned <= 4, "re-armed TCP_QUICKACK: at most 4 of 40 executes stall (%d)",
+           tuned);
+        ok(plain_stalls >= 0, "the plain client completes (its stalls are the baseline)");
+        cx_kernel_conn_free(plain);
+    }
+
+    /* pooling */
+    cx_kernel_conn_put(c);
+    ok(cx_kernel_conn_get(url, token, kid, &again, msg, sizeof(msg)) == CX_OK &&
+           cx_kernel_conn_messages(again) > 0,
+       "the pooled connection comes back");
+    c = again;
+
+    /* restart: state gone, connection notices */
+    ok(cx_gateway_kernel_restart(gw, kid) == CX_OK, "restart");
+    cx_kernel_conn_free(c);
+    c = NULL;
+    ok(cx_kernel_conn_open(url, token, kid, true, &c, msg, sizeof(msg)) == CX_OK, "reconnect");
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c, "print('a' in globals())", cx_now_us() + 30000000, &s, &e) == CX_OK &&
+           !strcmp(s.text, "False\n"),
+       "a restarted kernel has no state");
+    cx_exec_cleanup(&e, 1);
+    cx_kernel_conn_free(c);
+
+    ok(cx_gateway_kernel_delete(gw, kid) == CX_OK, "delete");
+    is_int(cx_gateway_kernel_get(gw, kid, NULL), CX_ERR_NOT_FOUND, "gone");
+    ok(cx_gateway_kernel_delete(gw, kid) == CX_OK, "deleting twice is fine");
+    is_int(cx_kernel_conn_open(url, token, kid, true, &c, msg, sizeof(msg)), CX_ERR_NOT_FOUND,
+           "channels of a deleted kernel: not found");
+    is_int(cx_gateway_kernel_interrupt(gw, kid), CX_ERR_NOT_FOUND, "interrupt: not found");
+    ok(cx_gateway_dir_delete(gw, ws) == CX_OK, "workspace deleted");
+    ok(cx_gateway_dir_delete(gw, ws) == CX_OK, "deleting it twice is fine");
+
+    {
+        struct cx_gateway *bad = NULL;
+        ok(cx_gateway_new(url, "wrong-token", &bad) == CX_OK, "handle with a wrong token");
+        ok(cx_gateway_kernelspecs(bad, &specs) != CX_OK, "refused");
+        ok(strstr(msg, "wrong-token") == NULL, "the message does not carry the token");
+        cx_gateway_free(bad);
+    }
+    cx_kernel_pool_clear();
+    cx_gateway_free(gw);
+    curl_global_cleanup();
+    return tap_done();
+}
