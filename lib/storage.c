@@ -1,12 +1,25 @@
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "storage.h"
 #include "util.h"
+
+struct cx_storage_writer {
+    char final[4096];
+    char tmp[4096];
+    int fd;
+    uint64_t size;
+    crypto_hash_sha256_state sha;
+    bool finished;
+};
 
 enum cx_err
 cx_storage_check_writable(const char *dir, char *msg, size_t msglen)
@@ -32,5 +45,251 @@ cx_storage_check_writable(const char *dir, char *msg, size_t msglen)
     }
     close(fd);
     unlink(path);
+    return CX_OK;
+}
+
+static bool
+user_key_plain(const char *user)
+{
+    size_t n = strlen(user);
+
+    if (n < 1 || n > 64 || !strcmp(user, ".") || !strcmp(user, ".."))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = user[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+void
+cx_storage_safe_filename(const char *name, size_t len, char out[256])
+{
+    const char *base = name;
+    size_t o = 0;
+
+    for (size_t i = 0; i < len; i++)
+        if (name[i] == '/' || name[i] == '\\')
+            base = name + i + 1;
+    len -= (size_t)(base - name);
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)base[i];
+        size_t n = 1;
+
+        if (c >= 0x80) {
+            n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+            if (i + n > len || !cx_utf8_valid(base + i, n)) {
+                c = '_';
+                n = 1;
+                if (o + 1 > 255)
+                    break;
+                out[o++] = '_';
+                i++;
+                continue;
+            }
+            if (o + n > 255)
+                break;
+            memcpy(out + o, base + i, n);
+            o += n;
+            i += n;
+            continue;
+        }
+        i++;
+        if (c < 0x20 || c == 0x7f || c == '"' || (c == '.' && o == 0))
+            continue; /* control characters, quotes, leading dots go */
+        if (o + 1 > 255)
+            break;
+        out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    if (o == 0)
+        snprintf(out, 256, "file");
+}
+
+enum cx_err
+cx_storage_key(const char *user, const char *artifact_id, int version, const char *filename,
+               char *out, size_t outlen)
+{
+    char ukey[70], safe[256];
+    int n;
+
+    if (!cx_uuid_valid(artifact_id) || version < 1)
+        return CX_ERR_INVALID;
+    if (user_key_plain(user)) {
+        snprintf(ukey, sizeof(ukey), "%s", user);
+    } else {
+        unsigned char h[16];
+        char hex[33];
+        crypto_generichash(h, sizeof(h), (const unsigned char *)user, strlen(user), NULL, 0);
+        sodium_bin2hex(hex, sizeof(hex), h, sizeof(h));
+        snprintf(ukey, sizeof(ukey), "h-%s", hex);
+    }
+    cx_storage_safe_filename(filename, strlen(filename), safe);
+    n = snprintf(out, outlen, "artifacts/%s/%s/v%d/%s", ukey, artifact_id, version, safe);
+    return n < 0 || (size_t)n >= outlen ? CX_ERR_TOO_LARGE : CX_OK;
+}
+
+enum cx_err
+cx_storage_path(const char *root, const char *key, char *out, size_t outlen)
+{
+    int n;
+
+    if (strstr(key, "..") || key[0] == '/')
+        return CX_ERR_INVALID;
+    n = snprintf(out, outlen, "%s/%s", root, key);
+    return n < 0 || (size_t)n >= outlen ? CX_ERR_TOO_LARGE : CX_OK;
+}
+
+static enum cx_err
+mkdirs(char *path, size_t upto)
+{
+    for (size_t i = 1; i < upto; i++) {
+        if (path[i] != '/')
+            continue;
+        path[i] = '\0';
+        if (mkdir(path, 0750) != 0 && errno != EEXIST) {
+            path[i] = '/';
+            return CX_ERR_IO;
+        }
+        path[i] = '/';
+    }
+    return CX_OK;
+}
+
+enum cx_err
+cx_storage_writer_new(const char *root, const char *key, struct cx_storage_writer **out)
+{
+    struct cx_storage_writer *w = calloc(1, sizeof(*w));
+    char *slash;
+    enum cx_err rc;
+
+    if (!w)
+        return CX_ERR_NOMEM;
+    w->fd = -1;
+    rc = cx_storage_path(root, key, w->final, sizeof(w->final));
+    if (rc)
+        goto fail;
+    slash = strrchr(w->final, '/');
+    rc = mkdirs(w->final, (size_t)(slash - w->final) + 1);
+    if (rc) {
+        cx_log_err(errno, "mkdir() under storage failed");
+        goto fail;
+    }
+    /* The temporary file lives beside its destination: same filesystem, so
+     * the rename is atomic. Its name starts with a dot; fsck knows it. */
+    snprintf(w->tmp, sizeof(w->tmp), "%.*s/.tmp-XXXXXX", (int)(slash - w->final), w->final);
+    w->fd = mkostemp(w->tmp, O_CLOEXEC);
+    if (w->fd < 0) {
+        cx_log_err(errno, "mkostemp() in storage failed");
+        rc = CX_ERR_IO;
+        goto fail;
+    }
+    fchmod(w->fd, 0640);
+    crypto_hash_sha256_init(&w->sha);
+    *out = w;
+    return CX_OK;
+fail:
+    free(w);
+    return rc;
+}
+
+enum cx_err
+cx_storage_writer_write(struct cx_storage_writer *w, const void *data, size_t len)
+{
+    if (cx_write_all(w->fd, data, len)) {
+        cx_log_err(errno, "write() to storage failed");
+        return CX_ERR_IO;
+    }
+    crypto_hash_sha256_update(&w->sha, data, len);
+    w->size += len;
+    return CX_OK;
+}
+
+uint64_t
+cx_storage_writer_size(const struct cx_storage_writer *w)
+{
+    return w->size;
+}
+
+enum cx_err
+cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha256[65])
+{
+    unsigned char h[crypto_hash_sha256_BYTES];
+
+    if (fsync(w->fd) != 0) {
+        cx_log_err(errno, "fsync() in storage failed");
+        return CX_ERR_IO;
+    }
+    crypto_hash_sha256_final(&w->sha, h);
+    sodium_bin2hex(sha256, 65, h, sizeof(h));
+    *size = w->size;
+    w->finished = true;
+    return CX_OK;
+}
+
+enum cx_err
+cx_storage_writer_commit(struct cx_storage_writer *w)
+{
+    char dir[4096];
+    enum cx_err rc = CX_OK;
+    int dfd;
+
+    if (!w->finished) {
+        cx_storage_writer_abort(w);
+        return CX_ERR_INTERNAL;
+    }
+    close(w->fd);
+    w->fd = -1;
+    if (rename(w->tmp, w->final) != 0) {
+        cx_log_err(errno, "rename() in storage failed");
+        cx_storage_writer_abort(w);
+        return CX_ERR_IO;
+    }
+    snprintf(dir, sizeof(dir), "%s", w->final);
+    *strrchr(dir, '/') = '\0';
+    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) != 0) {
+        cx_log_err(errno, "fsync() of a storage directory failed");
+        rc = CX_ERR_IO;
+    }
+    if (dfd >= 0)
+        close(dfd);
+    free(w);
+    return rc;
+}
+
+void
+cx_storage_writer_abort(struct cx_storage_writer *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0)
+        close(w->fd);
+    unlink(w->tmp);
+    free(w);
+}
+
+enum cx_err
+cx_storage_remove(const char *root, const char *key)
+{
+    char path[4096];
+    size_t rootlen = strlen(root);
+    enum cx_err rc = cx_storage_path(root, key, path, sizeof(path));
+
+    if (rc)
+        return rc;
+    if (unlink(path) != 0 && errno != ENOENT) {
+        cx_log_err(errno, "unlink() in storage failed");
+        return CX_ERR_IO;
+    }
+    /* Empty parents go too (v<N>/, <artifact>/, <user>/), never root. */
+    for (char *slash = strrchr(path, '/'); slash && (size_t)(slash - path) > rootlen;
+         slash = strrchr(path, '/')) {
+        *slash = '\0';
+        if (rmdir(path) != 0)
+            break;
+    }
     return CX_OK;
 }
