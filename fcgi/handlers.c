@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../lib/artifact.h"
 #include "../lib/config.h"
 #include "../lib/health.h"
 #include "../lib/log.h"
@@ -159,6 +160,64 @@ cx_h_session_delete(struct cx_req *r)
         cx_req_send_error(r, 404, "not_found", "no such session");
     else if (rc == CX_ERR_CONFLICT)
         cx_req_send_error(r, 409, "conversation_busy", "a run holds this conversation");
+    else
+        cx_req_send_lib_error(r, rc);
+}
+
+void
+cx_h_artifacts_list(struct cx_req *r)
+{
+    char cid[CX_CONVERSATION_MAX + 2];
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    if (cx_http_query_get(r->query, "conversation_id", cid, sizeof(cid)) ||
+        !cx_run_conversation_id_valid(cid)) {
+        cx_req_send_error(
+            r, 400, "invalid_request",
+            "conversation_id is required: 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+        return;
+    }
+    rc = cx_artifact_list(r->w, r->who.user, cid, &out);
+    if (rc)
+        cx_req_send_lib_error(r, rc);
+    else
+        cx_req_send_json(r, 200, out);
+    json_decref(out);
+}
+
+void
+cx_h_artifacts_get(struct cx_req *r)
+{
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    rc = cx_artifact_get(r->w, r->who.user, r->captures[0], &out);
+    if (rc == CX_ERR_NOT_FOUND)
+        cx_req_send_error(r, 404, "not_found", "no such artifact");
+    else if (rc)
+        cx_req_send_lib_error(r, rc);
+    else
+        cx_req_send_json(r, 200, out);
+    json_decref(out);
+}
+
+void
+cx_h_artifacts_delete(struct cx_req *r)
+{
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    rc = cx_artifact_delete(r->w, r->who.user, r->captures[0]);
+    if (rc == CX_OK)
+        cx_req_send_empty(r, 204);
+    else if (rc == CX_ERR_NOT_FOUND)
+        cx_req_send_error(r, 404, "not_found", "no such artifact");
     else
         cx_req_send_lib_error(r, rc);
 }

@@ -11,5 +11,8 @@ void cx_h_runs_get(struct cx_req *r);
 void cx_h_runs_approve(struct cx_req *r);
 void cx_h_runs_reject(struct cx_req *r);
 void cx_h_session_delete(struct cx_req *r);
+void cx_h_artifacts_list(struct cx_req *r);
+void cx_h_artifacts_get(struct cx_req *r);
+void cx_h_artifacts_delete(struct cx_req *r);
 
 #endif

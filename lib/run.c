@@ -4,7 +4,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include <sodium.h>
+
+#include "artifact.h"
 #include "auth.h"
+#include "capture.h"
 #include "buf.h"
 #include "config.h"
 #include "ctx.h"
@@ -303,10 +307,11 @@ struct exec_state {
     json_t *error;  /* {"ename","evalue","traceback"} of the user or call cell */
     json_t *result; /* JSON value */
     bool have_result;
-    bool any_message;     /* a message for one of the requests arrived */
-    struct cx_exec *reqs; /* the run's requests, REQ_MAX of them */
-    bool output_lost;     /* replies came, idle statuses did not */
-    bool abandoned;       /* stopped reading mid-output */
+    bool any_message;       /* a message for one of the requests arrived */
+    struct cx_exec *reqs;   /* the run's requests, REQ_MAX of them */
+    bool output_lost;       /* replies came, idle statuses did not */
+    bool abandoned;         /* stopped reading mid-output */
+    struct cx_capture *cap; /* NULL when capture_artifacts is false */
 };
 
 static void
@@ -390,6 +395,37 @@ count_output(struct exec_state *st, size_t n)
     }
 }
 
+/* Images and other rich outputs of the user's cell become artifacts. */
+static void
+rich_outputs(struct exec_state *st, json_t *data)
+{
+    static const char *const binary[] = {"image/png", "image/jpeg", "image/gif", "application/pdf"};
+    static const char *const text[] = {"image/svg+xml"};
+
+    for (size_t i = 0; i < sizeof(binary) / sizeof(binary[0]); i++) {
+        const char *b64 = json_string_value(json_object_get(data, binary[i]));
+        size_t cap, len = 0;
+        unsigned char *buf;
+
+        if (!b64)
+            continue;
+        cap = strlen(b64) / 4 * 3 + 3;
+        buf = malloc(cap);
+        if (buf && sodium_base642bin(buf, cap, b64, strlen(b64), "\n\r ", &len, NULL,
+                                     sodium_base64_VARIANT_ORIGINAL) == 0)
+            cx_capture_add_output(st->cap, binary[i], buf, len);
+        free(buf);
+        return; /* one artifact per output, the richest form */
+    }
+    for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++) {
+        json_t *v = json_object_get(data, text[i]);
+        if (json_is_string(v)) {
+            cx_capture_add_output(st->cap, text[i], json_string_value(v), json_string_length(v));
+            return;
+        }
+    }
+}
+
 static bool
 all_replied(const struct cx_exec *reqs, int n)
 {
@@ -414,8 +450,12 @@ on_message(void *ctx, int index, const char *type, json_t *content)
         return CX_OK;
     }
     st->any_message = true;
-    if (index == REQ_EPILOGUE)
+    if (index == REQ_EPILOGUE) {
+        json_t *m = json_object_get(json_object_get(content, "data"), CX_CAPTURE_MIME);
+        if (m && st->cap && !strcmp(type, "display_data"))
+            cx_capture_on_message(st->cap, m);
         return CX_OK;
+    }
     if (!strcmp(type, "stream")) {
         const char *name = json_string_value(json_object_get(content, "name"));
         json_t *text = json_object_get(content, "text");
@@ -441,6 +481,8 @@ on_message(void *ctx, int index, const char *type, json_t *content)
             st->have_result = true;
             return CX_OK;
         }
+        if (index == REQ_USER && st->cap)
+            rich_outputs(st, data);
         if (index == REQ_USER && !strcmp(type, "execute_result")) {
             json_t *plain = json_object_get(data, "text/plain");
             if (json_is_string(plain)) {
@@ -558,17 +600,22 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
 {
     const struct cx_config *cfg = st->cx->cfg;
     char check[256];
-    json_t *uexpr = NULL, *meta = NULL;
+    json_t *uexpr = NULL, *meta = NULL, *capmeta = NULL;
     enum cx_err rc = CX_OK;
 
     snprintf(check, sizeof(check), TOKEN_CHECK_FMT, s->kernel_id);
     uexpr = json_pack("{s:s}", "cx", check);
     if (req->arguments)
         meta = json_pack("{s:O}", "codexec_arguments", req->arguments);
+    if (st->cap)
+        capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs);
     memset(reqs, 0, sizeof(*reqs) * REQ_MAX);
     reqs[REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
     reqs[REQ_CALL] = (struct cx_exec){.code = call_cell, .metadata = meta};
-    reqs[REQ_EPILOGUE] = (struct cx_exec){.code = "", .silent = true, .user_expressions = uexpr};
+    reqs[REQ_EPILOGUE] = (struct cx_exec){.code = st->cap ? cx_capture_cell() : "",
+                                          .silent = true,
+                                          .user_expressions = uexpr,
+                                          .metadata = capmeta};
     *nreq = REQ_MAX;
     /* Leftovers of an earlier run or of other clients (a restart notice,
      * say) must not be taken for this run's news. */
@@ -607,6 +654,7 @@ out:
         reqs[i].user_expressions = reqs[i].metadata = NULL;
     json_decref(uexpr);
     json_decref(meta);
+    json_decref(capmeta);
     return rc;
 }
 
@@ -618,7 +666,7 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     struct exec_state st;
     struct cx_session s;
     struct cx_exec reqs[REQ_MAX];
-    json_t *payload = NULL;
+    json_t *payload = NULL, *artifacts = NULL;
     int64_t t0 = 0, ms = 0;
     enum cx_err rc;
     int nreq = 0, attempt;
@@ -628,6 +676,11 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     memset(reqs, 0, sizeof(reqs));
     st.cx = cx;
     st.reqs = reqs;
+    if (req->capture_artifacts && cx_capture_new(cfg, &st.cap)) {
+        *status = 500;
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
     tail_init(&st.out, cfg->tail_chars);
     tail_init(&st.err, cfg->tail_chars);
 
@@ -720,17 +773,24 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     if (!st.died && !st.timed_out)
         s.kernel_fresh = false;
 
-    payload = json_pack("{s:s,s:s,s:s,s:[],s:[],s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id",
-                        run_id, "status", "ok", "stdout_tail", tail_text(&st.out, cfg->tail_chars),
-                        "artifacts", "inputs_loaded", "result", st.have_result ? st.result : NULL,
-                        "truncated", st.truncated, "execution_ms", (json_int_t)ms, "session",
-                        "conversation_id", req->conversation_id, "created", s.created, "reset",
-                        s.reset, "expires_at", s.expires_at);
+    artifacts = json_array();
+    if (st.cap && !s.reset &&
+        cx_artifact_commit_capture(cx, who->user, req->conversation_id, run_id, st.cap, artifacts))
+        cx_log_warn(0, "run %s: captured files could not be stored", run_id);
+    payload = json_pack(
+        "{s:s,s:s,s:s,s:o,s:[],s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id", run_id, "status", "ok",
+        "stdout_tail", tail_text(&st.out, cfg->tail_chars), "artifacts", artifacts, "inputs_loaded",
+        "result", st.have_result ? st.result : NULL, "truncated", st.truncated, "execution_ms",
+        (json_int_t)ms, "session", "conversation_id", req->conversation_id, "created", s.created,
+        "reset", s.reset, "expires_at", s.expires_at);
+    artifacts = NULL; /* "o" steals it, even on failure */
     if (!payload) {
         rc = CX_ERR_NOMEM;
         *status = 500;
         goto out;
     }
+    if (st.cap && json_array_size(cx_capture_skipped(st.cap)))
+        json_object_set(payload, "skipped", cx_capture_skipped(st.cap));
     if (st.err.b.len)
         json_object_set_new(payload, "stderr_tail",
                             json_string(tail_text(&st.err, cfg->tail_chars)));
@@ -785,6 +845,8 @@ out:
                     (unsigned long long)st.output_bytes, s.reset);
     }
     cx_exec_cleanup(reqs, nreq);
+    cx_capture_free(st.cap);
+    json_decref(artifacts);
     json_decref(st.error);
     json_decref(st.result);
     cx_buf_cleanup(&st.out.b);

@@ -1,6 +1,5 @@
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +12,7 @@
 #include "util.h"
 
 struct cx_storage_writer {
-    char final[4096];
+    char root[4096];
     char tmp[4096];
     int fd;
     uint64_t size;
@@ -159,40 +158,38 @@ mkdirs(char *path, size_t upto)
 }
 
 enum cx_err
-cx_storage_writer_new(const char *root, const char *key, struct cx_storage_writer **out)
+cx_storage_writer_new(const char *root, struct cx_storage_writer **out)
 {
     struct cx_storage_writer *w = calloc(1, sizeof(*w));
-    char *slash;
-    enum cx_err rc;
+    int n;
 
     if (!w)
         return CX_ERR_NOMEM;
     w->fd = -1;
-    rc = cx_storage_path(root, key, w->final, sizeof(w->final));
-    if (rc)
-        goto fail;
-    slash = strrchr(w->final, '/');
-    rc = mkdirs(w->final, (size_t)(slash - w->final) + 1);
-    if (rc) {
-        cx_log_err(errno, "mkdir() under storage failed");
-        goto fail;
+    snprintf(w->root, sizeof(w->root), "%s", root);
+    /* Staged on the same filesystem as the objects, so the final rename is
+     * atomic; fsck removes staging files left by a crash. */
+    n = snprintf(w->tmp, sizeof(w->tmp), "%s/.staging/", root);
+    if (n < 0 || (size_t)n >= sizeof(w->tmp) - 16) {
+        free(w);
+        return CX_ERR_TOO_LARGE;
     }
-    /* The temporary file lives beside its destination: same filesystem, so
-     * the rename is atomic. Its name starts with a dot; fsck knows it. */
-    snprintf(w->tmp, sizeof(w->tmp), "%.*s/.tmp-XXXXXX", (int)(slash - w->final), w->final);
+    if (mkdir(w->tmp, 0750) != 0 && errno != EEXIST) {
+        cx_log_err(errno, "mkdir() of the staging directory failed");
+        free(w);
+        return CX_ERR_IO;
+    }
+    snprintf(w->tmp + n, sizeof(w->tmp) - (size_t)n, "w-XXXXXX");
     w->fd = mkostemp(w->tmp, O_CLOEXEC);
     if (w->fd < 0) {
         cx_log_err(errno, "mkostemp() in storage failed");
-        rc = CX_ERR_IO;
-        goto fail;
+        free(w);
+        return CX_ERR_IO;
     }
     fchmod(w->fd, 0640);
     crypto_hash_sha256_init(&w->sha);
     *out = w;
     return CX_OK;
-fail:
-    free(w);
-    return rc;
 }
 
 enum cx_err
@@ -230,26 +227,36 @@ cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha25
 }
 
 enum cx_err
-cx_storage_writer_commit(struct cx_storage_writer *w)
+cx_storage_writer_commit(struct cx_storage_writer *w, const char *key)
 {
-    char dir[4096];
-    enum cx_err rc = CX_OK;
+    char final[4096], *slash;
+    enum cx_err rc;
     int dfd;
 
     if (!w->finished) {
         cx_storage_writer_abort(w);
         return CX_ERR_INTERNAL;
     }
+    rc = cx_storage_path(w->root, key, final, sizeof(final));
+    if (rc) {
+        cx_storage_writer_abort(w);
+        return rc;
+    }
+    slash = strrchr(final, '/');
+    if (mkdirs(final, (size_t)(slash - final) + 1)) {
+        cx_log_err(errno, "mkdir() under storage failed");
+        cx_storage_writer_abort(w);
+        return CX_ERR_IO;
+    }
     close(w->fd);
     w->fd = -1;
-    if (rename(w->tmp, w->final) != 0) {
+    if (rename(w->tmp, final) != 0) {
         cx_log_err(errno, "rename() in storage failed");
         cx_storage_writer_abort(w);
         return CX_ERR_IO;
     }
-    snprintf(dir, sizeof(dir), "%s", w->final);
-    *strrchr(dir, '/') = '\0';
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    *slash = '\0';
+    dfd = open(final, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 || fsync(dfd) != 0) {
         cx_log_err(errno, "fsync() of a storage directory failed");
         rc = CX_ERR_IO;

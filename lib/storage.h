@@ -30,9 +30,10 @@ enum cx_err cx_storage_key(const char *user, const char *artifact_id, int versio
  * on a character boundary; "file" when nothing is left. out: 256 bytes. */
 void cx_storage_safe_filename(const char *name, size_t len, char out[256]);
 
-/* Starts writing the object key under root. Free with _commit or _abort. */
-enum cx_err cx_storage_writer_new(const char *root, const char *key,
-                                  struct cx_storage_writer **out) CX_MUSTCHECK;
+/* Starts writing an object under root; its key is chosen at commit (it may
+ * depend on rows not inserted yet). Bytes stage in root/.staging/. Free
+ * with _commit or _abort. */
+enum cx_err cx_storage_writer_new(const char *root, struct cx_storage_writer **out) CX_MUSTCHECK;
 enum cx_err cx_storage_writer_write(struct cx_storage_writer *w, const void *data,
                                     size_t len) CX_MUSTCHECK;
 /* Bytes written so far. */
@@ -40,8 +41,8 @@ uint64_t cx_storage_writer_size(const struct cx_storage_writer *w);
 /* Syncs the temporary file and reports size and hex sha256 (65 bytes). */
 enum cx_err cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size,
                                      char sha256[65]) CX_MUSTCHECK;
-/* Renames into place and syncs the directory; frees w either way. */
-enum cx_err cx_storage_writer_commit(struct cx_storage_writer *w) CX_MUSTCHECK;
+/* Renames into place as key and syncs the directory; frees w either way. */
+enum cx_err cx_storage_writer_commit(struct cx_storage_writer *w, const char *key) CX_MUSTCHECK;
 /* Removes the temporary file and frees w. NULL is a no-op. */
 void cx_storage_writer_abort(struct cx_storage_writer *w);
 

@@ -1,0 +1,315 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "artifact.h"
+#include "capture.h"
+#include "config.h"
+#include "db.h"
+#include "log.h"
+#include "mime.h"
+#include "storage.h"
+#include "util.h"
+
+#define TS(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+
+CX_SQL(q_quota_lock, 1,
+       "SELECT pg_advisory_xact_lock(hashtextextended('quota' || E'\\n' || $1, 2))");
+CX_SQL(q_usage, 1,
+       "SELECT (SELECT coalesce(sum(v.size), 0) FROM artifact_versions v JOIN artifacts a"
+       "        ON a.id = v.artifact_id WHERE a.user_id = $1),"
+       "       (SELECT count(*) FROM artifacts WHERE user_id = $1 AND deleted_at IS NULL)");
+CX_SQL(q_current, 3,
+       "SELECT v.sha256 FROM artifacts a JOIN artifact_versions v"
+       " ON v.artifact_id = a.id AND v.version = a.current_version"
+       " WHERE a.user_id = $1 AND a.conversation_id = $2 AND a.path = $3 AND a.deleted_at IS NULL");
+CX_SQL(q_upsert, 4,
+       "INSERT INTO artifacts (user_id, conversation_id, path, kind, current_version)"
+       " VALUES ($1, $2, $3, $4, 1)"
+       " ON CONFLICT (user_id, conversation_id, path) WHERE deleted_at IS NULL"
+       " DO UPDATE SET current_version = artifacts.current_version + 1, kind = EXCLUDED.kind,"
+       " updated_at = now() RETURNING id, current_version");
+CX_SQL(q_version, 8,
+       "INSERT INTO artifact_versions (artifact_id, version, filename, mime_type, size, sha256,"
+       " storage_key, produced_by) VALUES ($1::uuid, $2::int, $3, $4, $5::bigint, $6, $7,"
+       " $8::jsonb)");
+
+struct pending {
+    struct cx_captured *f;
+    char key[1024];
+    char id[37];
+    int version;
+    bool renamed;
+};
+
+static void
+remove_files(struct cx_ctx *cx, struct pending *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i].renamed && cx_storage_remove(cx->cfg->storage_dir, p[i].key))
+            cx_log_warn(0, "could not remove %s after a failed commit; fsck will", p[i].id);
+}
+
+enum cx_err
+cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid, const char *run_id,
+                           struct cx_capture *cap, json_t *artifacts)
+{
+    size_t n = cx_capture_count(cap), np = 0;
+    struct pending *p = NULL;
+    PGresult *r = NULL;
+    unsigned long long used_bytes, used_count;
+    char *produced = NULL;
+    enum cx_err rc;
+
+    if (n == 0)
+        return CX_OK;
+    p = calloc(n, sizeof(*p));
+    {
+        json_t *pb = json_pack("{s:s,s:s,s:s}", "tool", "code_executor", "action", "run_code",
+                               "run_id", run_id);
+        produced = pb ? json_dumps(pb, JSON_COMPACT) : NULL;
+        json_decref(pb);
+    }
+    if (!p || !produced) {
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
+    rc = cx_db_begin(cx->db);
+    if (rc)
+        goto out;
+    {
+        const char *u[1] = {user};
+        rc = cx_db_exec(cx->db, &q_quota_lock, u, NULL);
+        if (rc == CX_OK)
+            rc = cx_db_exec(cx->db, &q_usage, u, &r);
+        if (rc)
+            goto fail;
+        used_bytes = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+        used_count = strtoull(PQgetvalue(r, 0, 1), NULL, 10);
+        PQclear(r);
+        r = NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct cx_captured *f = cx_capture_file(cap, i);
+        const char *cur[3] = {user, cid, f->path};
+        char safe[256], ver[16], size[24];
+        bool is_new;
+
+        rc = cx_db_exec(cx->db, &q_current, cur, &r);
+        if (rc)
+            goto fail;
+        is_new = PQntuples(r) == 0;
+        if (!is_new && !strcmp(PQgetvalue(r, 0, 0), f->sha256)) {
+            PQclear(r);
+            r = NULL;
+            continue; /* same bytes as the current version: nothing new */
+        }
+        PQclear(r);
+        r = NULL;
+        if (used_bytes + f->size > cx->cfg->user_quota_bytes ||
+            (is_new && used_count + 1 > cx->cfg->user_quota_artifacts)) {
+            cx_capture_skip(cap, f->path, "quota_exceeded");
+            continue;
+        }
+        {
+            const char *up[4] = {user, cid, f->path, cx_mime_kind(f->mime)};
+            rc = cx_db_exec(cx->db, &q_upsert, up, &r);
+            if (rc)
+                goto fail;
+        }
+        p[np].f = f;
+        snprintf(p[np].id, sizeof(p[np].id), "%s", PQgetvalue(r, 0, 0));
+        p[np].version = (int)strtol(PQgetvalue(r, 0, 1), NULL, 10);
+        PQclear(r);
+        r = NULL;
+        cx_storage_safe_filename(f->path, strlen(f->path), safe);
+        rc = cx_storage_key(user, p[np].id, p[np].version, safe, p[np].key, sizeof(p[np].key));
+        if (rc)
+            goto fail;
+        snprintf(ver, sizeof(ver), "%d", p[np].version);
+        snprintf(size, sizeof(size), "%llu", (unsigned long long)f->size);
+        {
+            const char *vp[8] = {p[np].id, ver,       safe,      f->mime,
+                                 size,     f->sha256, p[np].key, produced};
+            rc = cx_db_exec(cx->db, &q_version, vp, NULL);
+            if (rc)
+                goto fail;
+        }
+        used_bytes += f->size;
+        used_count += is_new;
+        np++;
+    }
+    /* Bytes into place before the rows become visible. */
+    for (size_t i = 0; i < np; i++) {
+        rc = cx_storage_writer_commit(p[i].f->w, p[i].key);
+        p[i].f->w = NULL;
+        if (rc)
+            goto fail;
+        p[i].renamed = true;
+    }
+    rc = cx_db_commit(cx->db);
+    if (rc) {
+        remove_files(cx, p, np);
+        goto out;
+    }
+    for (size_t i = 0; i < np; i++) {
+        char url[128], safe[256];
+        cx_storage_safe_filename(p[i].f->path, strlen(p[i].f->path), safe);
+        snprintf(url, sizeof(url), "/v1/artifacts/%s/content?version=%d", p[i].id, p[i].version);
+        json_array_append_new(
+            artifacts,
+            json_pack("{s:s,s:i,s:s,s:s,s:s,s:s,s:I,s:s,s:s}", "artifact_id", p[i].id, "version",
+                      p[i].version, "filename", safe, "path", p[i].f->path, "mime_type",
+                      p[i].f->mime, "kind", cx_mime_kind(p[i].f->mime), "size",
+                      (json_int_t)p[i].f->size, "sha256", p[i].f->sha256, "download_url", url));
+    }
+    cx_log_info("run %s: %zu artifact version(s) stored", run_id, np);
+    goto out;
+fail:
+    PQclear(r);
+    r = NULL;
+    cx_db_rollback(cx->db);
+    remove_files(cx, p, np);
+    for (size_t i = 0; i < n; i++)
+        cx_capture_skip(cap, cx_capture_file(cap, i)->path, "storage_error");
+out:
+    PQclear(r);
+    free(p);
+    free(produced);
+    return rc;
+}
+
+#define ARTIFACT_COLS                                                                              \
+    "a.id, a.path, a.kind, a.current_version, v.filename, v.mime_type, v.size, v.sha256, " TS(     \
+        "a.created_at") ", " TS("a.updated_at")
+
+CX_SQL(q_list, 2,
+       "SELECT " ARTIFACT_COLS " FROM artifacts a JOIN artifact_versions v"
+       " ON v.artifact_id = a.id AND v.version = a.current_version"
+       " WHERE a.user_id = $1 AND a.conversation_id = $2 AND a.deleted_at IS NULL"
+       " ORDER BY a.path LIMIT 10000");
+CX_SQL(q_get, 2,
+       "SELECT " ARTIFACT_COLS ", a.conversation_id FROM artifacts a JOIN artifact_versions v"
+       " ON v.artifact_id = a.id AND v.version = a.current_version"
+       " WHERE a.id = $1::uuid AND a.user_id = $2 AND a.deleted_at IS NULL");
+CX_SQL(q_versions, 1,
+       "SELECT version, filename, mime_type, size, sha256, produced_by::text, " TS(
+           "created_at") " FROM artifact_versions WHERE artifact_id = $1::uuid ORDER BY version");
+
+static json_t *
+artifact_json(PGresult *r, int i)
+{
+    char url[128];
+
+    snprintf(url, sizeof(url), "/v1/artifacts/%s/content?version=%s", PQgetvalue(r, i, 0),
+             PQgetvalue(r, i, 3));
+    return json_pack("{s:s,s:s,s:s,s:I,s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "artifact_id",
+                     PQgetvalue(r, i, 0), "path", PQgetvalue(r, i, 1), "kind", PQgetvalue(r, i, 2),
+                     "current_version", (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10),
+                     "filename", PQgetvalue(r, i, 4), "mime_type", PQgetvalue(r, i, 5), "size",
+                     (json_int_t)strtoll(PQgetvalue(r, i, 6), NULL, 10), "sha256",
+                     PQgetvalue(r, i, 7), "created_at", PQgetvalue(r, i, 8), "updated_at",
+                     PQgetvalue(r, i, 9), "download_url", url);
+}
+
+enum cx_err
+cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid, json_t **out)
+{
+    const char *p[2] = {user, cid};
+    PGresult *r = NULL;
+    json_t *arr;
+    enum cx_err rc;
+
+    rc = cx_db_exec(cx->db, &q_list, p, &r);
+    if (rc)
+        return rc;
+    arr = json_array();
+    for (int i = 0; i < PQntuples(r); i++)
+        json_array_append_new(arr, artifact_json(r, i));
+    PQclear(r);
+    *out = json_pack("{s:s,s:o}", "conversation_id", cid, "artifacts", arr);
+    return *out ? CX_OK : CX_ERR_NOMEM;
+}
+
+enum cx_err
+cx_artifact_get(struct cx_ctx *cx, const char *user, const char *id, json_t **out)
+{
+    const char *p[2] = {id, user};
+    PGresult *r = NULL, *v = NULL;
+    json_t *a, *versions;
+    enum cx_err rc;
+
+    if (!cx_uuid_valid(id))
+        return CX_ERR_NOT_FOUND;
+    rc = cx_db_exec(cx->db, &q_get, p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        return CX_ERR_NOT_FOUND;
+    }
+    a = artifact_json(r, 0);
+    json_object_set_new(a, "conversation_id", json_string(PQgetvalue(r, 0, 10)));
+    PQclear(r);
+    rc = cx_db_exec(cx->db, &q_versions, p, &v);
+    if (rc) {
+        json_decref(a);
+        return rc;
+    }
+    versions = json_array();
+    for (int i = 0; i < PQntuples(v); i++) {
+        char url[128];
+        snprintf(url, sizeof(url), "/v1/artifacts/%s/content?version=%s", id, PQgetvalue(v, i, 0));
+        json_array_append_new(
+            versions,
+            json_pack("{s:I,s:s,s:s,s:I,s:s,s:o,s:s,s:s}", "version",
+                      (json_int_t)strtoll(PQgetvalue(v, i, 0), NULL, 10), "filename",
+                      PQgetvalue(v, i, 1), "mime_type", PQgetvalue(v, i, 2), "size",
+                      (json_int_t)strtoll(PQgetvalue(v, i, 3), NULL, 10), "sha256",
+                      PQgetvalue(v, i, 4), "produced_by", json_loads(PQgetvalue(v, i, 5), 0, NULL),
+                      "created_at", PQgetvalue(v, i, 6), "download_url", url));
+    }
+    PQclear(v);
+    json_object_set_new(a, "versions", versions);
+    *out = a;
+    return CX_OK;
+}
+
+CX_SQL(q_delete_mark, 2,
+       "UPDATE artifacts SET deleted_at = now() WHERE id = $1::uuid AND user_id = $2"
+       " AND deleted_at IS NULL RETURNING id");
+CX_SQL(q_delete_versions, 1,
+       "DELETE FROM artifact_versions WHERE artifact_id = $1::uuid RETURNING storage_key");
+
+enum cx_err
+cx_artifact_delete(struct cx_ctx *cx, const char *user, const char *id)
+{
+    const char *p[2] = {id, user};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    if (!cx_uuid_valid(id))
+        return CX_ERR_NOT_FOUND;
+    rc = cx_db_begin(cx->db);
+    if (rc)
+        return rc;
+    rc = cx_db_exec(cx->db, &q_delete_mark, p, &r);
+    if (rc == CX_OK && PQntuples(r) != 1)
+        rc = CX_ERR_NOT_FOUND;
+    PQclear(r);
+    r = NULL;
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_delete_versions, p, &r);
+    if (rc) {
+        PQclear(r);
+        cx_db_rollback(cx->db);
+        return rc;
+    }
+    rc = cx_db_commit(cx->db);
+    if (rc == CX_OK)
+        for (int i = 0; i < PQntuples(r); i++)
+            if (cx_storage_remove(cx->cfg->storage_dir, PQgetvalue(r, i, 0)))
+                cx_log_warn(0, "could not remove a deleted version of %s; fsck will", id);
+    PQclear(r);
+    return rc;
+}

@@ -1,0 +1,320 @@
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture.h"
+#include "config.h"
+#include "log.h"
+#include "mime.h"
+#include "storage.h"
+#include "util.h"
+
+#define CHUNK       (1u << 20)
+#define MAGIC_BYTES 65536
+
+extern const char cx_capture_helper_py[];
+
+struct cx_capture {
+    const struct cx_config *cfg;
+    /* the file being received */
+    bool receiving;
+    long n;
+    struct cx_captured cur;
+    unsigned char head[MAGIC_BYTES];
+    size_t head_len;
+    unsigned char *chunk; /* decode buffer, CHUNK bytes */
+    /* results */
+    struct cx_captured *files;
+    size_t nfiles, cap;
+    json_t *skipped;
+    bool done;
+    int outputs;
+    uint64_t bytes;
+};
+
+enum cx_err
+cx_capture_new(const struct cx_config *cfg, struct cx_capture **out)
+{
+    struct cx_capture *c = calloc(1, sizeof(*c));
+
+    if (!c)
+        return CX_ERR_NOMEM;
+    c->cfg = cfg;
+    c->chunk = malloc(CHUNK);
+    c->skipped = json_array();
+    if (!c->chunk || !c->skipped) {
+        cx_capture_free(c);
+        return CX_ERR_NOMEM;
+    }
+    *out = c;
+    return CX_OK;
+}
+
+void
+cx_capture_free(struct cx_capture *c)
+{
+    if (!c)
+        return;
+    cx_storage_writer_abort(c->cur.w);
+    for (size_t i = 0; i < c->nfiles; i++)
+        cx_storage_writer_abort(c->files[i].w);
+    free(c->files);
+    free(c->chunk);
+    json_decref(c->skipped);
+    free(c);
+}
+
+/* Runs the helper from the request's metadata in a private namespace:
+ * nothing is read from or left in the user's namespace. */
+static const char loader[] =
+    "exec(compile(__import__('IPython').get_ipython().kernel.get_parent('shell')"
+    "['metadata']['codexec_capture']['src'], '<codexec-capture>', 'exec'),"
+    " {'__name__': '__codexec__', 'get_ipython': __import__('IPython').get_ipython})\n";
+
+const char *
+cx_capture_cell(void)
+{
+    return loader;
+}
+
+json_t *
+cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs)
+{
+    char state[128];
+
+    /* /tmp is private to the sandbox; the kernel id keeps unsandboxed
+     * kernels that share a /tmp apart. */
+    snprintf(state, sizeof(state), "/tmp/.codexec/%s.json", kernel_id);
+    return json_pack("{s:{s:s,s:I,s:I,s:I,s:O?,s:s}}", "codexec_capture", "state", state,
+                     "max_files", (json_int_t)cfg->max_captured_files, "max_bytes",
+                     (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK, "outputs",
+                     outputs, "src", cx_capture_helper_py);
+}
+
+void
+cx_capture_skip(struct cx_capture *c, const char *path, const char *reason)
+{
+    json_array_append_new(c->skipped, json_pack("{s:s,s:s}", "path", path, "reason", reason));
+}
+
+static void
+drop_current(struct cx_capture *c, const char *reason)
+{
+    if (reason)
+        cx_capture_skip(c, c->cur.path, reason);
+    cx_storage_writer_abort(c->cur.w);
+    memset(&c->cur, 0, sizeof(c->cur));
+    c->receiving = false;
+}
+
+static bool
+keep(struct cx_capture *c, const struct cx_captured *f)
+{
+    if (c->nfiles == c->cap) {
+        size_t n = c->cap ? c->cap * 2 : 16;
+        struct cx_captured *p = realloc(c->files, n * sizeof(*p));
+        if (!p)
+            return false;
+        c->files = p;
+        c->cap = n;
+    }
+    c->files[c->nfiles++] = *f;
+    return true;
+}
+
+static bool
+path_ok(const char *p)
+{
+    /* The kernel is not trusted: a relative path without tricks. */
+    size_t n = strlen(p);
+
+    if (n == 0 || n >= sizeof(((struct cx_captured *)0)->path) || p[0] == '/' ||
+        !cx_utf8_valid(p, n))
+        return false;
+    for (const char *s = p; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return false;
+    return strcmp(p, "..") && strncmp(p, "../", 3) && !strstr(p, "/../") &&
+           !(n >= 3 && !strcmp(p + n - 3, "/.."));
+}
+
+static void
+finish_current(struct cx_capture *c, json_t *msg)
+{
+    const char *sha = json_string_value(json_object_get(msg, "sha256"));
+    json_int_t size = json_integer_value(json_object_get(msg, "size"));
+    uint64_t got = 0;
+    char mine[65];
+
+    if (json_object_get(msg, "error") || !sha) {
+        drop_current(c, "unreadable");
+        return;
+    }
+    if (cx_storage_writer_finish(c->cur.w, &got, mine)) {
+        drop_current(c, "storage_error");
+        return;
+    }
+    /* What we stored must be what the kernel says it sent. */
+    if ((uint64_t)size != got || strcmp(sha, mine) != 0) {
+        cx_log_warn(0, "capture: size or sha256 mismatch (%llu bytes)", (unsigned long long)got);
+        drop_current(c, "corrupt_transfer");
+        return;
+    }
+    c->cur.size = got;
+    memcpy(c->cur.sha256, mine, sizeof(mine));
+    if (cx_mime_detect(c->head, c->head_len, c->cur.path, c->cur.mime, sizeof(c->cur.mime)))
+        snprintf(c->cur.mime, sizeof(c->cur.mime), "application/octet-stream");
+    if (!keep(c, &c->cur)) {
+        drop_current(c, "internal_error");
+        return;
+    }
+    memset(&c->cur, 0, sizeof(c->cur));
+    c->receiving = false;
+}
+
+static enum cx_err
+add_bytes(struct cx_capture *c, const unsigned char *data, size_t len)
+{
+    if (c->head_len < MAGIC_BYTES) {
+        size_t n = len < MAGIC_BYTES - c->head_len ? len : MAGIC_BYTES - c->head_len;
+        memcpy(c->head + c->head_len, data, n);
+        c->head_len += n;
+    }
+    c->bytes += len;
+    return cx_storage_writer_write(c->cur.w, data, len);
+}
+
+void
+cx_capture_on_message(struct cx_capture *c, json_t *msg)
+{
+    const char *op = json_string_value(json_object_get(msg, "op"));
+    json_int_t n = json_integer_value(json_object_get(msg, "n"));
+
+    if (!op)
+        return;
+    if (!strcmp(op, "file")) {
+        const char *path = json_string_value(json_object_get(msg, "path"));
+        if (c->receiving)
+            drop_current(c, "incomplete_transfer");
+        if (!path || !path_ok(path))
+            return;
+        memset(&c->cur, 0, sizeof(c->cur));
+        snprintf(c->cur.path, sizeof(c->cur.path), "%s", path);
+        c->n = (long)n;
+        c->head_len = 0;
+        if (cx_storage_writer_new(c->cfg->storage_dir, &c->cur.w)) {
+            cx_capture_skip(c, path, "storage_error");
+            return;
+        }
+        c->receiving = true;
+    } else if (!strcmp(op, "chunk") && c->receiving && n == c->n) {
+        const char *b64 = json_string_value(json_object_get(msg, "data"));
+        size_t len = 0;
+        if (!b64 || sodium_base642bin(c->chunk, CHUNK, b64, strlen(b64), NULL, &len, NULL,
+                                      sodium_base64_VARIANT_ORIGINAL) != 0) {
+            drop_current(c, "corrupt_transfer");
+            return;
+        }
+        if (cx_storage_writer_size(c->cur.w) + len > c->cfg->max_artifact_bytes) {
+            drop_current(c, "too_large"); /* it grew while being read */
+            return;
+        }
+        if (add_bytes(c, c->chunk, len))
+            drop_current(c, "storage_error");
+    } else if (!strcmp(op, "end") && c->receiving && n == c->n) {
+        finish_current(c, msg);
+    } else if (!strcmp(op, "done")) {
+        json_t *sk = json_object_get(msg, "skipped"), *e;
+        size_t i;
+        if (c->receiving)
+            drop_current(c, "incomplete_transfer");
+        json_array_foreach(sk, i, e)
+        {
+            const char *p = json_string_value(json_object_get(e, "path"));
+            const char *r = json_string_value(json_object_get(e, "reason"));
+            if (p && r && path_ok(p) && strlen(r) < 32)
+                cx_capture_skip(c, p, r);
+        }
+        c->done = true;
+    }
+}
+
+static const char *
+ext_for(const char *mime)
+{
+    if (!strcmp(mime, "image/png"))
+        return "png";
+    if (!strcmp(mime, "image/jpeg"))
+        return "jpg";
+    if (!strcmp(mime, "image/gif"))
+        return "gif";
+    if (!strcmp(mime, "image/svg+xml"))
+        return "svg";
+    if (!strcmp(mime, "application/pdf"))
+        return "pdf";
+    if (!strcmp(mime, "text/html"))
+        return "html";
+    return "bin";
+}
+
+void
+cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, size_t len)
+{
+    struct cx_captured f;
+    uint64_t got;
+
+    if (c->receiving)
+        return; /* not between a file's chunks; outputs come from the user's cell */
+    memset(&f, 0, sizeof(f));
+    c->outputs++;
+    snprintf(f.path, sizeof(f.path), "output-%d.%s", c->outputs, ext_for(mime));
+    if (len > c->cfg->max_artifact_bytes) {
+        cx_capture_skip(c, f.path, "too_large");
+        return;
+    }
+    if (cx_storage_writer_new(c->cfg->storage_dir, &f.w) ||
+        cx_storage_writer_write(f.w, data, len) || cx_storage_writer_finish(f.w, &got, f.sha256)) {
+        cx_storage_writer_abort(f.w);
+        cx_capture_skip(c, f.path, "storage_error");
+        return;
+    }
+    f.size = got;
+    c->bytes += len;
+    if (cx_mime_detect(data, len < MAGIC_BYTES ? len : MAGIC_BYTES, f.path, f.mime, sizeof(f.mime)))
+        snprintf(f.mime, sizeof(f.mime), "%s", mime);
+    if (!keep(c, &f)) {
+        cx_storage_writer_abort(f.w);
+        cx_capture_skip(c, f.path, "internal_error");
+    }
+}
+
+size_t
+cx_capture_count(const struct cx_capture *c)
+{
+    return c->nfiles;
+}
+
+struct cx_captured *
+cx_capture_file(struct cx_capture *c, size_t i)
+{
+    return i < c->nfiles ? &c->files[i] : NULL;
+}
+
+json_t *
+cx_capture_skipped(struct cx_capture *c)
+{
+    return c->skipped;
+}
+
+bool
+cx_capture_done(const struct cx_capture *c)
+{
+    return c->done;
+}
+
+uint64_t
+cx_capture_bytes(const struct cx_capture *c)
+{
+    return c->bytes;
+}

@@ -1,0 +1,63 @@
+/* codexec: capture of the files a run produced or changed.
+ *
+ * The kernel side (capture_helper.py, embedded) scans the workspace after the
+ * user's cell, in the same pipelined batch, and streams only changed files
+ * back as chunked display_data messages. This side turns those messages into
+ * storage writers (temporary files, hashed as they arrive) and verifies size
+ * and sha256 against what the kernel reported. See docs/internals/capture.md. */
+#ifndef CX_CAPTURE_H
+#define CX_CAPTURE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+
+struct cx_config;
+struct cx_storage_writer;
+struct cx_capture;
+
+#define CX_CAPTURE_MIME "application/vnd.codexec.capture+json"
+
+struct cx_captured {
+    char path[1024]; /* relative to the workspace */
+    uint64_t size;
+    char sha256[65];
+    char mime[128];
+    struct cx_storage_writer *w; /* finished; owned until taken */
+};
+
+/* staging: the storage root the writers stage under. Free with _free. */
+enum cx_err cx_capture_new(const struct cx_config *cfg, struct cx_capture **out) CX_MUSTCHECK;
+void cx_capture_free(struct cx_capture *c);
+
+/* The loader cell's code (a constant) and the request metadata for it
+ * (new reference): limits, the outputs globs (borrowed, may be NULL), the
+ * kernel-side state file named after kernel_id, and the helper's source. */
+const char *cx_capture_cell(void);
+json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs);
+
+/* Handles one capture message (the value under CX_CAPTURE_MIME). */
+void cx_capture_on_message(struct cx_capture *c, json_t *msg);
+
+/* Adds a rich output (a display_data image, say) as a captured file named
+ * output-<n>.<ext>. data: the decoded bytes. */
+void cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, size_t len);
+
+/* Files received whole and verified. */
+size_t cx_capture_count(const struct cx_capture *c);
+struct cx_captured *cx_capture_file(struct cx_capture *c, size_t i);
+
+/* Skipped paths so far: [{"path", "reason"}] (borrowed). */
+json_t *cx_capture_skipped(struct cx_capture *c);
+/* Adds a skipped entry. */
+void cx_capture_skip(struct cx_capture *c, const char *path, const char *reason);
+
+/* Whether the kernel side reported completion ("done"). */
+bool cx_capture_done(const struct cx_capture *c);
+
+/* Bytes of file data received (for logs and benchmarks). */
+uint64_t cx_capture_bytes(const struct cx_capture *c);
+
+#endif

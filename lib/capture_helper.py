@@ -1,0 +1,168 @@
+# codexec capture helper: runs inside the kernel after the user's cell, in a
+# private namespace (exec with a fresh dict), so nothing of it is left in the
+# user's state and nothing of the user's state is relied on. Embedded into
+# libcodexec at build time; see docs/internals/capture.md.
+#
+# Input: the execute_request's metadata["codexec_capture"]:
+#   {"state": "<state file>", "max_files": N, "max_bytes": N, "chunk": N,
+#    "outputs": [globs] | null, "src": this source}
+# Output: display_data messages of type application/vnd.codexec.capture+json:
+#   {"op": "file", "n": i, "path": p, "size": s}          a changed file begins
+#   {"op": "chunk", "n": i, "data": "<base64>"}            its bytes, in order
+#   {"op": "end", "n": i, "size": s, "sha256": h}          what was sent
+#   {"op": "done", "skipped": [...], "scanned": n, "hashed": m}
+import base64
+import fnmatch
+import hashlib
+import json
+import os
+import stat
+
+MIME = "application/vnd.codexec.capture+json"
+EXCLUDED_DIRS = ("inputs", "tmp", "__pycache__")
+EXCLUDED_GLOBS = ("*.tmp", "*.lock", "*.pyc", "*.pyo")
+MAX_SCAN = 100000
+
+
+def main(ip):
+    meta = ip.kernel.get_parent("shell")["metadata"]["codexec_capture"]
+    publish = ip.display_pub.publish
+    root = ip.starting_dir
+    outputs = meta.get("outputs")
+    chunk = int(meta["chunk"])
+
+    def send(obj):
+        publish(data={MIME: obj}, metadata={})
+
+    def named(rel):
+        return outputs is not None and any(
+            fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(os.path.basename(rel), g)
+            for g in outputs)
+
+    def wanted(rel, is_dir):
+        parts = rel.split("/")
+        if parts[0] == "inputs":
+            return False  # staged inputs are never captured
+        if outputs is not None and not is_dir:
+            return named(rel)
+        if named(rel):
+            return True
+        if parts[-1].startswith("."):
+            return False
+        if is_dir:
+            return parts[-1] not in EXCLUDED_DIRS and not (len(parts) == 1 and parts[0] in EXCLUDED_DIRS)
+        if any(p.startswith(".") or p in EXCLUDED_DIRS for p in parts[:-1]):
+            return False
+        return not any(fnmatch.fnmatchcase(parts[-1], g) for g in EXCLUDED_GLOBS)
+
+    try:
+        with open(meta["state"]) as f:
+            prev = json.load(f)
+    except (OSError, ValueError):
+        prev = None
+    # Without a previous scan (a new or restarted kernel) every file is
+    # offered; codexec keeps no new version of an unchanged one.
+    prev = prev or {}
+
+    state, skipped, changed = {}, [], []
+    scanned = hashed = 0
+    stack = [""]
+    while stack and scanned < MAX_SCAN:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, d) if d else root))
+        except OSError:
+            continue
+        for e in entries:
+            rel = d + "/" + e.name if d else e.name
+            scanned += 1
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if wanted(rel, True):
+                    stack.append(rel)
+                continue
+            if not wanted(rel, False):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                kind = "symlink" if stat.S_ISLNK(st.st_mode) else "not_regular"
+                state[rel] = [kind]
+                if prev.get(rel) != [kind]:
+                    skipped.append({"path": rel, "reason": kind})
+                continue
+            key = [st.st_size, st.st_mtime_ns, st.st_ino]
+            old = prev.get(rel)
+            if old and len(old) == 4 and old[:3] == key:
+                state[rel] = old
+                continue
+            sha = hash_file(os.path.join(root, rel))
+            hashed += 1
+            if sha is None:
+                continue
+            state[rel] = key + [sha]
+            if not (old and len(old) == 4 and old[3] == sha):
+                changed.append((rel, st.st_size))
+
+    changed.sort()
+    sent = 0
+    for rel, size in changed:
+        if size > meta["max_bytes"]:
+            skipped.append({"path": rel, "reason": "too_large"})
+            continue
+        if sent >= meta["max_files"]:
+            skipped.append({"path": rel, "reason": "too_many_files"})
+            continue
+        n = sent
+        sent += 1
+        send({"op": "file", "n": n, "path": rel, "size": size})
+        h = hashlib.sha256()
+        total = 0
+        try:
+            # O_NOFOLLOW: a file swapped for a symlink since the scan is not followed.
+            fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise OSError("not a regular file")
+                while total <= meta["max_bytes"]:
+                    b = f.read(chunk)
+                    if not b:
+                        break
+                    h.update(b)
+                    total += len(b)
+                    send({"op": "chunk", "n": n, "data": base64.b64encode(b).decode()})
+        except OSError:
+            send({"op": "end", "n": n, "error": "unreadable"})
+            state.pop(rel, None)
+            continue
+        send({"op": "end", "n": n, "size": total, "sha256": h.hexdigest()})
+        if total != size or len(state.get(rel, ())) != 4 or state[rel][3] != h.hexdigest():
+            state.pop(rel, None)  # it changed while we read: look again next run
+
+    try:
+        os.makedirs(os.path.dirname(meta["state"]), exist_ok=True)
+        tmp = meta["state"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, meta["state"])
+    except OSError:
+        pass
+    send({"op": "done", "skipped": skipped, "scanned": scanned, "hashed": hashed})
+
+
+def hash_file(path):
+    h = hashlib.sha256()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            for b in iter(lambda: f.read(1 << 20), b""):
+                h.update(b)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+main(get_ipython())  # noqa: F821 (the kernel's builtin)
