@@ -126,15 +126,14 @@ keep(struct cx_capture *c, const struct cx_captured *f)
 static bool
 path_ok(const char *p)
 {
-    /* The kernel is not trusted: a relative path without tricks. */
+    /* The kernel is not trusted: a relative path without tricks. Control
+     * characters may stay (the path is data in JSON and SQL); the storage
+     * key and filename are sanitised separately. */
     size_t n = strlen(p);
 
     if (n == 0 || n >= sizeof(((struct cx_captured *)0)->path) || p[0] == '/' ||
         !cx_utf8_valid(p, n))
         return false;
-    for (const char *s = p; *s; s++)
-        if ((unsigned char)*s < 0x20 || *s == 0x7f)
-            return false;
     return strcmp(p, "..") && strncmp(p, "../", 3) && !strstr(p, "/../") &&
            !(n >= 3 && !strcmp(p + n - 3, "/.."));
 }
@@ -197,8 +196,11 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg)
         const char *path = json_string_value(json_object_get(msg, "path"));
         if (c->receiving)
             drop_current(c, "incomplete_transfer");
-        if (!path || !path_ok(path))
+        if (!path || !path_ok(path)) {
+            if (path && strlen(path) < 1024 && cx_utf8_valid(path, strlen(path)))
+                cx_capture_skip(c, path, "invalid_name");
             return;
+        }
         memset(&c->cur, 0, sizeof(c->cur));
         snprintf(c->cur.path, sizeof(c->cur.path), "%s", path);
         c->n = (long)n;

@@ -7,6 +7,7 @@
 #include "buf.h"
 #include "gateway.h"
 #include "log.h"
+#include "metrics.h"
 
 #define MAX_REST_BODY (16 * 1024 * 1024)
 
@@ -113,6 +114,7 @@ cx_gateway_call(struct cx_gateway *gw, const char *method, const char *path, jso
             return CX_ERR_NOMEM;
     }
     cx_buf_reset(&gw->body);
+    cx_metrics_count(CX_COUNT_GATEWAY_REST);
     curl_easy_reset(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);

@@ -7,6 +7,7 @@
 #include "buf.h"
 #include "kernel.h"
 #include "log.h"
+#include "metrics.h"
 #include "util.h"
 #include "ws.h"
 
@@ -126,6 +127,7 @@ cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kern
     opt.connect_timeout_ms = 90000;
     opt.max_message = MAX_WS_MESSAGE;
     opt.no_quickack = !quickack;
+    cx_metrics_count(CX_COUNT_GATEWAY_WS_CONNECT);
     rc = cx_ws_connect(&opt, &c->ws, msg, msglen);
     memset(auth, 0, sizeof(auth));
     if (rc) {

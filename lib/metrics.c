@@ -24,6 +24,24 @@ struct histogram {
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t counters[CX_COUNT__N];
+static const char *const counter_names[CX_COUNT__N] = {
+    [CX_COUNT_GATEWAY_REST] = "gateway_rest_requests",
+    [CX_COUNT_GATEWAY_WS_CONNECT] = "gateway_ws_connects",
+    [CX_COUNT_GATEWAY_BATCHES] = "gateway_round_trips",
+};
+
+void
+cx_metrics_count(enum cx_counter c)
+{
+    __atomic_add_fetch(&counters[c], 1, __ATOMIC_RELAXED);
+}
+
+uint64_t
+cx_metrics_counter(enum cx_counter c)
+{
+    return __atomic_load_n(&counters[c], __ATOMIC_RELAXED);
+}
 static struct series series[MAX_SERIES];
 static size_t nseries;
 static struct histogram hist[MAX_ROUTES];
@@ -66,6 +84,9 @@ cx_metrics_observe(const char *route, int status, int64_t us)
 void
 cx_metrics_render(struct cx_buf *b)
 {
+    for (int c = 0; c < CX_COUNT__N; c++)
+        cx_buf_addf(b, "# TYPE codexec_%s_total counter\ncodexec_%s_total %llu\n", counter_names[c],
+                    counter_names[c], (unsigned long long)cx_metrics_counter((enum cx_counter)c));
     pthread_mutex_lock(&lock);
     cx_buf_adds(b, "# HELP codexec_http_requests_total HTTP requests by route and status.\n"
                    "# TYPE codexec_http_requests_total counter\n");

@@ -10,6 +10,16 @@
  * HTTP status; us: the request's duration in microseconds. Thread-safe. */
 void cx_metrics_observe(const char *route, int status, int64_t us);
 
+/* Process-wide event counters, rendered as codexec_<name>_total. */
+enum cx_counter {
+    CX_COUNT_GATEWAY_REST,       /* REST calls to the gateway */
+    CX_COUNT_GATEWAY_WS_CONNECT, /* channel WebSockets opened */
+    CX_COUNT_GATEWAY_BATCHES,    /* pipelined request batches sent and awaited */
+    CX_COUNT__N
+};
+void cx_metrics_count(enum cx_counter c);
+uint64_t cx_metrics_counter(enum cx_counter c);
+
 /* Appends the exposition text to b. */
 void cx_metrics_render(struct cx_buf *b);
 

@@ -17,6 +17,7 @@
 #include "http.h"
 #include "kernel.h"
 #include "log.h"
+#include "metrics.h"
 #include "run.h"
 #include "session.h"
 #include "util.h"
@@ -627,6 +628,7 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
         snprintf(msg, msglen, "sending to the kernel failed");
         goto out;
     }
+    cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
     rc = wait_windows(st, s, reqs, REQ_MAX, cx_now_us() + (int64_t)(req->timeout * 1e6));
     if (rc == CX_ERR_TIMEOUT) {
         st->timed_out = true;

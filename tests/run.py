@@ -144,6 +144,7 @@ def main():
         "reaper_interval": "1",
         "interrupt_grace": "2",
         "max_output_bytes": "1M",
+        "user_quota_artifacts": "100",
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,

@@ -1,0 +1,238 @@
+"""Capture: files a run produced or changed become artifact versions."""
+
+import hashlib
+import os
+import re
+
+from harness import check, eq, expect_error, new_id
+from test_runs import run
+
+
+def by_path(r):
+    return {a["path"]: a for a in r["artifacts"]}
+
+
+def skipped(r):
+    return {s["path"]: s["reason"] for s in r.get("skipped", [])}
+
+
+def stored_bytes(ctx, user, a):
+    path = os.path.join(ctx.st.storage, "artifacts", user, a["artifact_id"], f"v{a['version']}",
+                        a["filename"])
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_produced_file_is_persisted(ctx):
+    user = "a-persist"
+    r = run(ctx, user, "c1", "open('report.txt', 'w').write('wrote report\\n')\n"
+                             "import os\nos.makedirs('sub', exist_ok=True)\n"
+                             "open('sub/data.csv', 'w').write('a,b\\n1,2\\n')")
+    arts = by_path(r)
+    eq(sorted(arts), ["report.txt", "sub/data.csv"], "captured paths")
+    a = arts["report.txt"]
+    eq(a["size"], 13, "server-computed size")
+    eq(a["sha256"], hashlib.sha256(b"wrote report\n").hexdigest(), "server-computed sha256")
+    eq(a["mime_type"], "text/plain", "libmagic MIME")
+    eq(a["kind"], "file", "kind")
+    eq(a["version"], 1, "first version")
+    eq(a["filename"], "report.txt", "filename")
+    eq(a["download_url"], f"/v1/artifacts/{a['artifact_id']}/content?version=1", "download url")
+    eq(stored_bytes(ctx, user, a), b"wrote report\n", "bytes at the derived storage key")
+    eq(arts["sub/data.csv"]["mime_type"], "text/csv", "text/plain refined by .csv")
+    eq(arts["sub/data.csv"]["kind"], "data", "csv is data")
+    rec = ctx.get(f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)).json()
+    eq(rec["versions"][0]["produced_by"],
+       {"tool": "code_executor", "action": "run_code", "run_id": r["run_id"]}, "produced_by")
+    eq(ctx.psql(f"SELECT count(*) FROM artifact_versions WHERE storage_key LIKE 'artifacts/{user}/%'"),
+       "2", "two rows")
+
+
+def test_versions_and_unchanged_files(ctx):
+    user = "a-version"
+    r1 = run(ctx, user, "c1", "open('out.txt', 'w').write('one')")
+    r2 = run(ctx, user, "c1", "x = 1")
+    eq(r2["artifacts"], [], "an unchanged file is not captured again")
+    r3 = run(ctx, user, "c1", "open('out.txt', 'w').write('two!')")
+    a1, a3 = r1["artifacts"][0], r3["artifacts"][0]
+    eq(a3["artifact_id"], a1["artifact_id"], "same path, same artifact")
+    eq(a3["version"], 2, "next version")
+    r4 = run(ctx, user, "c1", "open('out.txt', 'w').write('two!')")
+    eq(r4["artifacts"], [], "rewritten with the same bytes: no new version")
+    rec = ctx.get(f"/v1/artifacts/{a1['artifact_id']}", key=ctx.key(user)).json()
+    eq([v["version"] for v in rec["versions"]], [1, 2], "versions listed")
+    eq(rec["current_version"], 2, "current version")
+    eq(stored_bytes(ctx, user, a1), b"one", "version 1 kept")
+    lst = ctx.get("/v1/artifacts?conversation_id=c1", key=ctx.key(user)).json()
+    eq([a["path"] for a in lst["artifacts"]], ["out.txt"], "listed")
+    expect_error(ctx.get(f"/v1/artifacts/{a1['artifact_id']}", key=ctx.key("a-other")), 404,
+                 "not_found")
+    eq(ctx.get("/v1/artifacts?conversation_id=c1", key=ctx.key("a-other")).json()["artifacts"], [],
+       "another user sees nothing")
+    expect_error(ctx.get("/v1/artifacts", key=ctx.key(user)), 400, "invalid_request")
+    expect_error(ctx.get("/v1/artifacts?conversation_id=a%2F..", key=ctx.key(user)), 400)
+
+
+def test_special_files_are_skipped_never_followed(ctx):
+    user = "a-special"
+    code = ("import os, socket\n"
+            "os.symlink('/etc/passwd', 'pw')\n"
+            "os.symlink('/workspace', 'loop')\n"
+            "os.mkfifo('fifo')\n"
+            "s = socket.socket(socket.AF_UNIX); s.bind('sock')\n"
+            "open('real.txt', 'w').write('real')\n")
+    r = run(ctx, user, "c1", code)
+    eq(sorted(by_path(r)), ["real.txt"], "only the regular file")
+    eq(skipped(r), {"pw": "symlink", "loop": "symlink", "fifo": "not_regular",
+                    "sock": "not_regular"}, "listed with reasons")
+    r = run(ctx, user, "c1", "x = 1")
+    eq(r.get("skipped", []), [], "not listed again while unchanged")
+    check(all("root:" not in open(os.path.join(dp, f), errors="replace").read()
+              for dp, _, fs in os.walk(os.path.join(ctx.st.storage, "artifacts", user)) for f in fs),
+          "/etc/passwd never copied")
+
+
+def test_exclusions_and_outputs(ctx):
+    user = "a-exclude"
+    code = ("import os\n"
+            "for d in ('inputs', 'tmp', '.hidden_dir', '__pycache__', 'keep'): os.makedirs(d, exist_ok=True)\n"
+            "for p in ('inputs/x.txt', 'tmp/x.txt', '.hidden_dir/x.txt', '__pycache__/x.pyc', '.dot',\n"
+            "          'a.tmp', 'b.lock', 'c.pyc', 'keep/y.txt', 'z.png'): open(p, 'w').write(p)\n")
+    r = run(ctx, user, "c1", code)
+    eq(sorted(by_path(r)), ["keep/y.txt", "z.png"], "default exclusions")
+    r = run(ctx, user, "c2", code + "open('report.tmp', 'w').write('named')\n",
+            outputs=["*.png", "report.tmp", "inputs/*"])
+    eq(sorted(by_path(r)), ["report.tmp", "z.png"], "outputs restricts, and names an excluded file")
+
+
+def test_caps_are_listed_and_not_offered_again(ctx):
+    user = "a-caps"
+    r = run(ctx, user, "c1", "with open('big.bin', 'wb') as f:\n"
+                             "    f.seek(110 * 1024 * 1024); f.write(b'x')\n"
+                             "open('small.txt', 'w').write('s')", timeout=120)
+    eq(sorted(by_path(r)), ["small.txt"], "the small one")
+    eq(skipped(r), {"big.bin": "too_large"}, "the big one skipped as too_large")
+    r = run(ctx, user, "c1", "x = 1")
+    eq(r.get("skipped", []), [], "not offered again until it changes")
+    r = run(ctx, user, "c2", "import os\nos.makedirs('many', exist_ok=True)\n"
+                             "for i in range(3000):\n"
+                             "    open(f'many/f{i:04d}.txt', 'w').write(str(i))", timeout=120)
+    eq(len(r["artifacts"]), 64, "max_captured_files")
+    reasons = skipped(r)
+    eq(len(reasons), 3000 - 64, "the rest listed")
+    check(set(reasons.values()) == {"too_many_files"}, "as too_many_files")
+    r = run(ctx, user, "c2", "x = 1", timeout=120)
+    eq((r["artifacts"], r.get("skipped", [])), ([], []), "a no-op run over 3000 files")
+
+
+def test_hostile_names(ctx):
+    user = "a-names"
+    code = ("names = ['a\\r\\nb.txt', '\\u00fcber \\u6587\\u4ef6.txt', 'x' * 250 + '.txt',\n"
+            "         'quote\"s.txt', 'semi;colon.txt', '..weird', '- dash.txt']\n"
+            "for n in names: open(n, 'w').write(n)\n")
+    r = run(ctx, user, "c1", code)
+    arts = by_path(r)
+    eq(len(arts), 6, f"all but the dot-file captured: {sorted(arts)}")
+    for path, a in arts.items():
+        fn = a["filename"]
+        check("/" not in fn and "\r" not in fn and "\n" not in fn and '"' not in fn and
+              not fn.startswith("."), f"safe filename {fn!r}")
+        check(len(fn.encode()) <= 255, "at most 255 bytes")
+        eq(stored_bytes(ctx, user, a), path.encode(), f"bytes of {path!r}")
+    check("\u00fcber \u6587\u4ef6.txt" in arts, "non-ASCII path kept")
+    eq(arts["\u00fcber \u6587\u4ef6.txt"]["filename"], "\u00fcber \u6587\u4ef6.txt", "non-ASCII filename")
+    eq(arts["a\r\nb.txt"]["filename"], "ab.txt", "CR/LF removed")
+
+
+def test_user_keys_in_storage_are_safe(ctx):
+    for user in ["../../etc", "user with space", "."]:
+        r = run(ctx, user, "c1", "open('f.txt', 'w').write('x')")
+        key = ctx.psql(f"SELECT storage_key FROM artifact_versions WHERE artifact_id ="
+                       f" '{r['artifacts'][0]['artifact_id']}'")
+        check(re.fullmatch(r"artifacts/h-[0-9a-f]{32}/[0-9a-f-]{36}/v1/f\.txt", key),
+              f"hashed user key: {key}")
+
+
+def test_matplotlib_png_becomes_an_artifact(ctx):
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()"
+    r = run(ctx, "a-plot", "c1", code, timeout=120)
+    eq(r["status"], "ok", f"status {r.get('error')}")
+    arts = by_path(r)
+    check("output-1.png" in arts, f"output-1.png in {sorted(arts)}")
+    a = arts["output-1.png"]
+    eq(a["mime_type"], "image/png", "libmagic says PNG")
+    eq(a["kind"], "image", "kind image")
+    check(stored_bytes(ctx, "a-plot", a)[:8] == b"\x89PNG\r\n\x1a\n", "PNG bytes")
+
+
+def test_file_written_during_capture(ctx):
+    code = ("import threading, time\n"
+            "def writer():\n"
+            "    with open('growing.log', 'a') as f:\n"
+            "        for i in range(4000):\n"
+            "            f.write('line %d\\n' % i); f.flush(); time.sleep(0.0005)\n"
+            "threading.Thread(target=writer, daemon=True).start()\n"
+            "time.sleep(0.05)")
+    r = run(ctx, "a-race", "c1", code, timeout=60)
+    eq(r["status"], "ok", "status")
+    for a in r["artifacts"]:
+        data = stored_bytes(ctx, "a-race", a)
+        eq(hashlib.sha256(data).hexdigest(), a["sha256"], "stored bytes match the sha256")
+        eq(len(data), a["size"], "and the size")
+
+
+def test_quota_exhaustion(ctx):
+    user = "a-quota"  # user_quota_artifacts = 100 on the test stack
+    code = "for i in range({0}, {1}): open(f'q{{i:03d}}.txt', 'w').write(str(i))"
+    r = run(ctx, user, "c1", code.format(0, 64))
+    eq(len(r["artifacts"]), 64, "first batch")
+    r = run(ctx, user, "c1", code.format(64, 128))
+    eq(len(r["artifacts"]), 36, "up to the quota")
+    eq(sorted(set(skipped(r).values())), ["quota_exceeded"], "the rest: quota_exceeded")
+    eq(len(skipped(r)), 28, "listed")
+    eq(ctx.psql(f"SELECT count(*) FROM artifacts WHERE user_id = '{user}'"), "100", "at the quota")
+
+
+def test_delete(ctx):
+    user = "a-delete"
+    r = run(ctx, user, "c1", "open('gone.txt', 'w').write('bye')")
+    a = r["artifacts"][0]
+    path = os.path.join(ctx.st.storage, "artifacts", user, a["artifact_id"], "v1", "gone.txt")
+    check(os.path.exists(path), "stored")
+    expect_error(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key("a-other")),
+                 404, "not_found")
+    eq(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)).status, 204,
+       "deleted")
+    check(not os.path.exists(path), "bytes removed")
+    expect_error(ctx.get(f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)), 404, "not_found")
+    expect_error(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)), 404)
+    expect_error(ctx.request("DELETE", "/v1/artifacts/not-a-uuid", key=ctx.key(user)), 404)
+    r = run(ctx, user, "c1", "open('gone.txt', 'w').write('again')")
+    eq(r["artifacts"][0]["version"], 1, "a new artifact after the delete")
+
+
+def metric(ctx, name):
+    text = ctx.get("/metrics").body.decode()
+    return int(re.search(rf"^codexec_{name}_total (\d+)$", text, re.M).group(1))
+
+
+def round_trips(ctx, user, cid, code):
+    names = ["gateway_round_trips", "gateway_rest_requests", "gateway_ws_connects"]
+    before = [metric(ctx, n) for n in names]
+    r = run(ctx, user, cid, code)
+    return r, [metric(ctx, n) - b for n, b in zip(names, before)]
+
+
+def test_round_trips_do_not_grow_with_the_workspace(ctx):
+    """The protocol's promise: a run costs the same gateway round trips
+    whatever the workspace holds (counted, not timed). The test stack serves
+    one request at a time here, so the counters move only for these runs."""
+    user = "a-trips"
+    run(ctx, user, "empty", "x = 0")
+    run(ctx, user, "full", "import os\nfor i in range(50):\n"
+                           "    open(f'f{i:02d}.bin', 'wb').write(os.urandom(65536))")
+    _, empty = round_trips(ctx, user, "empty", "x = 1")
+    r, full = round_trips(ctx, user, "full", "x = 1")
+    eq(r["artifacts"], [], "nothing changed")
+    eq(full, empty, "same round trips with 50 files of 64 KiB as with none")
+    eq(empty, [1, 0, 0], "one pipelined batch, no REST call, no new WebSocket")
