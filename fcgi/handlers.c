@@ -73,7 +73,12 @@ send_run_result(struct cx_req *r, enum cx_err rc, int status, json_t *out, const
     }
     switch (status) {
     case 400: cx_req_send_error(r, 400, "invalid_request", msg); break;
-    case 404: cx_req_send_error(r, 404, "not_found", "no such pending run"); break;
+    case 404:
+        if (!strncmp(msg, "input artifact ", 15))
+            cx_req_send_error(r, 404, "input_not_found", msg);
+        else
+            cx_req_send_error(r, 404, "not_found", "no such pending run");
+        break;
     case 409: cx_req_send_error(r, 409, "conversation_busy", msg); break;
     case 410: cx_req_send_error(r, 410, "expired", "the run waited too long for approval"); break;
     case 429: cx_req_send_error(r, 429, "quota_exceeded", msg); break;

@@ -79,14 +79,16 @@ cx_capture_cell(void)
 }
 
 json_t *
-cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs)
+cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
+                    bool rescan)
 {
     char state[128];
 
     /* /tmp is private to the sandbox; the kernel id keeps unsandboxed
      * kernels that share a /tmp apart. */
     snprintf(state, sizeof(state), "/tmp/.codexec/%s.json", kernel_id);
-    return json_pack("{s:{s:s,s:I,s:I,s:I,s:O?,s:s}}", "codexec_capture", "state", state,
+    return json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s}}", "codexec_capture", "state", state,
+                     "rescan", rescan,
                      "max_files", (json_int_t)cfg->max_captured_files, "max_bytes",
                      (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK, "outputs",
                      outputs, "src", cx_capture_helper_py);

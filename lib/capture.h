@@ -34,9 +34,11 @@ void cx_capture_free(struct cx_capture *c);
 
 /* The loader cell's code (a constant) and the request metadata for it
  * (new reference): limits, the outputs globs (borrowed, may be NULL), the
- * kernel-side state file named after kernel_id, and the helper's source. */
+ * kernel-side state file named after kernel_id, and the helper's source.
+ * rescan: ignore the record of the last scan (every file is offered). */
 const char *cx_capture_cell(void);
-json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs);
+json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
+                            bool rescan);
 
 /* Handles one capture message (the value under CX_CAPTURE_MIME). */
 void cx_capture_on_message(struct cx_capture *c, json_t *msg);

@@ -4,7 +4,7 @@
 # libcodexec at build time; see docs/internals/capture.md.
 #
 # Input: the execute_request's metadata["codexec_capture"]:
-#   {"state": "<state file>", "max_files": N, "max_bytes": N, "chunk": N,
+#   {"state": "<state file>", "rescan": bool, "max_files": N, "max_bytes": N, "chunk": N,
 #    "outputs": [globs] | null, "src": this source}
 # Output: display_data messages of type application/vnd.codexec.capture+json:
 #   {"op": "file", "n": i, "path": p, "size": s}          a changed file begins
@@ -55,11 +55,13 @@ def main(ip):
             return False
         return not any(fnmatch.fnmatchcase(parts[-1], g) for g in EXCLUDED_GLOBS)
 
-    try:
-        with open(meta["state"]) as f:
-            prev = json.load(f)
-    except (OSError, ValueError):
-        prev = None
+    prev = None
+    if not meta.get("rescan"):
+        try:
+            with open(meta["state"]) as f:
+                prev = json.load(f)
+        except (OSError, ValueError):
+            pass
     # Without a previous scan (a new or restarted kernel) every file is
     # offered; codexec keeps no new version of an unchanged one.
     prev = prev or {}

@@ -20,6 +20,7 @@
 #include "metrics.h"
 #include "run.h"
 #include "session.h"
+#include "storage.h"
 #include "util.h"
 
 #define MAX_OUTPUT_GLOBS 64
@@ -313,7 +314,157 @@ struct exec_state {
     bool output_lost;       /* replies came, idle statuses did not */
     bool abandoned;         /* stopped reading mid-output */
     struct cx_capture *cap; /* NULL when capture_artifacts is false */
+    size_t base;            /* input-staging requests before reqs[0] */
+    bool stage_failed;
 };
+
+/* Writes one chunk of a staged input; the path and bytes come as JSON data
+ * in the metadata. Private namespace; the file is never followed if it is a
+ * symlink. */
+static const char stage_cell[] =
+    "exec('''\n"
+    "import base64, os\n"
+    "ip = __import__(\"IPython\").get_ipython()\n"
+    "m = ip.kernel.get_parent(\"shell\")[\"metadata\"][\"codexec_input\"]\n"
+    "p = os.path.join(ip.starting_dir, m[\"path\"])\n"
+    "os.makedirs(os.path.dirname(p), exist_ok=True)\n"
+    "flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if m[\"first\"] else "
+    "os.O_APPEND)\n"
+    "with os.fdopen(os.open(p, flags, 0o644), \"wb\") as f:\n"
+    "    f.write(base64.b64decode(m[\"data\"]))\n"
+    "''', {})\n";
+
+#define STAGE_CHUNK (1u << 20)
+
+struct input {
+    char key[1024];
+    char path[300]; /* inputs/<safe name> */
+    uint64_t size;
+};
+
+struct inputs {
+    struct input *v;
+    size_t n;
+};
+
+CX_SQL(q_input, 3,
+       "SELECT v.filename, v.storage_key, v.size FROM artifacts a JOIN artifact_versions v"
+       " ON v.artifact_id = a.id AND v.version = a.current_version"
+       " WHERE a.id = $1::uuid AND a.user_id = $2 AND a.conversation_id = $3"
+       " AND a.deleted_at IS NULL");
+
+/* Looks up every input: CX_ERR_NOT_FOUND (msg names it) for one that is not
+ * the user's in this conversation. Names are made clash-free: seed.csv, then
+ * seed-2.csv. Free in->v on any return. */
+static enum cx_err
+load_inputs(struct cx_ctx *cx, const char *user, const struct cx_run_request *req,
+            struct inputs *in, char *msg, size_t msglen)
+{
+    size_t n = req->inputs ? json_array_size(req->inputs) : 0;
+
+    in->v = NULL;
+    in->n = 0;
+    if (n == 0)
+        return CX_OK;
+    in->v = calloc(n, sizeof(*in->v));
+    if (!in->v)
+        return CX_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const char *id = json_string_value(json_array_get(req->inputs, i));
+        const char *p[3] = {id, user, req->conversation_id};
+        struct input *x = &in->v[i];
+        PGresult *r = NULL;
+        enum cx_err rc = cx_db_exec(cx->db, &q_input, p, &r);
+        const char *name, *dot;
+
+        if (rc)
+            return rc;
+        if (PQntuples(r) != 1) {
+            PQclear(r);
+            snprintf(msg, msglen, "input artifact %s not found in this conversation", id);
+            return CX_ERR_NOT_FOUND;
+        }
+        snprintf(x->key, sizeof(x->key), "%s", PQgetvalue(r, 0, 1));
+        x->size = strtoull(PQgetvalue(r, 0, 2), NULL, 10);
+        name = PQgetvalue(r, 0, 0);
+        dot = strrchr(name, '.');
+        if (!dot || dot == name)
+            dot = name + strlen(name);
+        for (int k = 1;; k++) {
+            bool clash = false;
+            if (k == 1)
+                snprintf(x->path, sizeof(x->path), "inputs/%s", name);
+            else
+                snprintf(x->path, sizeof(x->path), "inputs/%.*s-%d%s", (int)(dot - name), name, k,
+                         dot);
+            for (size_t j = 0; j < i; j++)
+                clash = clash || !strcmp(in->v[j].path, x->path);
+            if (!clash)
+                break;
+        }
+        PQclear(r);
+        in->n++;
+    }
+    return CX_OK;
+}
+
+static size_t
+stage_requests(const struct inputs *in)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < in->n; i++)
+        n += in->v[i].size ? (in->v[i].size + STAGE_CHUNK - 1) / STAGE_CHUNK : 1;
+    return n;
+}
+
+/* Sends every input as pipelined chunk requests, straight from storage: one
+ * chunk in memory at a time. stage has stage_requests(in) slots. */
+static enum cx_err
+send_inputs(struct exec_state *st, const struct inputs *in, struct cx_exec *stage)
+{
+    size_t b64len = sodium_base64_ENCODED_LEN(STAGE_CHUNK, sodium_base64_VARIANT_ORIGINAL);
+    unsigned char *buf = malloc(STAGE_CHUNK);
+    char *b64 = malloc(b64len);
+    enum cx_err rc = buf && b64 ? CX_OK : CX_ERR_NOMEM;
+    size_t k = 0;
+
+    for (size_t i = 0; i < in->n && rc == CX_OK; i++) {
+        char path[4096];
+        uint64_t left = in->v[i].size;
+        FILE *f = NULL;
+        bool first = true;
+
+        rc = cx_storage_path(st->cx->cfg->storage_dir, in->v[i].key, path, sizeof(path));
+        if (rc == CX_OK && !(f = fopen(path, "rbe")))
+            rc = CX_ERR_IO;
+        while (rc == CX_OK && (first || left > 0)) {
+            size_t want = left < STAGE_CHUNK ? (size_t)left : STAGE_CHUNK;
+            json_t *meta;
+
+            if (want && fread(buf, 1, want, f) != want) {
+                rc = CX_ERR_IO;
+                break;
+            }
+            sodium_bin2base64(b64, b64len, buf, want, sodium_base64_VARIANT_ORIGINAL);
+            meta = json_pack("{s:{s:s,s:b,s:s}}", "codexec_input", "path", in->v[i].path, "first",
+                             first, "data", b64);
+            stage[k] = (struct cx_exec){
+                .code = stage_cell, .silent = true, .stop_on_error = true, .metadata = meta};
+            rc = meta ? cx_kernel_execute(st->conn, &stage[k]) : CX_ERR_NOMEM;
+            stage[k].metadata = NULL;
+            json_decref(meta);
+            k++;
+            left -= want;
+            first = false;
+        }
+        if (f)
+            fclose(f);
+    }
+    free(buf);
+    free(b64);
+    return rc;
+}
 
 static void
 tail_init(struct tail *t, unsigned chars)
@@ -441,6 +592,13 @@ on_message(void *ctx, int index, const char *type, json_t *content)
 {
     struct exec_state *st = ctx;
 
+    if (index >= 0 && (size_t)index < st->base) {
+        if (!strcmp(type, "error"))
+            st->stage_failed = true;
+        return CX_OK;
+    }
+    if (index >= 0)
+        index -= (int)st->base;
     /* Past the output limit, once every reply is in, the rest of the output
      * is of no use: stop here rather than wait for it to drain. */
     if (st->truncated && all_replied(st->reqs, REQ_MAX))
@@ -597,8 +755,10 @@ wait_windows(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, 
  * its grace period. */
 static enum cx_err
 execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request *req,
-        struct cx_exec *reqs, int *nreq, char *msg, size_t msglen)
+        const struct inputs *in, struct cx_exec *all, char *msg, size_t msglen)
 {
+    struct cx_exec *reqs = all + st->base;
+    int n = (int)st->base + REQ_MAX;
     const struct cx_config *cfg = st->cx->cfg;
     char check[256];
     json_t *uexpr = NULL, *meta = NULL, *capmeta = NULL;
@@ -609,18 +769,18 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
     if (req->arguments)
         meta = json_pack("{s:O}", "codexec_arguments", req->arguments);
     if (st->cap)
-        capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs);
-    memset(reqs, 0, sizeof(*reqs) * REQ_MAX);
+        capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs, s->capture_rescan);
+    memset(all, 0, sizeof(*all) * (size_t)n);
     reqs[REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
     reqs[REQ_CALL] = (struct cx_exec){.code = call_cell, .metadata = meta};
     reqs[REQ_EPILOGUE] = (struct cx_exec){.code = st->cap ? cx_capture_cell() : "",
                                           .silent = true,
                                           .user_expressions = uexpr,
                                           .metadata = capmeta};
-    *nreq = REQ_MAX;
     /* Leftovers of an earlier run or of other clients (a restart notice,
      * say) must not be taken for this run's news. */
     cx_kernel_drain(st->conn, 0);
+    rc = send_inputs(st, in, all);
     for (int i = 0; i < REQ_MAX && rc == CX_OK; i++)
         if (i != REQ_CALL || req->arguments)
             rc = cx_kernel_execute(st->conn, &reqs[i]);
@@ -629,7 +789,7 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
         goto out;
     }
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
-    rc = wait_windows(st, s, reqs, REQ_MAX, cx_now_us() + (int64_t)(req->timeout * 1e6));
+    rc = wait_windows(st, s, all, n, cx_now_us() + (int64_t)(req->timeout * 1e6));
     if (rc == CX_ERR_TIMEOUT) {
         st->timed_out = true;
         cx_log_info("run timed out after %.3gs; interrupting", req->timeout);
@@ -638,7 +798,7 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
             goto out;
         if (rc)
             cx_log_warn(0, "interrupt request failed");
-        rc = wait_windows(st, s, reqs, REQ_MAX, cx_now_us() + cfg->interrupt_grace * 1000000LL);
+        rc = wait_windows(st, s, all, n, cx_now_us() + cfg->interrupt_grace * 1000000LL);
         if (rc == CX_ERR_TIMEOUT) {
             cx_log_info("kernel not idle %us after the interrupt; restarting",
                         cfg->interrupt_grace);
@@ -662,22 +822,31 @@ out:
 
 static enum cx_err
 run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-               const char *run_id, int *status, json_t **out, char *msg, size_t msglen)
+               const struct inputs *in, const char *run_id, int *status, json_t **out, char *msg,
+               size_t msglen)
 {
     const struct cx_config *cfg = cx->cfg;
     struct exec_state st;
     struct cx_session s;
-    struct cx_exec reqs[REQ_MAX];
-    json_t *payload = NULL, *artifacts = NULL;
+    struct cx_exec *all = NULL, *reqs;
+    json_t *payload = NULL, *artifacts = NULL, *loaded = NULL;
     int64_t t0 = 0, ms = 0;
     enum cx_err rc;
-    int nreq = 0, attempt;
+    int nreq, attempt;
     bool reused = false;
 
     memset(&st, 0, sizeof(st));
-    memset(reqs, 0, sizeof(reqs));
     st.cx = cx;
+    st.base = stage_requests(in);
+    nreq = (int)st.base + REQ_MAX;
+    all = calloc((size_t)nreq, sizeof(*all));
+    reqs = all ? all + st.base : NULL;
     st.reqs = reqs;
+    if (!all) {
+        *status = 500;
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
     if (req->capture_artifacts && cx_capture_new(cfg, &st.cap)) {
         *status = 500;
         rc = CX_ERR_NOMEM;
@@ -709,12 +878,12 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         reused = cx_kernel_conn_messages(st.conn) > 0;
         st.kernel_id = s.kernel_id;
         t0 = cx_now_us();
-        rc = execute(&st, &s, req, reqs, &nreq, msg, msglen);
+        rc = execute(&st, &s, req, in, all, msg, msglen);
         if (rc == CX_ERR_NOT_FOUND && attempt == 0 && !st.timed_out) {
             /* The kernel vanished before running anything of ours. */
             cx_kernel_conn_free(st.conn);
             st.conn = NULL;
-            cx_exec_cleanup(reqs, nreq);
+            cx_exec_cleanup(all, nreq);
             cx_log_info("session %s: kernel %s vanished; replacing it", s.id, s.kernel_id);
             rc = cx_session_replace_kernel(cx, &s, msg, msglen);
             if (rc) {
@@ -736,7 +905,7 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
             /* A pooled connection the server had closed: nothing ran yet. */
             cx_kernel_conn_free(st.conn);
             st.conn = NULL;
-            cx_exec_cleanup(reqs, nreq);
+            cx_exec_cleanup(all, nreq);
             continue;
         }
         break;
@@ -775,16 +944,23 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     if (!st.died && !st.timed_out)
         s.kernel_fresh = false;
 
+    /* A timed-out run captures nothing; the next one rescans everything, so
+     * what it wrote before the deadline is not lost. */
+    if (st.cap)
+        s.capture_rescan = st.timed_out || s.reset ? true : !cx_capture_done(st.cap);
     artifacts = json_array();
-    if (st.cap && !s.reset &&
+    if (st.cap && !s.reset && !st.timed_out &&
         cx_artifact_commit_capture(cx, who->user, req->conversation_id, run_id, st.cap, artifacts))
         cx_log_warn(0, "run %s: captured files could not be stored", run_id);
+    loaded = json_array();
+    for (size_t i = 0; i < in->n; i++)
+        json_array_append_new(loaded, json_string(in->v[i].path));
     payload = json_pack(
-        "{s:s,s:s,s:s,s:o,s:[],s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id", run_id, "status", "ok",
+        "{s:s,s:s,s:s,s:o,s:O,s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id", run_id, "status", "ok",
         "stdout_tail", tail_text(&st.out, cfg->tail_chars), "artifacts", artifacts, "inputs_loaded",
-        "result", st.have_result ? st.result : NULL, "truncated", st.truncated, "execution_ms",
-        (json_int_t)ms, "session", "conversation_id", req->conversation_id, "created", s.created,
-        "reset", s.reset, "expires_at", s.expires_at);
+        loaded, "result", st.have_result ? st.result : NULL, "truncated", st.truncated,
+        "execution_ms", (json_int_t)ms, "session", "conversation_id", req->conversation_id,
+        "created", s.created, "reset", s.reset, "expires_at", s.expires_at);
     artifacts = NULL; /* "o" steals it, even on failure */
     if (!payload) {
         rc = CX_ERR_NOMEM;
@@ -802,6 +978,9 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         set_error(payload, "TimeoutError", ev, NULL);
     } else if (st.died) {
         set_error(payload, "KernelDied", "the kernel exited during the run; its state was lost",
+                  NULL);
+    } else if (st.stage_failed) {
+        set_error(payload, "InputStagingFailed", "the inputs could not be written to inputs/",
                   NULL);
     } else if (st.output_lost) {
         set_error(payload, "OutputLost",
@@ -846,14 +1025,43 @@ out:
         cx_log_info("run %s %s in %lldms output=%llu reset=%d", run_id, st_s, (long long)ms,
                     (unsigned long long)st.output_bytes, s.reset);
     }
-    cx_exec_cleanup(reqs, nreq);
+    if (all)
+        cx_exec_cleanup(all, nreq);
+    free(all);
     cx_capture_free(st.cap);
+    json_decref(loaded);
     json_decref(artifacts);
     json_decref(st.error);
     json_decref(st.result);
     cx_buf_cleanup(&st.out.b);
     cx_buf_cleanup(&st.err.b);
     *out = payload;
+    return rc;
+}
+
+CX_SQL(q_run_status, 2,
+       "UPDATE runs SET status = $2, started_at = CASE WHEN $2 = 'running'"
+       " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
+       " THEN now() ELSE finished_at END WHERE id = $1::uuid");
+
+/* Loads the inputs (again: they may be gone since the request was checked)
+ * and runs. A missing input now fails the run as a 404. */
+static enum cx_err
+run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
+                const char *run_id, int *status, json_t **out, char *msg, size_t msglen)
+{
+    struct inputs in;
+    enum cx_err rc = load_inputs(cx, who->user, req, &in, msg, msglen);
+
+    if (rc) {
+        const char *p[2] = {run_id, "error"};
+        *status = rc == CX_ERR_NOT_FOUND ? 404 : cx_http_status_for(rc);
+        if (cx_db_exec(cx->db, &q_run_status, p, NULL))
+            cx_log_warn(0, "could not fail run %s", run_id);
+    } else {
+        rc = run_in_session(cx, who, req, &in, run_id, status, out, msg, msglen);
+    }
+    free(in.v);
     return rc;
 }
 
@@ -870,9 +1078,17 @@ cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_r
 {
     char run_id[37], len_s[24], sha[65];
     const char *p[8] = {run_id, who->user, req->conversation_id, who->key_id, len_s, sha};
+    struct inputs in;
     enum cx_err rc;
 
     *out = NULL;
+    /* Inputs are checked first: a foreign one is a 404 and nothing runs. */
+    rc = load_inputs(cx, who->user, req, &in, msg, msglen);
+    free(in.v);
+    if (rc) {
+        *status = rc == CX_ERR_NOT_FOUND ? 404 : cx_http_status_for(rc);
+        return rc;
+    }
     cx_uuid_generate(run_id);
     snprintf(len_s, sizeof(len_s), "%zu", req->code_len);
     cx_sha256_hex(req->code, req->code_len, sha);
@@ -901,7 +1117,7 @@ cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_r
         snprintf(msg, msglen, "the database is unavailable");
         return rc;
     }
-    return run_in_session(cx, who, req, run_id, status, out, msg, msglen);
+    return run_with_inputs(cx, who, req, run_id, status, out, msg, msglen);
 }
 
 CX_SQL(q_pending_take, 2,
@@ -909,10 +1125,6 @@ CX_SQL(q_pending_take, 2,
        " (SELECT id FROM runs WHERE id = $1::uuid AND user_id = $2 AND status = 'pending_approval')"
        " RETURNING request, expires_at < now() AS expired)"
        " SELECT request::text, expired FROM p");
-CX_SQL(q_run_status, 2,
-       "UPDATE runs SET status = $2, started_at = CASE WHEN $2 = 'running'"
-       " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
-       " THEN now() ELSE finished_at END WHERE id = $1::uuid");
 
 /* Takes the pending request of a run (deleting it) and sets the run's new
  * status in one transaction. *request: new reference. */
@@ -990,7 +1202,7 @@ cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *ru
         *status = 400;
         return rc;
     }
-    rc = run_in_session(cx, who, &req, run_id, status, out, msg, msglen);
+    rc = run_with_inputs(cx, who, &req, run_id, status, out, msg, msglen);
     cx_run_request_cleanup(&req);
     return rc;
 }

@@ -30,7 +30,8 @@ CX_SQL(q_touch, 3,
        "UPDATE sessions SET last_used_at = now(),"
        " expires_at = greatest(expires_at, now() + make_interval(secs => $3::int))"
        " WHERE user_id = $1 AND conversation_id = $2"
-       " RETURNING id, coalesce(kernel_id, ''), workspace, kernel_fresh, gateway_url, " EXPIRES);
+       " RETURNING id, coalesce(kernel_id, ''), workspace, kernel_fresh, gateway_url, " EXPIRES
+       ", capture_rescan");
 /* Sessions with a kernel count toward the cap; an evicted one keeps its row
  * (without a kernel) so its next run can say session.reset. */
 CX_SQL(q_count, 1, "SELECT count(*) FROM sessions WHERE user_id = $1 AND kernel_id IS NOT NULL");
@@ -45,8 +46,9 @@ CX_SQL(q_insert, 5,
 CX_SQL(q_set_kernel, 3,
        "UPDATE sessions SET kernel_id = $2, gateway_url = $3, kernel_fresh = true"
        " WHERE id = $1::uuid");
-CX_SQL(q_release, 2,
-       "UPDATE sessions SET kernel_fresh = $2::boolean, last_used_at = now() WHERE id = $1::uuid");
+CX_SQL(q_release, 3,
+       "UPDATE sessions SET kernel_fresh = $2::boolean, capture_rescan = $3::boolean,"
+       " last_used_at = now() WHERE id = $1::uuid");
 CX_SQL(q_get, 2,
        "SELECT id, coalesce(kernel_id, ''), workspace FROM sessions"
        " WHERE user_id = $1 AND conversation_id = $2");
@@ -281,6 +283,7 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
     snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", PQgetvalue(r, 0, 1));
     snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 2));
     s->kernel_fresh = PQgetvalue(r, 0, 3)[0] == 't';
+    s->capture_rescan = PQgetvalue(r, 0, 6)[0] == 't';
     snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 5));
     got = strcmp(PQgetvalue(r, 0, 4), cx_gateway_url(cx->gw)) == 0;
     PQclear(r);
@@ -303,7 +306,8 @@ cx_session_release(struct cx_ctx *cx, struct cx_session *s)
     if (!s->locked)
         return;
     if (s->id[0]) {
-        const char *p[2] = {s->id, s->kernel_fresh ? "true" : "false"};
+        const char *p[3] = {s->id, s->kernel_fresh ? "true" : "false",
+                            s->capture_rescan ? "true" : "false"};
         if (cx_db_exec(cx->db, &q_release, p, NULL))
             cx_log_warn(0, "could not record the state of session %s", s->id);
     }

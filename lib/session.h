@@ -23,6 +23,7 @@ struct cx_session {
     bool created;      /* this acquire made the session */
     bool reset;        /* its kernel was replaced: state lost */
     bool kernel_fresh; /* codexec started or restarted the kernel itself */
+    bool capture_rescan; /* the next capture must not trust the last scan */
     bool locked;
 };
 

@@ -236,3 +236,44 @@ def test_round_trips_do_not_grow_with_the_workspace(ctx):
     eq(r["artifacts"], [], "nothing changed")
     eq(full, empty, "same round trips with 50 files of 64 KiB as with none")
     eq(empty, [1, 0, 0], "one pipelined batch, no REST call, no new WebSocket")
+
+
+def test_inputs_round_trip(ctx):
+    user = "a-inputs"
+    r = run(ctx, user, "c1", "import os\nos.makedirs('a', exist_ok=True); os.makedirs('b', exist_ok=True)\n"
+                             "open('a/seed.csv', 'w').write('x,y\\n1,2\\n')\n"
+                             "open('b/seed.csv', 'wb').write(bytes(range(256)) * 5000)")
+    ids = {a["path"]: a["artifact_id"] for a in r["artifacts"]}
+    r = run(ctx, user, "c1", "import hashlib\n"
+                             "print(open('inputs/seed.csv').read(), end='')\n"
+                             "print(hashlib.sha256(open('inputs/seed-2.csv', 'rb').read()).hexdigest())",
+            inputs=[ids["a/seed.csv"], ids["b/seed.csv"]])
+    eq(r["status"], "ok", f"status {r.get('error')}")
+    eq(r["inputs_loaded"], ["inputs/seed.csv", "inputs/seed-2.csv"], "staged paths, clash-free")
+    eq(r["stdout_tail"], "x,y\n1,2\n" + hashlib.sha256(bytes(range(256)) * 5000).hexdigest() + "\n",
+       "the bytes arrived whole (a multi-chunk input too)")
+    eq(r["artifacts"], [], "inputs/ is never captured")
+    missing = new_id()
+    body = expect_error(ctx.post("/v1/runs", {"conversation_id": "c1", "code": "1",
+                                              "inputs": [missing]}, key=ctx.key(user)),
+                        404, "input_not_found")
+    eq(body["error"]["message"], f"input artifact {missing} not found in this conversation",
+       "the message names it")
+    # another conversation of the same user, and another user: both foreign
+    expect_error(ctx.post("/v1/runs", {"conversation_id": "c2", "code": "1",
+                                       "inputs": [ids["a/seed.csv"]]}, key=ctx.key(user)),
+                 404, "input_not_found")
+    expect_error(ctx.post("/v1/runs", {"conversation_id": "c1", "code": "1",
+                                       "inputs": [ids["a/seed.csv"]]}, key=ctx.key("a-thief")),
+                 404, "input_not_found")
+    eq(ctx.psql("SELECT count(*) FROM runs WHERE user_id = 'a-thief'"), "0", "nothing ran")
+
+
+def test_timeout_captures_nothing_and_loses_nothing(ctx):
+    user = "a-timeout"
+    r = run(ctx, user, "c1", "import time\nopen('partial.txt', 'w').write('p')\ntime.sleep(30)",
+            timeout=1)
+    eq(r["error_name"], "TimeoutError", "timed out")
+    eq(r["artifacts"], [], "a timed-out run captures nothing")
+    r = run(ctx, user, "c1", "x = 1")
+    eq([a["path"] for a in r["artifacts"]], ["partial.txt"], "the next run picks it up")
