@@ -226,3 +226,28 @@ cx_h_artifacts_delete(struct cx_req *r)
     else
         cx_req_send_lib_error(r, rc);
 }
+
+void
+cx_h_artifacts_upload(struct cx_req *r)
+{
+    char msg[200] = "";
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    rc = cx_artifact_upload(r->w, r->who.user, r->query, cx_req_param(r, "CONTENT_TYPE"),
+                            cx_req_param(r, "CONTENT_LENGTH"), cx_req_read, r->fr->in, &out, msg,
+                            sizeof(msg));
+    if (rc == CX_OK)
+        cx_req_send_json(r, 201, out);
+    else if (rc == CX_ERR_INVALID)
+        cx_req_send_error(r, 400, "invalid_request", msg);
+    else if (rc == CX_ERR_TOO_LARGE)
+        cx_req_send_error(r, 413, "payload_too_large", msg);
+    else if (rc == CX_ERR_QUOTA)
+        cx_req_send_error(r, 429, "quota_exceeded", msg);
+    else
+        cx_req_send_lib_error(r, rc);
+    json_decref(out);
+}

@@ -104,8 +104,8 @@ cx_req_send_lib_error(struct cx_req *r, enum cx_err err)
     }
 }
 
-static ssize_t
-fcgi_read(void *ctx, void *buf, size_t n)
+ssize_t
+cx_req_read(void *ctx, void *buf, size_t n)
 {
     FCGX_Stream *in = ctx;
     int chunk = n > (1 << 30) ? (1 << 30) : (int)n;
@@ -128,7 +128,7 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
                           "the request body must be application/json");
         return NULL;
     }
-    rc = cx_http_read_body(fcgi_read, r->fr->in, cx_req_param(r, "CONTENT_LENGTH"), max, &body,
+    rc = cx_http_read_body(cx_req_read, r->fr->in, cx_req_param(r, "CONTENT_LENGTH"), max, &body,
                            &len);
     if (rc == CX_ERR_TOO_LARGE) {
         snprintf(msg, sizeof(msg), "the request body exceeds %llu bytes", (unsigned long long)max);

@@ -48,6 +48,9 @@ void cx_req_send_lib_error(struct cx_req *r, enum cx_err err);
  * error response has been sent and NULL is returned. */
 json_t *cx_req_json_body(struct cx_req *r, uint64_t max);
 
+/* Reads request body bytes; ctx is r->fr->in. */
+ssize_t cx_req_read(void *ctx, void *buf, size_t n);
+
 /* Authenticates; on failure sends 401 (or 503) and returns false. */
 bool cx_req_authenticate(struct cx_req *r);
 

@@ -1,13 +1,17 @@
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "artifact.h"
 #include "capture.h"
 #include "config.h"
 #include "db.h"
+#include "http.h"
 #include "log.h"
 #include "mime.h"
+#include "run.h"
 #include "storage.h"
 #include "util.h"
 
@@ -65,8 +69,9 @@ cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid,
         return CX_OK;
     p = calloc(n, sizeof(*p));
     {
-        json_t *pb = json_pack("{s:s,s:s,s:s}", "tool", "code_executor", "action", "run_code",
-                               "run_id", run_id);
+        json_t *pb = run_id ? json_pack("{s:s,s:s,s:s}", "tool", "code_executor", "action",
+                                        "run_code", "run_id", run_id)
+                            : json_pack("{s:s,s:s}", "tool", "upload", "action", "upload_artifact");
         produced = pb ? json_dumps(pb, JSON_COMPACT) : NULL;
         json_decref(pb);
     }
@@ -163,7 +168,8 @@ cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid,
                       p[i].f->mime, "kind", cx_mime_kind(p[i].f->mime), "size",
                       (json_int_t)p[i].f->size, "sha256", p[i].f->sha256, "download_url", url));
     }
-    cx_log_info("run %s: %zu artifact version(s) stored", run_id, np);
+    cx_log_info("%s %s: %zu artifact version(s) stored", run_id ? "run" : "upload",
+                run_id ? run_id : "-", np);
     goto out;
 fail:
     PQclear(r);
@@ -311,5 +317,230 @@ cx_artifact_delete(struct cx_ctx *cx, const char *user, const char *id)
             if (cx_storage_remove(cx->cfg->storage_dir, PQgetvalue(r, i, 0)))
                 cx_log_warn(0, "could not remove a deleted version of %s; fsck will", id);
     PQclear(r);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Uploads                                                                   */
+
+#define UPLOAD_READ 65536
+
+struct upload {
+    const struct cx_config *cfg;
+    struct cx_storage_writer *w;
+    char filename[1024];
+    char cid[CX_CONVERSATION_MAX + 2];
+    unsigned char head[65536];
+    size_t head_len;
+    enum { PART_NONE, PART_FILE, PART_CID, PART_OTHER } part;
+    size_t field_len;
+    bool have_file;
+    enum cx_err why; /* the cause of a callback failure */
+};
+
+static enum cx_err
+file_bytes(struct upload *u, const char *data, size_t len)
+{
+    if (u->head_len < sizeof(u->head)) {
+        size_t n = len < sizeof(u->head) - u->head_len ? len : sizeof(u->head) - u->head_len;
+        memcpy(u->head + u->head_len, data, n);
+        u->head_len += n;
+    }
+    if (cx_storage_writer_size(u->w) + len > u->cfg->max_artifact_bytes) {
+        u->why = CX_ERR_TOO_LARGE;
+        return CX_ERR_TOO_LARGE;
+    }
+    return cx_storage_writer_write(u->w, data, len);
+}
+
+static enum cx_err
+mp_begin(void *ctx, const char *name, const char *filename)
+{
+    struct upload *u = ctx;
+
+    u->field_len = 0;
+    if (!strcmp(name, "file") && filename) {
+        if (u->have_file) {
+            u->why = CX_ERR_INVALID;
+            return CX_ERR_INVALID; /* one file per request */
+        }
+        u->have_file = true;
+        snprintf(u->filename, sizeof(u->filename), "%s", filename);
+        u->part = PART_FILE;
+        return cx_storage_writer_new(u->cfg->storage_dir, &u->w);
+    }
+    u->part = !strcmp(name, "conversation_id") ? PART_CID : PART_OTHER;
+    if (u->part == PART_CID)
+        u->cid[0] = '\0';
+    return CX_OK;
+}
+
+static enum cx_err
+mp_data(void *ctx, const char *data, size_t len)
+{
+    struct upload *u = ctx;
+
+    switch (u->part) {
+    case PART_FILE: return file_bytes(u, data, len);
+    case PART_CID:
+        if (u->field_len + len >= sizeof(u->cid)) {
+            u->why = CX_ERR_INVALID;
+            return CX_ERR_INVALID;
+        }
+        memcpy(u->cid + u->field_len, data, len);
+        u->field_len += len;
+        u->cid[u->field_len] = '\0';
+        return CX_OK;
+    case PART_OTHER:
+        u->field_len += len; /* ignored fields stay small */
+        return u->field_len > 65536 ? CX_ERR_INVALID : CX_OK;
+    default: return CX_OK;
+    }
+}
+
+static enum cx_err
+mp_end(void *ctx)
+{
+    ((struct upload *)ctx)->part = PART_NONE;
+    return CX_OK;
+}
+
+CX_SQL(q_by_path, 3,
+       "SELECT " ARTIFACT_COLS " FROM artifacts a JOIN artifact_versions v"
+       " ON v.artifact_id = a.id AND v.version = a.current_version"
+       " WHERE a.user_id = $1 AND a.conversation_id = $2 AND a.path = $3 AND a.deleted_at IS NULL");
+
+enum cx_err
+cx_artifact_upload(struct cx_ctx *cx, const char *user, const char *query, const char *ctype,
+                   const char *content_length, ssize_t (*read_fn)(void *, void *, size_t),
+                   void *read_ctx, json_t **out, char *msg, size_t msglen)
+{
+    struct upload *u = calloc(1, sizeof(*u));
+    struct cx_multipart *mp = NULL;
+    struct cx_capture *cap = NULL;
+    char boundary[80], *buf = malloc(UPLOAD_READ), safe[256], sha[65], mime[128];
+    uint64_t total = 0, got = 0, size = 0;
+    json_t *arr = NULL;
+    enum cx_err rc = CX_OK;
+
+    *out = NULL;
+    if (!u || !buf) {
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
+    u->cfg = cx->cfg;
+    if (!content_length || cx_http_content_length(content_length, &total)) {
+        snprintf(msg, msglen, "Content-Length is required");
+        rc = CX_ERR_INVALID;
+        goto out;
+    }
+    if (total > cx->cfg->max_body_bytes) {
+        snprintf(msg, msglen, "the request body exceeds %llu bytes",
+                 (unsigned long long)cx->cfg->max_body_bytes);
+        rc = CX_ERR_TOO_LARGE;
+        goto out;
+    }
+    if (cx_http_multipart_boundary(ctype, boundary, sizeof(boundary)) == CX_OK) {
+        static const struct cx_multipart_cb cb = {mp_begin, mp_data, mp_end};
+        rc = cx_http_multipart_new(boundary, &cb, u, &mp);
+        if (rc)
+            goto out;
+    } else if (ctype && !strncasecmp(ctype, "multipart/", 10)) {
+        snprintf(msg, msglen, "multipart bodies must be multipart/form-data with a boundary");
+        rc = CX_ERR_INVALID;
+        goto out;
+    } else {
+        if (cx_http_query_get(query, "conversation_id", u->cid, sizeof(u->cid)) ||
+            cx_http_query_get(query, "filename", u->filename, sizeof(u->filename))) {
+            snprintf(msg, msglen, "conversation_id and filename are required in the query");
+            rc = CX_ERR_INVALID;
+            goto out;
+        }
+        u->have_file = true;
+        u->part = PART_FILE;
+        rc = cx_storage_writer_new(cx->cfg->storage_dir, &u->w);
+        if (rc)
+            goto out;
+    }
+    /* Stream: nothing larger than one read is ever held. */
+    while (got < total) {
+        size_t want = total - got < UPLOAD_READ ? (size_t)(total - got) : UPLOAD_READ;
+        ssize_t n = read_fn(read_ctx, buf, want);
+        if (n <= 0) {
+            snprintf(msg, msglen, "the request body ended early");
+            rc = CX_ERR_INVALID;
+            goto out;
+        }
+        got += (uint64_t)n;
+        rc = mp ? cx_http_multipart_feed(mp, buf, (size_t)n) : file_bytes(u, buf, (size_t)n);
+        if (rc) {
+            if (u->why)
+                rc = u->why;
+            snprintf(msg, msglen,
+                     rc == CX_ERR_TOO_LARGE ? "the file exceeds max_artifact_bytes"
+                                            : "malformed multipart body");
+            goto out;
+        }
+    }
+    if (mp && cx_http_multipart_finish(mp)) {
+        snprintf(msg, msglen, "malformed multipart body (no closing boundary)");
+        rc = CX_ERR_INVALID;
+        goto out;
+    }
+    if (!u->have_file || !u->w) {
+        snprintf(msg, msglen, "a file part named \"file\" with a filename is required");
+        rc = CX_ERR_INVALID;
+        goto out;
+    }
+    if (!cx_run_conversation_id_valid(u->cid)) {
+        snprintf(msg, msglen, "conversation_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+        rc = CX_ERR_INVALID;
+        goto out;
+    }
+    cx_storage_safe_filename(u->filename, strlen(u->filename), safe);
+    rc = cx_storage_writer_finish(u->w, &size, sha);
+    if (rc)
+        goto out;
+    if (cx_mime_detect(u->head, u->head_len, safe, mime, sizeof(mime)))
+        snprintf(mime, sizeof(mime), "application/octet-stream");
+    rc = cx_capture_new(cx->cfg, &cap);
+    if (rc)
+        goto out;
+    cx_capture_add_file(cap, safe, u->w, size, sha, mime);
+    u->w = NULL;
+    arr = json_array();
+    rc = cx_artifact_commit_capture(cx, user, u->cid, NULL, cap, arr);
+    if (rc)
+        goto out;
+    if (json_array_size(cx_capture_skipped(cap))) {
+        snprintf(msg, msglen, "the user's artifact quota is exhausted");
+        rc = CX_ERR_QUOTA;
+        goto out;
+    }
+    if (json_array_size(arr)) {
+        *out = json_incref(json_array_get(arr, 0));
+    } else {
+        /* The same bytes as the current version: that version it is. */
+        const char *p[3] = {user, u->cid, safe};
+        PGresult *r = NULL;
+        rc = cx_db_exec(cx->db, &q_by_path, p, &r);
+        if (rc == CX_OK && PQntuples(r) == 1) {
+            *out = artifact_json(r, 0);
+            json_object_set_new(
+                *out, "version",
+                json_integer(json_integer_value(json_object_get(*out, "current_version"))));
+        } else if (rc == CX_OK) {
+            rc = CX_ERR_INTERNAL;
+        }
+        PQclear(r);
+    }
+out:
+    if (u)
+        cx_storage_writer_abort(u->w);
+    cx_http_multipart_free(mp);
+    cx_capture_free(cap);
+    json_decref(arr);
+    free(buf);
+    free(u);
     return rc;
 }

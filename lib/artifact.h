@@ -3,6 +3,7 @@
 #define CX_ARTIFACT_H
 
 #include <jansson.h>
+#include <sys/types.h>
 
 #include "ctx.h"
 #include "err.h"
@@ -15,10 +16,20 @@ struct cx_capture;
  * the transaction (a file over quota goes to the capture's skipped list as
  * "quota_exceeded"). Order: rows inserted, files renamed into place and
  * synced, then COMMIT; a failed commit removes the files again. Appends the
- * payload entries to artifacts (an array). */
+ * payload entries to artifacts (an array). run_id NULL: an upload. */
 enum cx_err cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid,
                                        const char *run_id, struct cx_capture *cap,
                                        json_t *artifacts) CX_MUSTCHECK;
+
+/* POST /v1/artifacts: streams body bytes (raw, or the "file" part of a
+ * multipart/form-data body) into storage, never holding them whole, then
+ * stores them like a captured file. Query parameters conversation_id and
+ * filename (raw) or form fields (multipart). *out: the artifact entry.
+ * CX_ERR_INVALID/TOO_LARGE/QUOTA with msg for the client. */
+enum cx_err cx_artifact_upload(struct cx_ctx *cx, const char *user, const char *query,
+                               const char *content_type, const char *content_length,
+                               ssize_t (*read_fn)(void *, void *, size_t), void *read_ctx,
+                               json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
 
 /* GET /v1/artifacts?conversation_id=: *out = {"artifacts": [...]}. */
 enum cx_err cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid,

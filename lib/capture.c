@@ -88,10 +88,9 @@ cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *
      * kernels that share a /tmp apart. */
     snprintf(state, sizeof(state), "/tmp/.codexec/%s.json", kernel_id);
     return json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s}}", "codexec_capture", "state", state,
-                     "rescan", rescan,
-                     "max_files", (json_int_t)cfg->max_captured_files, "max_bytes",
-                     (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK, "outputs",
-                     outputs, "src", cx_capture_helper_py);
+                     "rescan", rescan, "max_files", (json_int_t)cfg->max_captured_files,
+                     "max_bytes", (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK,
+                     "outputs", outputs, "src", cx_capture_helper_py);
 }
 
 void
@@ -290,6 +289,24 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
     if (!keep(c, &f)) {
         cx_storage_writer_abort(f.w);
         cx_capture_skip(c, f.path, "internal_error");
+    }
+}
+
+void
+cx_capture_add_file(struct cx_capture *c, const char *path, struct cx_storage_writer *w,
+                    uint64_t size, const char sha256[65], const char *mime)
+{
+    struct cx_captured f;
+
+    memset(&f, 0, sizeof(f));
+    snprintf(f.path, sizeof(f.path), "%s", path);
+    snprintf(f.sha256, sizeof(f.sha256), "%s", sha256);
+    snprintf(f.mime, sizeof(f.mime), "%s", mime);
+    f.size = size;
+    f.w = w;
+    if (!keep(c, &f)) {
+        cx_storage_writer_abort(w);
+        cx_capture_skip(c, path, "internal_error");
     }
 }
 

@@ -47,6 +47,10 @@ void cx_capture_on_message(struct cx_capture *c, json_t *msg);
  * output-<n>.<ext>. data: the decoded bytes. */
 void cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, size_t len);
 
+/* Adds a finished writer as a captured file (takes w). */
+void cx_capture_add_file(struct cx_capture *c, const char *path, struct cx_storage_writer *w,
+                         uint64_t size, const char sha256[65], const char *mime);
+
 /* Files received whole and verified. */
 size_t cx_capture_count(const struct cx_capture *c);
 struct cx_captured *cx_capture_file(struct cx_capture *c, size_t i);

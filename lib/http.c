@@ -1,4 +1,7 @@
 #include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <strings.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,4 +194,232 @@ cx_http_query_get(const char *query, const char *name, char *out, size_t outlen)
         p = amp ? amp + 1 : NULL;
     }
     return CX_ERR_NOT_FOUND;
+}
+
+/* ------------------------------------------------------------------------ */
+/* multipart/form-data                                                       */
+
+enum mp_state { MP_PREAMBLE, MP_AFTER_DELIM, MP_HEADERS, MP_BODY, MP_END };
+
+#define MP_MAX_HEADERS 8192
+
+struct cx_multipart {
+    struct cx_multipart_cb cb;
+    void *ctx;
+    enum mp_state state;
+    char delim[80]; /* "\r\n--" boundary */
+    size_t dlen;
+    char *buf;
+    size_t len, cap;
+};
+
+enum cx_err
+cx_http_multipart_boundary(const char *ct, char *out, size_t outlen)
+{
+    const char *b;
+    size_t n;
+
+    if (!ct || strncasecmp(ct, "multipart/form-data", 19) != 0)
+        return CX_ERR_INVALID;
+    b = strcasestr(ct, "boundary=");
+    if (!b)
+        return CX_ERR_INVALID;
+    b += 9;
+    if (*b == '"') {
+        b++;
+        n = strcspn(b, "\"");
+    } else {
+        n = strcspn(b, "; \t");
+    }
+    if (n == 0 || n > 70 || n >= outlen) /* RFC 2046: 1..70 characters */
+        return CX_ERR_INVALID;
+    memcpy(out, b, n);
+    out[n] = '\0';
+    return CX_OK;
+}
+
+enum cx_err
+cx_http_multipart_new(const char *boundary, const struct cx_multipart_cb *cb, void *ctx,
+                      struct cx_multipart **out)
+{
+    struct cx_multipart *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return CX_ERR_NOMEM;
+    m->cb = *cb;
+    m->ctx = ctx;
+    m->dlen = (size_t)snprintf(m->delim, sizeof(m->delim), "\r\n--%s", boundary);
+    m->cap = 65536 + MP_MAX_HEADERS;
+    m->buf = malloc(m->cap);
+    if (!m->buf || m->dlen >= sizeof(m->delim)) {
+        cx_http_multipart_free(m);
+        return CX_ERR_NOMEM;
+    }
+    /* The first delimiter may open the body without the CRLF: pretend it. */
+    m->buf[0] = '\r';
+    m->buf[1] = '\n';
+    m->len = 2;
+    *out = m;
+    return CX_OK;
+}
+
+void
+cx_http_multipart_free(struct cx_multipart *m)
+{
+    if (!m)
+        return;
+    free(m->buf);
+    free(m);
+}
+
+static void
+consume(struct cx_multipart *m, size_t n)
+{
+    memmove(m->buf, m->buf + n, m->len - n);
+    m->len -= n;
+}
+
+/* Copies a parameter value (quoted or token) of a header into out. */
+static bool
+header_param(const char *h, const char *name, char *out, size_t outlen)
+{
+    size_t nl = strlen(name), o = 0;
+    const char *p = h;
+
+    while ((p = strcasestr(p, name))) {
+        if ((p == h || p[-1] == ' ' || p[-1] == ';' || p[-1] == '\t') && p[nl] == '=')
+            break;
+        p += nl;
+    }
+    if (!p)
+        return false;
+    p += nl + 1;
+    if (*p == '"') {
+        for (p++; *p && *p != '"' && *p != '\r'; p++) {
+            if (*p == '\\' && p[1])
+                p++;
+            if (o + 1 < outlen)
+                out[o++] = *p;
+        }
+    } else {
+        for (; *p && *p != ';' && *p != '\r' && *p != ' '; p++)
+            if (o + 1 < outlen)
+                out[o++] = *p;
+    }
+    out[o] = '\0';
+    return true;
+}
+
+static enum cx_err
+part_headers(struct cx_multipart *m, char *head)
+{
+    char name[256] = "", filename[1024];
+    bool has_file = false;
+    char *line = head;
+
+    while (line && *line) {
+        char *next = strstr(line, "\r\n");
+        if (next)
+            *next = '\0';
+        if (strncasecmp(line, "Content-Disposition:", 20) == 0) {
+            if (!header_param(line, "name", name, sizeof(name)))
+                return CX_ERR_INVALID;
+            has_file = header_param(line, "filename", filename, sizeof(filename));
+        }
+        line = next ? next + 2 : NULL;
+    }
+    if (!name[0])
+        return CX_ERR_INVALID;
+    return m->cb.begin(m->ctx, name, has_file ? filename : NULL);
+}
+
+static enum cx_err
+mp_run(struct cx_multipart *m)
+{
+    enum cx_err rc;
+
+    for (;;) {
+        switch (m->state) {
+        case MP_PREAMBLE:
+        case MP_BODY: {
+            char *hit = memmem(m->buf, m->len, m->delim, m->dlen);
+            size_t safe;
+            if (hit) {
+                size_t n = (size_t)(hit - m->buf);
+                if (m->state == MP_BODY && n && (rc = m->cb.data(m->ctx, m->buf, n)))
+                    return rc;
+                if (m->state == MP_BODY && (rc = m->cb.end(m->ctx)))
+                    return rc;
+                consume(m, n + m->dlen);
+                m->state = MP_AFTER_DELIM;
+                continue;
+            }
+            /* Keep what could be the start of a delimiter. */
+            safe = m->len >= m->dlen ? m->len - (m->dlen - 1) : 0;
+            if (safe && m->state == MP_BODY && (rc = m->cb.data(m->ctx, m->buf, safe)))
+                return rc;
+            consume(m, safe);
+            return CX_OK;
+        }
+        case MP_AFTER_DELIM:
+            if (m->len < 2)
+                return CX_OK;
+            if (m->buf[0] == '-' && m->buf[1] == '-') {
+                m->state = MP_END;
+                m->len = 0;
+                return CX_OK;
+            }
+            if (m->buf[0] != '\r' || m->buf[1] != '\n')
+                return CX_ERR_INVALID;
+            consume(m, 2);
+            m->state = MP_HEADERS;
+            continue;
+        case MP_HEADERS: {
+            char *end = memmem(m->buf, m->len, "\r\n\r\n", 4);
+            size_t n;
+            if (!end) {
+                if (m->len > MP_MAX_HEADERS)
+                    return CX_ERR_INVALID;
+                return CX_OK;
+            }
+            n = (size_t)(end - m->buf);
+            if (memchr(m->buf, '\0', n))
+                return CX_ERR_INVALID;
+            m->buf[n + 2] = '\0';
+            rc = part_headers(m, m->buf);
+            if (rc)
+                return rc;
+            consume(m, n + 4);
+            m->state = MP_BODY;
+            continue;
+        }
+        case MP_END: m->len = 0; return CX_OK;
+        }
+    }
+}
+
+enum cx_err
+cx_http_multipart_feed(struct cx_multipart *m, const char *data, size_t len)
+{
+    while (len > 0) {
+        size_t room = m->cap - m->len, n = len < room ? len : room;
+        enum cx_err rc;
+
+        if (n == 0)
+            return CX_ERR_INVALID; /* a header block that never ends */
+        memcpy(m->buf + m->len, data, n);
+        m->len += n;
+        data += n;
+        len -= n;
+        rc = mp_run(m);
+        if (rc)
+            return rc;
+    }
+    return CX_OK;
+}
+
+enum cx_err
+cx_http_multipart_finish(struct cx_multipart *m)
+{
+    return m->state == MP_END ? CX_OK : CX_ERR_INVALID;
 }

@@ -44,4 +44,26 @@ enum cx_err cx_http_parse_json_object(const char *body, size_t len, json_t **out
 enum cx_err cx_http_query_get(const char *query, const char *name, char *out,
                               size_t outlen) CX_MUSTCHECK;
 
+/* A streaming multipart/form-data parser: bytes in, callbacks out; memory
+ * bounded by a part's header block (8 KiB), not by the body. */
+struct cx_multipart;
+struct cx_multipart_cb {
+    /* a part begins; filename NULL when the part has none */
+    enum cx_err (*begin)(void *ctx, const char *name, const char *filename);
+    enum cx_err (*data)(void *ctx, const char *data, size_t len);
+    enum cx_err (*end)(void *ctx);
+};
+
+/* The boundary parameter of a multipart/form-data Content-Type. */
+enum cx_err cx_http_multipart_boundary(const char *content_type, char *out,
+                                       size_t outlen) CX_MUSTCHECK;
+enum cx_err cx_http_multipart_new(const char *boundary, const struct cx_multipart_cb *cb, void *ctx,
+                                  struct cx_multipart **out) CX_MUSTCHECK;
+/* CX_ERR_INVALID for a malformed body; callback errors are passed on. */
+enum cx_err cx_http_multipart_feed(struct cx_multipart *m, const char *data,
+                                   size_t len) CX_MUSTCHECK;
+/* CX_OK only when the closing boundary was seen. */
+enum cx_err cx_http_multipart_finish(struct cx_multipart *m) CX_MUSTCHECK;
+void cx_http_multipart_free(struct cx_multipart *m);
+
 #endif

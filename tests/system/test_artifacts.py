@@ -277,3 +277,55 @@ def test_timeout_captures_nothing_and_loses_nothing(ctx):
     eq(r["artifacts"], [], "a timed-out run captures nothing")
     r = run(ctx, user, "c1", "x = 1")
     eq([a["path"] for a in r["artifacts"]], ["partial.txt"], "the next run picks it up")
+
+
+def test_upload_raw_and_multipart(ctx):
+    user = "a-upload"
+    key = ctx.key(user)
+    data = bytes(range(256)) * 1000
+    r = ctx.post("/v1/artifacts?conversation_id=c1&filename=..%2F..%2Fseed%0D%0A.bin", data, key=key,
+                 headers={"Content-Type": "application/octet-stream"})
+    eq(r.status, 201, f"raw upload {r!r}")
+    a = r.json()
+    eq(a["filename"], "seed.bin", "hostile name sanitised")
+    eq(a["size"], len(data), "size")
+    eq(a["sha256"], hashlib.sha256(data).hexdigest(), "sha256")
+    eq(stored_bytes(ctx, user, a), data, "bytes stored")
+    eq(ctx.get(f"/v1/artifacts/{a['artifact_id']}", key=key).json()["versions"][0]["produced_by"],
+       {"tool": "upload", "action": "upload_artifact"}, "produced_by")
+    # a browser form
+    boundary = "----codexecFormBoundary7MA4YWxkTrZu0gW"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"conversation_id\"\r\n\r\nc1\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"r\u00e9sum\u00e9.csv\"\r\nContent-Type: text/csv\r\n\r\n").encode()
+    content = b"a,b\r\n1,2\r\n" + b"--" + boundary[:10].encode() + b"\r\n"  # boundary-like bytes inside
+    body += content + f"\r\n--{boundary}--\r\n".encode()
+    r = ctx.post("/v1/artifacts", body, key=key,
+                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    eq(r.status, 201, f"multipart upload {r!r}")
+    m = r.json()
+    eq(m["filename"], "r\u00e9sum\u00e9.csv", "non-ASCII name kept")
+    eq(m["mime_type"], "text/csv", "MIME")
+    eq(stored_bytes(ctx, user, m), content, "exact bytes, boundary-like content intact")
+    # the uploaded file is an input for a run in that conversation
+    rr = run(ctx, user, "c1", "print(open('inputs/r\u00e9sum\u00e9.csv', 'rb').read() == "
+                              + repr(content) + ")", inputs=[m["artifact_id"]])
+    eq(rr["stdout_tail"], "True\n", "input round trip")
+    # hostile bodies
+    bad = [
+        (b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nabc", "x"),
+        (b"no boundary at all", "x"),
+        (b"--x\r\n" + b"A" * 20000, "x"),
+    ]
+    for b, bd in bad:
+        expect_error(ctx.post("/v1/artifacts", b, key=key,
+                              headers={"Content-Type": f"multipart/form-data; boundary={bd}"}),
+                     400, "invalid_request")
+    expect_error(ctx.post("/v1/artifacts?filename=a", b"x", key=key,
+                          headers={"Content-Type": "application/octet-stream"}), 400)
+    expect_error(ctx.post("/v1/artifacts?conversation_id=a%20b&filename=a", b"x", key=key,
+                          headers={"Content-Type": "application/octet-stream"}), 400)
+    expect_error(ctx.post("/v1/artifacts?conversation_id=c1&filename=a", b"x",
+                          headers={"Content-Type": "application/octet-stream"}), 401)
+    expect_error(ctx.post("/v1/artifacts?conversation_id=c1&filename=big", b"z" * (3 << 20), key=key,
+                          headers={"Content-Type": "application/octet-stream"}), 413)
