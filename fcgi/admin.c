@@ -6,21 +6,33 @@
 #include <string.h>
 #include <sodium.h>
 
+#include "../lib/artifact.h"
 #include "../lib/auth.h"
 #include "../lib/config.h"
+#include "../lib/ctx.h"
 #include "../lib/db.h"
+#include "../lib/gateway.h"
 #include "../lib/log.h"
+#include "../lib/run.h"
+#include "../lib/session.h"
 
 static void
 usage(FILE *f)
 {
-    fprintf(f, "usage: codexec-admin [--config FILE] COMMAND\n"
-               "  migrate                         apply database migrations\n"
-               "  secret init                     create the server secret file if missing\n"
-               "  key create --user NAME [--label L] [--require-approval]\n"
-               "                                  create an API key; prints only the key\n"
-               "  key revoke ID                   revoke a key by id\n"
-               "  key list [--user NAME]          list keys (never the keys themselves)\n");
+    fprintf(
+        f,
+        "usage: codexec-admin [--config FILE] COMMAND\n"
+        "  migrate                         apply database migrations\n"
+        "  secret init                     create the server secret file if missing\n"
+        "  key create --user NAME [--label L] [--require-approval]\n"
+        "                                  create an API key; prints only the key\n"
+        "  key revoke ID                   revoke a key by id\n"
+        "  key list [--user NAME]          list keys (never the keys themselves)\n"
+        "  fsck [--repair]                 check storage against the database\n"
+        "  gc                              close expired sessions, expire runs, drop tombstones\n"
+        "  sessions list [--user NAME]     list sandbox sessions\n"
+        "  sessions close --user NAME --conversation ID\n"
+        "                                  close one session (kernel and workspace)\n");
 }
 
 static int
@@ -119,12 +131,93 @@ cmd_key_list(struct cx_db *db, int argc, char **argv)
     return 0;
 }
 
+static int
+cmd_fsck(struct cx_ctx *cx, int argc, char **argv)
+{
+    bool repair = argc == 2 && !strcmp(argv[1], "--repair");
+    int problems = 0;
+
+    if (argc > 2 || (argc == 2 && !repair)) {
+        usage(stderr);
+        return 2;
+    }
+    if (cx_artifact_fsck(cx, repair, stdout, &problems)) {
+        fprintf(stderr, "codexec-admin: fsck failed\n");
+        return 1;
+    }
+    printf("%d problem(s)%s\n", problems, repair ? " left after repair" : "");
+    return problems ? 1 : 0;
+}
+
+static int
+cmd_gc(struct cx_ctx *cx)
+{
+    int sessions = 0, n, runs, tombs = 0;
+
+    while ((n = cx_session_reap(cx, 64)) > 0)
+        sessions += n;
+    runs = cx_run_expire(cx);
+    if (n < 0 || runs < 0 || cx_artifact_gc(cx, &tombs)) {
+        fprintf(stderr, "codexec-admin: gc failed\n");
+        return 1;
+    }
+    printf("closed %d expired session(s), expired %d run(s), removed %d deleted artifact(s)\n",
+           sessions, runs, tombs);
+    return 0;
+}
+
+CX_SQL(q_sessions, 1,
+       "SELECT id, user_id, conversation_id, coalesce(kernel_id, '-'), workspace,"
+       " to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
+       " to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+       " FROM sessions WHERE $1::text IS NULL OR user_id = $1 ORDER BY last_used_at DESC");
+
+static int
+cmd_sessions(struct cx_ctx *cx, int argc, char **argv)
+{
+    if (argc >= 1 && !strcmp(argv[0], "list")) {
+        const char *p[1] = {argc == 3 && !strcmp(argv[1], "--user") ? argv[2] : NULL};
+        PGresult *r = NULL;
+
+        if (argc != 1 && !p[0]) {
+            usage(stderr);
+            return 2;
+        }
+        if (cx_db_exec(cx->db, &q_sessions, p, &r)) {
+            fprintf(stderr, "codexec-admin: sessions list failed\n");
+            return 1;
+        }
+        printf("id\tuser\tconversation\tkernel\tworkspace\tlast_used\texpires\n");
+        for (int i = 0; i < PQntuples(r); i++)
+            printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
+                   PQgetvalue(r, i, 2), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4),
+                   PQgetvalue(r, i, 5), PQgetvalue(r, i, 6));
+        PQclear(r);
+        return 0;
+    }
+    if (argc == 5 && !strcmp(argv[0], "close") && !strcmp(argv[1], "--user") &&
+        !strcmp(argv[3], "--conversation")) {
+        enum cx_err rc = cx_session_close(cx, argv[2], argv[4]);
+        if (rc == CX_OK)
+            return 0;
+        fprintf(stderr, "codexec-admin: %s\n",
+                rc == CX_ERR_NOT_FOUND  ? "no such session"
+                : rc == CX_ERR_CONFLICT ? "a run holds this conversation; retry later"
+                                        : cx_strerror(rc));
+        return 1;
+    }
+    usage(stderr);
+    return 2;
+}
+
 int
 main(int argc, char **argv)
 {
     const char *config_path = "/etc/codexec/codexec.conf";
     struct cx_config cfg;
     struct cx_db *db = NULL;
+    struct cx_gateway *gw = NULL;
+    struct cx_ctx cx = {0};
     char errbuf[512];
     int i = 1, status = 2;
 
@@ -162,10 +255,13 @@ main(int argc, char **argv)
         }
         goto out;
     }
-    if (cx_db_new(cfg.database, &db)) {
+    if (cx_db_new(cfg.database, &db) || cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &gw)) {
         status = 1;
         goto out;
     }
+    cx.cfg = &cfg;
+    cx.db = db;
+    cx.gw = gw;
     if (!strcmp(argv[i], "migrate") && i + 1 == argc)
         status = cmd_migrate(db);
     else if (!strcmp(argv[i], "key") && i + 1 < argc && !strcmp(argv[i + 1], "create"))
@@ -181,9 +277,16 @@ main(int argc, char **argv)
         status = rc ? 1 : 0;
     } else if (!strcmp(argv[i], "key") && i + 1 < argc && !strcmp(argv[i + 1], "list"))
         status = cmd_key_list(db, argc - i - 1, argv + i + 1);
+    else if (!strcmp(argv[i], "fsck"))
+        status = cmd_fsck(&cx, argc - i, argv + i);
+    else if (!strcmp(argv[i], "gc") && i + 1 == argc)
+        status = cmd_gc(&cx);
+    else if (!strcmp(argv[i], "sessions"))
+        status = cmd_sessions(&cx, argc - i - 1, argv + i + 1);
     else
         usage(stderr);
 out:
+    cx_gateway_free(gw);
     cx_db_free(db);
     cx_config_cleanup(&cfg);
     curl_global_cleanup();

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../lib/artifact.h"
 #include "../lib/auth.h"
 #include "../lib/config.h"
 #include "../lib/db.h"
@@ -263,6 +264,7 @@ main(int argc, char **argv)
     }
     if (cx_auth_new(cfg.secret_file, &auth))
         goto out;
+    cx_artifact_test_hooks();
     if (FCGX_Init() != 0) {
         cx_log_err(0, "FCGX_Init() failed");
         goto out;

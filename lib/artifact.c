@@ -1,8 +1,14 @@
+#include <dirent.h>
+#include <errno.h>
+#include <sodium.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "artifact.h"
 #include "capture.h"
@@ -37,6 +43,18 @@ CX_SQL(q_version, 8,
        "INSERT INTO artifact_versions (artifact_id, version, filename, mime_type, size, sha256,"
        " storage_key, produced_by) VALUES ($1::uuid, $2::int, $3, $4, $5::bigint, $6, $7,"
        " $8::jsonb)");
+
+static bool crash_before_commit;
+
+void
+cx_artifact_test_hooks(void)
+{
+    const char *v = getenv("CODEXEC_TEST_CRASH_BEFORE_COMMIT");
+
+    crash_before_commit = v && !strcmp(v, "1");
+    if (crash_before_commit)
+        cx_log_warn(0, "test hook: exiting before the next artifact COMMIT");
+}
 
 struct pending {
     struct cx_captured *f;
@@ -152,6 +170,8 @@ cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid,
             goto fail;
         p[i].renamed = true;
     }
+    if (crash_before_commit)
+        _exit(99); /* test hook: see cx_artifact_test_hooks() */
     rc = cx_db_commit(cx->db);
     if (rc) {
         remove_files(cx, p, np);
@@ -542,5 +562,177 @@ out:
     json_decref(arr);
     free(buf);
     free(u);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* fsck and gc                                                               */
+
+CX_SQL(q_key_known, 1, "SELECT 1 FROM artifact_versions WHERE storage_key = $1");
+CX_SQL(q_all_versions, 0,
+       "SELECT artifact_id, version, storage_key, size, sha256 FROM artifact_versions"
+       " ORDER BY artifact_id, version");
+
+static enum cx_err
+walk(struct cx_ctx *cx, const char *dir, size_t rootlen, bool repair, FILE *report, int *problems)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    enum cx_err rc = CX_OK;
+
+    if (!d)
+        return errno == ENOENT ? CX_OK : CX_ERR_IO;
+    while (rc == CX_OK && (e = readdir(d))) {
+        char path[4096 + 260];
+        struct stat st;
+
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (lstat(path, &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            rc = walk(cx, path, rootlen, repair, report, problems);
+            if (repair)
+                rmdir(path); /* empty ones only */
+            continue;
+        }
+        {
+            const char *key = path + rootlen + 1;
+            const char *p[1] = {key};
+            PGresult *r = NULL;
+            bool known;
+
+            rc = cx_db_exec(cx->db, &q_key_known, p, &r);
+            if (rc)
+                break;
+            known = PQntuples(r) == 1;
+            PQclear(r);
+            if (known)
+                continue;
+            if (repair && unlink(path) == 0) {
+                fprintf(report, "removed orphan file %s\n", key);
+            } else {
+                fprintf(report, "orphan file %s\n", key);
+                (*problems)++;
+            }
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+static void
+sweep_staging(const char *root, bool repair, FILE *report, int *problems)
+{
+    char dir[4096];
+    DIR *d;
+    struct dirent *e;
+    time_t now = time(NULL);
+
+    snprintf(dir, sizeof(dir), "%s/.staging", root);
+    d = opendir(dir);
+    if (!d)
+        return;
+    while ((e = readdir(d))) {
+        char path[4096 + 260];
+        struct stat st;
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (lstat(path, &st) != 0 || now - st.st_mtime < 3600)
+            continue; /* a write in progress */
+        if (repair && unlink(path) == 0) {
+            fprintf(report, "removed stale staging file .staging/%s\n", e->d_name);
+        } else {
+            fprintf(report, "stale staging file .staging/%s\n", e->d_name);
+            (*problems)++;
+        }
+    }
+    closedir(d);
+}
+
+static bool
+file_matches(const char *path, uint64_t size, const char *sha, const char **what)
+{
+    unsigned char buf[65536], h[crypto_hash_sha256_BYTES];
+    char hex[65];
+    crypto_hash_sha256_state s;
+    struct stat st;
+    FILE *f;
+    size_t n;
+
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+        *what = "missing file";
+        return false;
+    }
+    if ((uint64_t)st.st_size != size) {
+        *what = "size mismatch";
+        return false;
+    }
+    f = fopen(path, "rbe");
+    if (!f) {
+        *what = "unreadable file";
+        return false;
+    }
+    crypto_hash_sha256_init(&s);
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        crypto_hash_sha256_update(&s, buf, n);
+    fclose(f);
+    crypto_hash_sha256_final(&s, h);
+    sodium_bin2hex(hex, sizeof(hex), h, sizeof(h));
+    if (strcmp(hex, sha) != 0) {
+        *what = "sha256 mismatch";
+        return false;
+    }
+    return true;
+}
+
+enum cx_err
+cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report, int *problems)
+{
+    const char *root = cx->cfg->storage_dir;
+    char dir[4096];
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    *problems = 0;
+    snprintf(dir, sizeof(dir), "%s/artifacts", root);
+    rc = walk(cx, dir, strlen(root), repair, report, problems);
+    if (rc)
+        return rc;
+    sweep_staging(root, repair, report, problems);
+    rc = cx_db_exec(cx->db, &q_all_versions, NULL, &r);
+    if (rc)
+        return rc;
+    for (int i = 0; i < PQntuples(r); i++) {
+        char path[4096];
+        const char *what = NULL;
+
+        if (cx_storage_path(root, PQgetvalue(r, i, 2), path, sizeof(path)) ||
+            !file_matches(path, strtoull(PQgetvalue(r, i, 3), NULL, 10), PQgetvalue(r, i, 4),
+                          &what)) {
+            fprintf(report, "%s: artifact %s version %s\n", what ? what : "bad storage key",
+                    PQgetvalue(r, i, 0), PQgetvalue(r, i, 1));
+            (*problems)++;
+        }
+    }
+    PQclear(r);
+    return CX_OK;
+}
+
+CX_SQL(q_gc_tombstones, 0,
+       "DELETE FROM artifacts a WHERE deleted_at IS NOT NULL"
+       " AND NOT EXISTS (SELECT 1 FROM artifact_versions v WHERE v.artifact_id = a.id)");
+
+enum cx_err
+cx_artifact_gc(struct cx_ctx *cx, int *removed)
+{
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_gc_tombstones, NULL, &r);
+
+    *removed = rc ? 0 : (int)strtol(PQcmdTuples(r), NULL, 10);
+    PQclear(r);
     return rc;
 }

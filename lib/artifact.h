@@ -3,6 +3,8 @@
 #define CX_ARTIFACT_H
 
 #include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "ctx.h"
@@ -42,5 +44,20 @@ enum cx_err cx_artifact_get(struct cx_ctx *cx, const char *user, const char *id,
 
 /* DELETE /v1/artifacts/{id}: rows go in a transaction, bytes after it. */
 enum cx_err cx_artifact_delete(struct cx_ctx *cx, const char *user, const char *id) CX_MUSTCHECK;
+
+/* codexec-admin fsck: files without rows (and staging files older than an
+ * hour), rows without files, size or sha256 mismatches, one line each to
+ * report. With repair, files without rows are removed (rows are only ever
+ * reported: their bytes cannot be made up). *problems counts what remains. */
+enum cx_err cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report,
+                             int *problems) CX_MUSTCHECK;
+
+/* codexec-admin gc: removes tombstones of deleted artifacts. *removed counts. */
+enum cx_err cx_artifact_gc(struct cx_ctx *cx, int *removed) CX_MUSTCHECK;
+
+/* Test hook, a stand-in for a crash that cannot be produced on demand: when
+ * the environment has CODEXEC_TEST_CRASH_BEFORE_COMMIT=1, the process exits
+ * after renaming files into place and before COMMIT. */
+void cx_artifact_test_hooks(void);
 
 #endif

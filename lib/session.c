@@ -93,6 +93,62 @@ unlock_conversation(struct cx_ctx *cx, const char *user, const char *cid)
         cx_log_warn(0, "advisory unlock failed; the lock ends with the connection");
 }
 
+/* Empties the workspace through a kernel running in it: Jupyter Server's
+ * contents API refuses to delete a directory that is not empty. */
+static const char empty_cell[] = "exec('''\n"
+                                 "import os, shutil\n"
+                                 "root = __import__(\"IPython\").get_ipython().starting_dir\n"
+                                 "for e in os.scandir(root):\n"
+                                 "    try:\n"
+                                 "        if e.is_dir(follow_symlinks=False):\n"
+                                 "            shutil.rmtree(e.path, ignore_errors=True)\n"
+                                 "        else:\n"
+                                 "            os.unlink(e.path)\n"
+                                 "    except OSError:\n"
+                                 "        pass\n"
+                                 "''', {})\n";
+
+static enum cx_err
+empty_in(struct cx_ctx *cx, const char *kernel_id)
+{
+    struct cx_kernel_conn *c = NULL;
+    struct cx_exec e = {.code = empty_cell, .silent = true};
+    char msg[160];
+    enum cx_err rc;
+
+    rc = cx_kernel_conn_get(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kernel_id, &c, msg,
+                            sizeof(msg));
+    if (rc)
+        return rc;
+    rc = cx_kernel_execute(c, &e);
+    if (rc == CX_OK)
+        rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 60 * 1000000LL, NULL, NULL);
+    cx_exec_cleanup(&e, 1);
+    cx_kernel_conn_free(c);
+    return rc;
+}
+
+/* Empties a workspace with the session's kernel, or with a short-lived one
+ * when the session's is gone. */
+static enum cx_err
+empty_workspace(struct cx_ctx *cx, const char *kernel_id, const char *workspace)
+{
+    char tmp[64], msg[160];
+    enum cx_err rc = kernel_id && *kernel_id ? empty_in(cx, kernel_id) : CX_ERR_NOT_FOUND;
+
+    if (rc == CX_OK)
+        return CX_OK;
+    if (cx_gateway_dir_delete(cx->gw, workspace) == CX_OK)
+        return CX_OK; /* it was empty, or is gone */
+    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, workspace, tmp, msg, sizeof(msg));
+    if (rc)
+        return rc;
+    rc = empty_in(cx, tmp);
+    if (cx_gateway_kernel_delete(cx->gw, tmp))
+        cx_log_warn(0, "could not delete the cleaning kernel %s", tmp);
+    return rc;
+}
+
 /* Deletes kernel, workspace and (unless keep_row) the row of a session
  * whose lock we hold. */
 static enum cx_err
@@ -102,6 +158,9 @@ close_locked(struct cx_ctx *cx, const char *id, const char *kernel_id, const cha
     const char *p[1] = {id};
     enum cx_err rc;
 
+    rc = empty_workspace(cx, kernel_id, workspace);
+    if (rc)
+        cx_log_warn(0, "session %s: could not empty its workspace", id);
     if (kernel_id && *kernel_id) {
         cx_kernel_pool_forget(kernel_id);
         rc = cx_gateway_kernel_delete(cx->gw, kernel_id);

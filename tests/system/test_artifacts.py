@@ -329,3 +329,61 @@ def test_upload_raw_and_multipart(ctx):
                           headers={"Content-Type": "application/octet-stream"}), 401)
     expect_error(ctx.post("/v1/artifacts?conversation_id=c1&filename=big", b"z" * (3 << 20), key=key,
                           headers={"Content-Type": "application/octet-stream"}), 413)
+
+
+def test_crash_between_rename_and_commit_then_fsck(ctx):
+    """The process dies after the bytes are in place and before COMMIT (a
+    test hook stands in for the crash): no rows, an orphan file, and fsck
+    --repair removes it."""
+    import glob
+    import time
+    st, user = ctx.st, "a-crash"
+    run(ctx, user, "c1", "x = 1")
+    os.environ["CODEXEC_TEST_CRASH_BEFORE_COMMIT"] = "1"
+    try:
+        st.kill_pidfile("codexec-fcgi")
+        st.start_fcgi()
+        r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "open('lost.txt', 'w').write('l')"},
+                     key=ctx.key(user))
+        eq(r.status, 502, "the worker died mid-request")
+    finally:
+        del os.environ["CODEXEC_TEST_CRASH_BEFORE_COMMIT"]
+        for _ in range(50):
+            if not st.pid("codexec-fcgi"):
+                break
+            time.sleep(0.1)
+        st.kill_pidfile("codexec-fcgi")
+        st.start_fcgi()
+    eq(ctx.psql(f"SELECT count(*) FROM artifacts WHERE user_id = '{user}'"), "0", "nothing committed")
+    orphans = glob.glob(os.path.join(st.storage, "artifacts", user, "*", "v1", "lost.txt"))
+    eq(len(orphans), 1, "the renamed file is there without a row")
+    r = ctx.admin("fsck", check=False)
+    eq(r.returncode, 1, f"fsck finds a problem: {r.stdout}")
+    check("orphan file artifacts/a-crash/" in r.stdout, "and names the orphan")
+    r = ctx.admin("fsck", "--repair", check=False)
+    eq(r.returncode, 0, f"repaired: {r.stdout}")
+    check(not os.path.exists(orphans[0]), "the orphan is gone")
+    eq(ctx.admin("fsck", check=False).returncode, 0, "fsck is clean")
+    r = run(ctx, user, "c1", "open('kept.txt', 'w').write('k')")
+    eq([a["path"] for a in r["artifacts"]], ["kept.txt"], "the conversation works again")
+    # a row without its file, and a file whose bytes changed: reported, never "repaired"
+    a = r["artifacts"][0]
+    path = os.path.join(st.storage, "artifacts", user, a["artifact_id"], "v1", "kept.txt")
+    with open(path, "w") as f:
+        f.write("K")
+    r = ctx.admin("fsck", "--repair", check=False)
+    eq(r.returncode, 1, "a mismatch remains")
+    check(f"sha256 mismatch: artifact {a['artifact_id']} version 1" in r.stdout, r.stdout)
+    os.unlink(path)
+    r = ctx.admin("fsck", check=False)
+    check(f"missing file: artifact {a['artifact_id']} version 1" in r.stdout, r.stdout)
+    eq(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)).status, 204, "delete")
+    eq(ctx.admin("fsck", check=False).returncode, 0, "clean again")
+    r = ctx.admin("gc")
+    check("removed" in r.stdout and "deleted artifact" in r.stdout, r.stdout)
+    eq(ctx.psql(f"SELECT count(*) FROM artifacts WHERE user_id = '{user}' AND deleted_at IS NOT NULL"),
+       "0", "gc dropped the tombstone")
+    r = ctx.admin("sessions", "list", "--user", user)
+    check(f"\t{user}\tc1\t" in r.stdout, "sessions list shows it")
+    ctx.admin("sessions", "close", "--user", user, "--conversation", "c1")
+    eq(ctx.psql(f"SELECT count(*) FROM sessions WHERE user_id = '{user}'"), "0", "sessions close")

@@ -263,12 +263,18 @@ def test_tail_keeps_the_last_characters(ctx):
 
 
 def test_close_session(ctx):
-    run(ctx, "u-close", "c1", "x = 1")
+    import os
+    run(ctx, "u-close", "c1", "x = 1\nimport os\nos.makedirs('d/e')\nopen('d/e/f.txt', 'w').write('f')\n"
+                              "os.symlink('/etc', 'l')\nopen('.hidden', 'w').write('h')")
     kid = session_kernel(ctx, "u-close", "c1")
+    ws = os.path.join(ctx.st.workspaces, ctx.psql(
+        "SELECT workspace FROM sessions WHERE user_id = 'u-close' AND conversation_id = 'c1'"))
+    check(os.path.isdir(ws), "workspace exists")
     r = ctx.request("DELETE", "/v1/conversations/c1/session", key=ctx.key("u-close"))
     eq(r.status, 204, f"closed {r!r}")
     status, _ = gateway(ctx, "GET", f"/api/kernels/{kid}")
     eq(status, 404, "kernel deleted")
+    check(not os.path.exists(ws), "workspace deleted with everything in it")
     r = run(ctx, "u-close", "c1", "print('x' in globals())")
     eq(r["session"]["created"], True, "a new session")
     expect_error(ctx.request("DELETE", "/v1/conversations/nope/session", key=ctx.key("u-close")),
