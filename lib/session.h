@@ -20,9 +20,9 @@ struct cx_session {
     char kernel_id[64];
     char workspace[48];
     char expires_at[32];
-    bool created;      /* this acquire made the session */
-    bool reset;        /* its kernel was replaced: state lost */
-    bool kernel_fresh; /* codexec started or restarted the kernel itself */
+    bool created;        /* this acquire made the session */
+    bool reset;          /* its kernel was replaced: state lost */
+    bool kernel_fresh;   /* codexec started or restarted the kernel itself */
     bool capture_rescan; /* the next capture must not trust the last scan */
     bool locked;
 };
