@@ -237,15 +237,22 @@ cx_gateway_kernel_start(struct cx_gateway *gw, const char *name, const char *pat
     return rc;
 }
 
-enum cx_err
-cx_gateway_kernel_delete(struct cx_gateway *gw, const char *id)
+/* DELETE prefix<id>: what is already gone is not an error. */
+static enum cx_err
+delete_gone_ok(struct cx_gateway *gw, const char *prefix, const char *id)
 {
     long status = 0;
-    enum cx_err rc = simple(gw, "DELETE", "/api/kernels/", id, "", NULL, &status, NULL, NULL, 0);
+    enum cx_err rc = simple(gw, "DELETE", prefix, id, "", NULL, &status, NULL, NULL, 0);
 
     if (rc)
         return rc;
     return status == 204 || status == 200 || status == 404 ? CX_OK : CX_ERR_GATEWAY;
+}
+
+enum cx_err
+cx_gateway_kernel_delete(struct cx_gateway *gw, const char *id)
+{
+    return delete_gone_ok(gw, "/api/kernels/", id);
 }
 
 static enum cx_err
@@ -331,10 +338,5 @@ cx_gateway_dir_create(struct cx_gateway *gw, const char *path, char *msg, size_t
 enum cx_err
 cx_gateway_dir_delete(struct cx_gateway *gw, const char *path)
 {
-    long status = 0;
-    enum cx_err rc = simple(gw, "DELETE", "/api/contents/", path, "", NULL, &status, NULL, NULL, 0);
-
-    if (rc)
-        return rc;
-    return status == 204 || status == 200 || status == 404 ? CX_OK : CX_ERR_GATEWAY;
+    return delete_gone_ok(gw, "/api/contents/", path);
 }
