@@ -321,6 +321,13 @@ def test_upload_raw_and_multipart(ctx):
         expect_error(ctx.post("/v1/artifacts", b, key=key,
                               headers={"Content-Type": f"multipart/form-data; boundary={bd}"}),
                      400, "invalid_request")
+    expect_error(ctx.post("/v1/artifacts?conversation_id=c1&filename=a%00b", b"x", key=key,
+                          headers={"Content-Type": "application/octet-stream"}), 400)
+    nul = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\0b\"\r\n\r\n"
+           f"x\r\n--{boundary}--\r\n").encode()
+    expect_error(ctx.post("/v1/artifacts", nul, key=key,
+                          headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}),
+                 400, "invalid_request")
     expect_error(ctx.post("/v1/artifacts?filename=a", b"x", key=key,
                           headers={"Content-Type": "application/octet-stream"}), 400)
     expect_error(ctx.post("/v1/artifacts?conversation_id=a%20b&filename=a", b"x", key=key,
