@@ -1,9 +1,14 @@
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../lib/artifact.h"
 #include "../lib/config.h"
+#include "../lib/download.h"
+#include "../lib/storage.h"
 #include "../lib/health.h"
 #include "../lib/log.h"
 #include "../lib/metrics.h"
@@ -247,6 +252,203 @@ cx_h_artifacts_upload(struct cx_req *r)
         cx_req_send_error(r, 413, "payload_too_large", msg);
     else if (rc == CX_ERR_QUOTA)
         cx_req_send_error(r, 429, "quota_exceeded", msg);
+    else
+        cx_req_send_lib_error(r, rc);
+    json_decref(out);
+}
+
+static bool
+query_version(struct cx_req *r, int *version)
+{
+    char v[16], *end;
+    long n;
+
+    *version = 0;
+    switch (cx_http_query_get(r->query, "version", v, sizeof(v))) {
+    case CX_ERR_NOT_FOUND: return true;
+    case CX_OK: break;
+    default: return false;
+    }
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (errno || *end || n < 1 || n > 1000000000)
+        return false;
+    *version = (int)n;
+    return true;
+}
+
+/* Streams [first, last] of a file in bounded chunks. */
+static void
+stream_file(struct cx_req *r, int fd, uint64_t first, uint64_t last)
+{
+    char buf[65536];
+    uint64_t off = first;
+
+    while (off <= last) {
+        size_t want = last - off + 1 < sizeof(buf) ? (size_t)(last - off + 1) : sizeof(buf);
+        ssize_t n = pread(fd, buf, want, (off_t)off);
+        if (n <= 0 || FCGX_PutStr(buf, (int)n, r->fr->out) != n)
+            break; /* a shorter file or a gone client: the length tells it */
+        off += (uint64_t)n;
+    }
+}
+
+/* Who may read: a valid signed link, else a key or REMOTE_USER. Sends the
+ * error itself and returns false when neither. */
+static bool
+content_user(struct cx_req *r, char *user, int *version)
+{
+    enum cx_err rc = cx_link_verify(r->w, r->query, r->captures[0], user, version);
+
+    if (rc == CX_OK)
+        return true;
+    if (rc == CX_ERR_FORBIDDEN) {
+        cx_req_send_error(r, 403, "forbidden", "this link is not valid");
+        return false;
+    }
+    if (rc == CX_ERR_EXPIRED) {
+        cx_req_send_error(r, 410, "expired", "this link has expired");
+        return false;
+    }
+    if (rc != CX_ERR_NOT_FOUND) {
+        cx_req_send_lib_error(r, rc);
+        return false;
+    }
+    if (!cx_req_authenticate(r))
+        return false;
+    snprintf(user, CX_USER_MAX + 1, "%s", r->who.user);
+    if (!query_version(r, version)) {
+        cx_req_send_error(r, 400, "invalid_request", "version must be a positive integer");
+        return false;
+    }
+    return true;
+}
+
+static void
+send_redirect(struct cx_req *r, const char *prefix, const char *key, const char *mime)
+{
+    struct cx_buf loc;
+
+    cx_buf_init(&loc, 8192);
+    cx_buf_adds(&loc, prefix);
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+            strchr("-_.~/", *p))
+            cx_buf_add(&loc, p, 1);
+        else
+            cx_buf_addf(&loc, "%%%02X", *p);
+    if (!cx_buf_err(&loc))
+        cx_req_header(r, "X-Accel-Redirect", loc.data);
+    cx_buf_cleanup(&loc);
+    cx_req_send_head(r, 200, mime, -1);
+}
+
+static void
+send_direct(struct cx_req *r, const struct cx_download *d, const char *path)
+{
+    uint64_t first = 0, last = d->size ? d->size - 1 : 0;
+    enum cx_range range = cx_http_range(cx_req_param(r, "HTTP_RANGE"), d->size, &first, &last);
+    char cr[96];
+    int fd;
+
+    if (range == CX_RANGE_UNSATISFIABLE) {
+        snprintf(cr, sizeof(cr), "bytes */%llu", (unsigned long long)d->size);
+        cx_req_header(r, "Content-Range", cr);
+        cx_req_send_error(r, 416, "range_not_satisfiable", "the range is outside the file");
+        return;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        cx_log_err(errno, "open() of artifact %s version %d failed", d->artifact_id, d->version);
+        cx_req_send_error(r, 500, "internal_error", "the artifact's bytes are missing");
+        return;
+    }
+    if (range == CX_RANGE_ONE) {
+        snprintf(cr, sizeof(cr), "bytes %llu-%llu/%llu", (unsigned long long)first,
+                 (unsigned long long)last, (unsigned long long)d->size);
+        cx_req_header(r, "Content-Range", cr);
+        cx_req_send_head(r, 206, d->mime, (long long)(last - first + 1));
+    } else {
+        cx_req_send_head(r, 200, d->mime, (long long)d->size);
+    }
+    if (strcmp(r->method, "HEAD") != 0 && d->size > 0)
+        stream_file(r, fd, first, last);
+    close(fd);
+}
+
+void
+cx_h_artifacts_content(struct cx_req *r)
+{
+    const struct cx_config *cfg = r->w->cfg;
+    struct cx_download d;
+    char user[CX_USER_MAX + 1], disp[1400], etag[70], date[32], path[4096];
+    int version = 0;
+    enum cx_err rc;
+
+    if (!content_user(r, user, &version))
+        return;
+    rc = cx_download_resolve(r->w, user, r->captures[0], version, &d);
+    if (rc == CX_ERR_NOT_FOUND) {
+        cx_req_send_error(r, 404, "not_found", "no such artifact");
+        return;
+    }
+    if (rc) {
+        cx_req_send_lib_error(r, rc);
+        return;
+    }
+    snprintf(etag, sizeof(etag), "\"%s\"", d.sha256);
+    cx_http_date(d.created, date);
+    cx_http_content_disposition(d.filename, disp, sizeof(disp));
+    cx_req_header(r, "ETag", etag);
+    cx_req_header(r, "Last-Modified", date);
+    if (cfg->delivery != CX_DELIVERY_X_ACCEL)
+        cx_req_header(r, "Accept-Ranges", "bytes"); /* nginx adds its own */
+    cx_req_header(r, "Content-Disposition", disp);
+    cx_req_header(r, "Content-Security-Policy", "sandbox; default-src 'none'");
+    cx_req_header(r, "Cache-Control", "private");
+    if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256)) {
+        cx_req_send_empty(r, 304);
+        return;
+    }
+    if (cfg->delivery == CX_DELIVERY_X_ACCEL) {
+        send_redirect(r, cfg->x_accel_prefix, d.key, d.mime); /* nginx sends it */
+        return;
+    }
+    if (cx_storage_path(cfg->storage_dir, d.key, path, sizeof(path))) {
+        cx_req_send_lib_error(r, CX_ERR_INTERNAL);
+        return;
+    }
+    if (cfg->delivery == CX_DELIVERY_X_SENDFILE) {
+        cx_req_header(r, "X-Sendfile", path); /* Apache mod_xsendfile, lighttpd */
+        cx_req_send_head(r, 200, d.mime, -1);
+        return;
+    }
+    send_direct(r, &d, path);
+}
+
+void
+cx_h_artifacts_links(struct cx_req *r)
+{
+    const char *cl = cx_req_param(r, "CONTENT_LENGTH");
+    char msg[160] = "";
+    json_t *body = NULL, *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    if (cl && cl[0] && strcmp(cl, "0") != 0) {
+        body = cx_req_json_body(r, 65536);
+        if (!body)
+            return;
+    }
+    rc = cx_link_create(r->w, &r->who, r->captures[0], body, &out, msg, sizeof(msg));
+    json_decref(body);
+    if (rc == CX_OK)
+        cx_req_send_json(r, 201, out);
+    else if (rc == CX_ERR_INVALID)
+        cx_req_send_error(r, 400, "invalid_request", msg);
+    else if (rc == CX_ERR_NOT_FOUND)
+        cx_req_send_error(r, 404, "not_found", "no such artifact");
     else
         cx_req_send_lib_error(r, rc);
     json_decref(out);

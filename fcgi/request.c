@@ -31,10 +31,10 @@ send_head(struct cx_req *r, int status, const char *content_type, long long len)
         FCGX_FPrintF(r->fr->out, "Content-Type: %s\r\n", content_type);
     if (len >= 0)
         FCGX_FPrintF(r->fr->out, "Content-Length: %lld\r\n", len);
-    FCGX_FPrintF(r->fr->out,
-                 "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-                 "X-Request-Id: %s\r\n",
-                 r->id);
+    /* API answers are never cached; a handler may say otherwise. */
+    if (!r->headers.data || !strstr(r->headers.data, "Cache-Control:"))
+        FCGX_PutS("Cache-Control: no-store\r\n", r->fr->out);
+    FCGX_FPrintF(r->fr->out, "X-Content-Type-Options: nosniff\r\nX-Request-Id: %s\r\n", r->id);
     if (r->headers.len && !cx_buf_err(&r->headers))
         FCGX_PutStr(r->headers.data, (int)r->headers.len, r->fr->out);
     FCGX_PutS("\r\n", r->fr->out);
@@ -54,6 +54,12 @@ void
 cx_req_send_empty(struct cx_req *r, int status)
 {
     send_head(r, status, NULL, status == 204 || status == 304 ? -1 : 0);
+}
+
+void
+cx_req_send_head(struct cx_req *r, int status, const char *content_type, long long len)
+{
+    send_head(r, status, content_type, len);
 }
 
 void

@@ -38,6 +38,10 @@ void cx_req_send_json(struct cx_req *r, int status, json_t *json);
 void cx_req_send_error(struct cx_req *r, int status, const char *code, const char *message);
 void cx_req_send_text(struct cx_req *r, int status, const char *content_type, const char *body,
                       size_t len);
+/* Status and headers only (Content-Length when len >= 0); the caller writes
+ * the body to r->fr->out. */
+void cx_req_send_head(struct cx_req *r, int status, const char *content_type, long long len);
+
 /* 204 or another status without a body. */
 void cx_req_send_empty(struct cx_req *r, int status);
 

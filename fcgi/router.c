@@ -23,6 +23,8 @@ static const struct route routes[] = {
     {"POST", "/v1/artifacts", "artifacts_upload", cx_h_artifacts_upload},
     {"GET", "/v1/artifacts/{}", "artifacts_get", cx_h_artifacts_get},
     {"DELETE", "/v1/artifacts/{}", "artifacts_delete", cx_h_artifacts_delete},
+    {"GET", "/v1/artifacts/{}/content", "artifacts_content", cx_h_artifacts_content},
+    {"POST", "/v1/artifacts/{}/links", "artifacts_links", cx_h_artifacts_links},
 };
 
 /* Matches path against pattern; captures go to r when r is not NULL. */

@@ -2,6 +2,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <strings.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -422,4 +423,126 @@ enum cx_err
 cx_http_multipart_finish(struct cx_multipart *m)
 {
     return m->state == MP_END ? CX_OK : CX_ERR_INVALID;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Download headers                                                          */
+
+void
+cx_http_content_disposition(const char *filename, char *out, size_t outlen)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    char ascii[256], pct[800];
+    size_t a = 0, p = 0;
+
+    for (const unsigned char *s = (const unsigned char *)filename; *s && a < sizeof(ascii) - 1; s++)
+        ascii[a++] = (*s < 0x20 || *s >= 0x7f || *s == '"' || *s == '\\' || *s == '%' || *s == ';')
+                         ? '_'
+                         : (char)*s;
+    ascii[a] = '\0';
+    /* RFC 5987 attr-char: ALPHA DIGIT ! # $ & + - . ^ _ ` | ~ */
+    for (const unsigned char *s = (const unsigned char *)filename; *s && p < sizeof(pct) - 4; s++) {
+        if ((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') ||
+            strchr("!#$&+-.^_`|~", *s)) {
+            pct[p++] = (char)*s;
+        } else {
+            pct[p++] = '%';
+            pct[p++] = hex[*s >> 4];
+            pct[p++] = hex[*s & 15];
+        }
+    }
+    pct[p] = '\0';
+    snprintf(out, outlen, "attachment; filename=\"%s\"; filename*=UTF-8''%s", a ? ascii : "file",
+             p ? pct : "file");
+}
+
+void
+cx_http_date(long long t, char out[32])
+{
+    static const char *const days[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+    static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                         "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    time_t tt = (time_t)t;
+    struct tm tm;
+
+    gmtime_r(&tt, &tm);
+    snprintf(out, 32, "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday], tm.tm_mday,
+             months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+static bool
+parse_u64(const char **p, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+
+    if (**p < '0' || **p > '9')
+        return false;
+    errno = 0;
+    v = strtoull(*p, &end, 10);
+    if (errno)
+        return false;
+    *out = v;
+    *p = end;
+    return true;
+}
+
+enum cx_range
+cx_http_range(const char *h, uint64_t size, uint64_t *first, uint64_t *last)
+{
+    const char *p;
+    uint64_t a = 0, b = 0;
+    bool have_a, have_b;
+
+    if (!h || strncasecmp(h, "bytes=", 6) != 0)
+        return CX_RANGE_NONE;
+    p = h + 6;
+    while (*p == ' ')
+        p++;
+    if (strchr(p, ','))
+        return CX_RANGE_NONE; /* several ranges: the whole body */
+    have_a = parse_u64(&p, &a);
+    if (*p++ != '-')
+        return CX_RANGE_NONE;
+    have_b = parse_u64(&p, &b);
+    while (*p == ' ')
+        p++;
+    if (*p || (!have_a && !have_b))
+        return CX_RANGE_NONE;
+    if (!have_a) { /* suffix: the last b bytes */
+        if (b == 0 || size == 0)
+            return CX_RANGE_UNSATISFIABLE;
+        *first = b >= size ? 0 : size - b;
+        *last = size - 1;
+        return CX_RANGE_ONE;
+    }
+    if (have_b && b < a)
+        return CX_RANGE_NONE;
+    if (a >= size)
+        return CX_RANGE_UNSATISFIABLE;
+    *first = a;
+    *last = !have_b || b >= size ? size - 1 : b;
+    return CX_RANGE_ONE;
+}
+
+bool
+cx_http_etag_matches(const char *inm, const char *etag)
+{
+    size_t n = strlen(etag);
+
+    if (!inm)
+        return false;
+    for (const char *p = inm; *p;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (*p == '*')
+            return true;
+        if (p[0] == 'W' && p[1] == '/')
+            p += 2; /* weak comparison, as If-None-Match asks */
+        if (*p == '"' && !strncmp(p + 1, etag, n) && p[1 + n] == '"')
+            return true;
+        while (*p && *p != ',')
+            p++;
+    }
+    return false;
 }

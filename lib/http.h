@@ -6,6 +6,7 @@
 #define CX_HTTP_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -43,6 +44,25 @@ enum cx_err cx_http_parse_json_object(const char *body, size_t len, json_t **out
  * invalid UTF-8), CX_ERR_TOO_LARGE if it does not fit. */
 enum cx_err cx_http_query_get(const char *query, const char *name, char *out,
                               size_t outlen) CX_MUSTCHECK;
+
+/* Content-Disposition for a download: attachment; filename="<ASCII>";
+ * filename*=UTF-8''<percent-encoded>. Quotes, backslashes, CR, LF and other
+ * control characters never reach the header. out: 1200 bytes suffice. */
+void cx_http_content_disposition(const char *filename, char *out, size_t outlen);
+
+/* IMF-fixdate (RFC 9110), e.g. "Sun, 06 Nov 1994 08:49:37 GMT". out: 32 bytes. */
+void cx_http_date(long long unix_seconds, char out[32]);
+
+enum cx_range { CX_RANGE_NONE, CX_RANGE_ONE, CX_RANGE_UNSATISFIABLE };
+
+/* Interprets a Range header against a body of size bytes. One range
+ * ("a-b", "a-", "-n") gives CX_RANGE_ONE and [*first, *last]; an absent,
+ * malformed, non-bytes or multi-range header gives CX_RANGE_NONE (the
+ * whole body); a range past the end, CX_RANGE_UNSATISFIABLE. */
+enum cx_range cx_http_range(const char *header, uint64_t size, uint64_t *first, uint64_t *last);
+
+/* Whether an If-None-Match header matches the entity tag "\"<etag>\"". */
+bool cx_http_etag_matches(const char *if_none_match, const char *etag);
 
 /* A streaming multipart/form-data parser: bytes in, callbacks out; memory
  * bounded by a part's header block (8 KiB), not by the body. */

@@ -281,6 +281,8 @@ class Stack:
             locations = f.read().replace("client_max_body_size 64m;",
                                          f"client_max_body_size {self.nginx_body};")
         self.write_file(os.path.join(ndir, "codexec-locations.conf"), locations, 0o644)
+        with open(os.path.join(REPO, "nginx", "codexec-storage.conf")) as f:
+            self.write_file(os.path.join(ndir, "codexec-storage.conf"), f.read(), 0o644)
         # The snippet includes fastcgi_params relative to the config directory,
         # as it would under /etc/nginx.
         with open("/etc/nginx/fastcgi_params") as f:
@@ -317,6 +319,7 @@ http {{
         location /_codexec_storage/ {{
             internal;
             alias {self.storage}/;
+            include {ndir}/codexec-storage.conf;
         }}
     }}
 }}

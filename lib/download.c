@@ -1,0 +1,198 @@
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "buf.h"
+#include "config.h"
+#include "db.h"
+#include "download.h"
+#include "http.h"
+#include "log.h"
+#include "util.h"
+
+CX_SQL(q_resolve, 3,
+       "SELECT v.version, v.filename, v.mime_type, v.size, v.sha256, v.storage_key,"
+       " extract(epoch FROM v.created_at)::bigint"
+       " FROM artifacts a JOIN artifact_versions v ON v.artifact_id = a.id"
+       " AND v.version = CASE WHEN $3::int > 0 THEN $3::int ELSE a.current_version END"
+       " WHERE a.id = $1::uuid AND a.user_id = $2 AND a.deleted_at IS NULL");
+
+enum cx_err
+cx_download_resolve(struct cx_ctx *cx, const char *user, const char *id, int version,
+                    struct cx_download *d)
+{
+    char ver[16];
+    const char *p[3] = {id, user, ver};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    memset(d, 0, sizeof(*d));
+    if (!cx_uuid_valid(id) || version < 0)
+        return CX_ERR_NOT_FOUND;
+    snprintf(ver, sizeof(ver), "%d", version);
+    rc = cx_db_exec(cx->db, &q_resolve, p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        return CX_ERR_NOT_FOUND;
+    }
+    snprintf(d->artifact_id, sizeof(d->artifact_id), "%s", id);
+    d->version = (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
+    snprintf(d->filename, sizeof(d->filename), "%s", PQgetvalue(r, 0, 1));
+    snprintf(d->mime, sizeof(d->mime), "%s", PQgetvalue(r, 0, 2));
+    d->size = strtoull(PQgetvalue(r, 0, 3), NULL, 10);
+    snprintf(d->sha256, sizeof(d->sha256), "%s", PQgetvalue(r, 0, 4));
+    snprintf(d->key, sizeof(d->key), "%s", PQgetvalue(r, 0, 5));
+    d->created = strtoll(PQgetvalue(r, 0, 6), NULL, 10);
+    PQclear(r);
+    return CX_OK;
+}
+
+static void
+pct(struct cx_buf *b, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+            *p == '-' || *p == '_' || *p == '.' || *p == '~')
+            cx_buf_add(b, p, 1);
+        else
+            cx_buf_addf(b, "%%%02X", *p);
+    }
+}
+
+static void
+mac(struct cx_ctx *cx, const char *user, const char *id, int version, long long exp,
+    const char *key_id, unsigned char out[crypto_auth_BYTES])
+{
+    struct cx_buf m;
+
+    cx_buf_init(&m, 4096);
+    cx_buf_addf(&m, "codexec-link-v1\n%s\n%s\n%d\n%lld\n%s", user, id, version, exp, key_id);
+    crypto_auth(out, (const unsigned char *)(m.data ? m.data : ""), m.len,
+                cx_auth_link_key(cx->auth));
+    cx_buf_cleanup(&m);
+}
+
+enum cx_err
+cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id, json_t *body,
+               json_t **out, char *msg, size_t msglen)
+{
+    struct cx_download d;
+    unsigned char tag[crypto_auth_BYTES];
+    char sig[64], when[32];
+    json_t *v;
+    json_int_t version = 0, expires_in = cx->cfg->link_default_expiry;
+    struct cx_buf url;
+    long long exp;
+    time_t t;
+    struct tm tm;
+    enum cx_err rc;
+
+    *out = NULL;
+    v = json_object_get(body, "version");
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1) {
+            snprintf(msg, msglen, "version must be a positive integer");
+            return CX_ERR_INVALID;
+        }
+        version = json_integer_value(v);
+    }
+    v = json_object_get(body, "expires_in");
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1) {
+            snprintf(msg, msglen, "expires_in must be a positive integer number of seconds");
+            return CX_ERR_INVALID;
+        }
+        expires_in = json_integer_value(v);
+        if (expires_in > (json_int_t)cx->cfg->link_max_expiry)
+            expires_in = cx->cfg->link_max_expiry;
+    }
+    rc = cx_download_resolve(cx, who->user, id, (int)version, &d);
+    if (rc)
+        return rc;
+    exp = (long long)time(NULL) + expires_in;
+    mac(cx, who->user, id, d.version, exp, who->key_id, tag);
+    sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    cx_buf_init(&url, 8192);
+    cx_buf_addf(&url, "/v1/artifacts/%s/content?version=%d&u=", id, d.version);
+    pct(&url, who->user);
+    cx_buf_addf(&url, "&k=%s&exp=%lld&sig=%s", who->key_id, exp, sig);
+    t = (time_t)exp;
+    gmtime_r(&t, &tm);
+    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    if (!cx_buf_err(&url))
+        *out =
+            json_pack("{s:s,s:s,s:i}", "url", url.data, "expires_at", when, "version", d.version);
+    cx_buf_cleanup(&url);
+    return *out ? CX_OK : CX_ERR_NOMEM;
+}
+
+CX_SQL(q_link_key, 1, "SELECT user_id FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");
+
+enum cx_err
+cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[CX_USER_MAX + 1],
+               int *version)
+{
+    char sig[128], ver[16], exps[32], key_id[64] = "";
+    unsigned char tag[crypto_auth_BYTES + 8];
+    size_t taglen = 0;
+    long long exp;
+    char *end;
+    long v;
+
+    if (cx_http_query_get(query, "sig", sig, sizeof(sig)) != CX_OK)
+        return CX_ERR_NOT_FOUND;
+    if (cx_http_query_get(query, "u", user, CX_USER_MAX + 1) ||
+        cx_http_query_get(query, "version", ver, sizeof(ver)) ||
+        cx_http_query_get(query, "exp", exps, sizeof(exps)) ||
+        (cx_http_query_get(query, "k", key_id, sizeof(key_id)) == CX_ERR_INVALID) ||
+        !cx_uuid_valid(id))
+        return CX_ERR_FORBIDDEN;
+    errno = 0;
+    v = strtol(ver, &end, 10);
+    if (errno || *end || v < 1 || v > 1000000000)
+        return CX_ERR_FORBIDDEN;
+    exp = strtoll(exps, &end, 10);
+    if (errno || *end || exp <= 0)
+        return CX_ERR_FORBIDDEN;
+    if (sodium_base642bin(tag, sizeof(tag), sig, strlen(sig), NULL, &taglen, NULL,
+                          sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
+        taglen != crypto_auth_BYTES)
+        return CX_ERR_FORBIDDEN;
+    {
+        struct cx_buf m;
+        int bad;
+        cx_buf_init(&m, 4096);
+        cx_buf_addf(&m, "codexec-link-v1\n%s\n%s\n%ld\n%lld\n%s", user, id, v, exp, key_id);
+        bad = cx_buf_err(&m) || crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
+                                                   cx_auth_link_key(cx->auth)) != 0;
+        cx_buf_cleanup(&m);
+        if (bad)
+            return CX_ERR_FORBIDDEN;
+    }
+    /* Only a genuine link learns that it expired. */
+    if (exp < (long long)time(NULL))
+        return CX_ERR_EXPIRED;
+    if (key_id[0]) {
+        const char *p[1] = {key_id};
+        PGresult *r = NULL;
+        enum cx_err rc;
+        bool live;
+
+        if (!cx_uuid_valid(key_id))
+            return CX_ERR_FORBIDDEN;
+        rc = cx_db_exec(cx->db, &q_link_key, p, &r);
+        if (rc)
+            return rc;
+        live = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), user);
+        PQclear(r);
+        if (!live)
+            return CX_ERR_FORBIDDEN; /* the key that made it was revoked */
+    }
+    *version = (int)v;
+    return CX_OK;
+}

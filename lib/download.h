@@ -1,0 +1,42 @@
+/* codexec: downloads: which bytes a request may have, and signed links. */
+#ifndef CX_DOWNLOAD_H
+#define CX_DOWNLOAD_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "auth.h"
+#include "ctx.h"
+#include "err.h"
+
+struct cx_download {
+    char artifact_id[37];
+    int version;
+    char filename[256];
+    char mime[128];
+    uint64_t size;
+    char sha256[65];
+    char key[1024];
+    long long created; /* unix seconds: Last-Modified */
+};
+
+/* The user's artifact version (0 = current). CX_ERR_NOT_FOUND alike for a
+ * missing, deleted or foreign artifact, a missing version, a malformed id. */
+enum cx_err cx_download_resolve(struct cx_ctx *cx, const char *user, const char *id, int version,
+                                struct cx_download *d) CX_MUSTCHECK;
+
+/* POST /v1/artifacts/{id}/links: body {"version"?, "expires_in"?} (borrowed,
+ * may be NULL). *out = {"url", "expires_at", "version"}. The link is bound
+ * to the user, the artifact, the version, the expiry and the key that made
+ * it (revoking that key kills the link), HMAC'd with the server's link key. */
+enum cx_err cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id,
+                           json_t *body, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* Checks a signed link's query for artifact id. CX_ERR_NOT_FOUND when the
+ * query carries no signature (not a link); CX_ERR_FORBIDDEN when tampered,
+ * moved to another artifact or version, or its key is revoked;
+ * CX_ERR_EXPIRED when past its expiry. On CX_OK: the user and version. */
+enum cx_err cx_link_verify(struct cx_ctx *cx, const char *query, const char *id,
+                           char user[CX_USER_MAX + 1], int *version) CX_MUSTCHECK;
+
+#endif
