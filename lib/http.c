@@ -435,10 +435,14 @@ cx_http_content_disposition(const char *filename, char *out, size_t outlen)
     char ascii[256], pct[800];
     size_t a = 0, p = 0;
 
-    for (const unsigned char *s = (const unsigned char *)filename; *s && a < sizeof(ascii) - 1; s++)
+    for (const unsigned char *s = (const unsigned char *)filename; *s && a < sizeof(ascii) - 1;
+         s++) {
+        if ((*s & 0xc0) == 0x80)
+            continue; /* one '_' per non-ASCII character, not per byte */
         ascii[a++] = (*s < 0x20 || *s >= 0x7f || *s == '"' || *s == '\\' || *s == '%' || *s == ';')
                          ? '_'
                          : (char)*s;
+    }
     ascii[a] = '\0';
     /* RFC 5987 attr-char: ALPHA DIGIT ! # $ & + - . ^ _ ` | ~ */
     for (const unsigned char *s = (const unsigned char *)filename; *s && p < sizeof(pct) - 4; s++) {
