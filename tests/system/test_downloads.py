@@ -1,0 +1,180 @@
+"""GET/HEAD /v1/artifacts/{id}/content and signed links (SPEC §6), through
+nginx, in the x-accel mode the stack runs and in direct mode."""
+
+import hashlib
+import os
+import time
+import urllib.parse
+
+from harness import check, eq, expect_error, new_id
+from test_runs import run
+
+
+def set_delivery(ctx, mode):
+    st = ctx.st
+    st.conf_extra["delivery"] = mode
+    st.write_config()
+    st.kill_pidfile("codexec-fcgi")
+    st.start_fcgi()
+
+
+def produce(ctx, user, cid, files):
+    code = "".join(f"open({name!r}, 'wb').write({data!r})\n" for name, data in files.items())
+    r = run(ctx, user, cid, code)
+    return {a["path"]: a for a in r["artifacts"]}
+
+
+def check_mode(ctx, mode):
+    user = f"d-{mode}"
+    key = ctx.key(user)
+    data = bytes(range(256)) * 40 + b"end"
+    html = "r\u00e9sum\u00e9 \"q\".html"
+    arts = produce(ctx, user, "c1", {"data.bin": data, html: b"<script>x</script>",
+                                     "pic.svg": b"<svg xmlns='http://www.w3.org/2000/svg'><script>1</script></svg>"})
+    a = arts["data.bin"]
+    url = f"/v1/artifacts/{a['artifact_id']}/content"
+    r = ctx.get(url, key=key)
+    eq(r.status, 200, f"{mode}: 200")
+    eq(r.body, data, f"{mode}: the exact bytes")
+    eq(r.header("Content-Type"), a["mime_type"], f"{mode}: the stored MIME")
+    eq(r.header("Content-Length"), str(len(data)), f"{mode}: length")
+    eq(r.header("ETag"), f'"{hashlib.sha256(data).hexdigest()}"', f"{mode}: ETag is the sha256")
+    eq(r.header("Accept-Ranges"), "bytes", f"{mode}: ranges")
+    check(r.header("Last-Modified", ) and r.header("Last-Modified").endswith(" GMT"), "Last-Modified")
+    eq(r.header("X-Content-Type-Options"), "nosniff", "nosniff")
+    eq(r.header("Content-Security-Policy"), "sandbox; default-src 'none'", "CSP")
+    eq(r.header("Cache-Control"), "private", "private")
+    eq(r.header("Content-Disposition"),
+       "attachment; filename=\"data.bin\"; filename*=UTF-8''data.bin", "disposition")
+    eq(len([h for h, _ in r.headers if h.lower() == "etag"]), 1, "one ETag")
+    # conditional and ranges
+    r = ctx.get(url, key=key, headers={"If-None-Match": a["sha256"].join('""')})
+    eq((r.status, r.body), (304, b""), f"{mode}: If-None-Match → 304")
+    r = ctx.get(url, key=key, headers={"If-None-Match": '"other", W/"' + a["sha256"] + '"'})
+    eq(r.status, 304, "a list with a weak match → 304")
+    for rng, lo, hi in [("bytes=0-9", 0, 9), ("bytes=10-", 10, len(data) - 1),
+                        ("bytes=-5", len(data) - 5, len(data) - 1),
+                        ("bytes=100-99999999", 100, len(data) - 1)]:
+        r = ctx.get(url, key=key, headers={"Range": rng})
+        eq(r.status, 206, f"{mode}: {rng} → 206")
+        eq(r.body, data[lo:hi + 1], f"{mode}: {rng} bytes")
+        eq(r.header("Content-Range"), f"bytes {lo}-{hi}/{len(data)}", f"{mode}: {rng} Content-Range")
+    r = ctx.get(url, key=key, headers={"Range": f"bytes={len(data) + 10}-"})
+    eq(r.status, 416, f"{mode}: unsatisfiable → 416")
+    r = ctx.get(url, key=key, headers={"Range": "bytes=0-1,5-6"})
+    check(r.status in (200, 206) and (r.status == 200 and r.body == data or r.status == 206),
+          f"{mode}: several ranges")
+    if mode == "direct":
+        eq((r.status, r.body), (200, data), "direct: several ranges → the whole body")
+    for junk in ["bytes=abc", "items=0-1", "bytes=5-1", "bytes=--1", "bytes=" + "9" * 40 + "-"]:
+        r = ctx.get(url, key=key, headers={"Range": junk})
+        check(r.status in (200, 206, 416), f"{mode}: abusive Range {junk!r} handled ({r.status})")
+        if r.status == 200:
+            eq(r.body, data, "whole body")
+    r = ctx.request("HEAD", url, key=key)
+    eq((r.status, r.body), (200, b""), f"{mode}: HEAD has no body")
+    eq(r.header("Content-Length"), str(len(data)), f"{mode}: HEAD length")
+    # never inline
+    for name in [html, "pic.svg"]:
+        r = ctx.get(f"/v1/artifacts/{arts[name]['artifact_id']}/content", key=key)
+        disp = r.header("Content-Disposition")
+        check(disp.startswith("attachment;"), f"{name}: attachment")
+        eq(r.header("Content-Security-Policy"), "sandbox; default-src 'none'", f"{name}: sandboxed")
+        check("\r" not in disp and "\n" not in disp, "no line breaks")
+    html_id = arts[html]["artifact_id"]
+    disp = ctx.get(f"/v1/artifacts/{html_id}/content", key=key).header("Content-Disposition")
+    eq(disp, "attachment; filename=\"r_sum_ q.html\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20q.html",
+       "ASCII fallback and RFC 5987 name, quotes gone")
+    # authorization: foreign, missing, malformed look the same
+    other = ctx.key(f"{user}-other")
+    bodies = set()
+    for u, k in [(url, other), (f"/v1/artifacts/{new_id()}/content", key),
+                 ("/v1/artifacts/nope/content", key)]:
+        r = ctx.get(u, key=k)
+        expect_error(r, 404, "not_found")
+        bodies.add(r.body)
+    eq(len(bodies), 1, "404s are indistinguishable")
+    expect_error(ctx.get(url), 401, "unauthorized")
+    expect_error(ctx.get(url + "?version=abc", key=key), 400)
+    expect_error(ctx.get(url + "?version=9", key=key), 404)
+
+
+def test_x_accel(ctx):
+    check_mode(ctx, "x-accel")
+
+
+def test_direct(ctx):
+    set_delivery(ctx, "direct")
+    try:
+        check_mode(ctx, "direct")
+        # a larger file streams through FastCGI in chunks
+        user = "d-big"
+        r = run(ctx, user, "c1", "import os\nopen('big.bin', 'wb').write(os.urandom(20 << 20))", timeout=120)
+        a = r["artifacts"][0]
+        got = ctx.get(f"/v1/artifacts/{a['artifact_id']}/content", key=ctx.key(user), timeout=120)
+        eq(len(got.body), 20 << 20, "20 MiB")
+        eq(hashlib.sha256(got.body).hexdigest(), a["sha256"], "intact")
+    finally:
+        set_delivery(ctx, "x-accel")
+
+
+def test_versions(ctx):
+    user = "d-versions"
+    key = ctx.key(user)
+    produce(ctx, user, "c1", {"v.txt": b"one"})
+    a = produce(ctx, user, "c1", {"v.txt": b"two"})["v.txt"]
+    url = f"/v1/artifacts/{a['artifact_id']}/content"
+    eq(ctx.get(url, key=key).body, b"two", "current version by default")
+    eq(ctx.get(url + "?version=1", key=key).body, b"one", "version 1")
+    eq(ctx.get(a["download_url"], key=key).body, b"two", "download_url works")
+
+
+def test_signed_links(ctx):
+    user = "d-links"
+    key = ctx.st.create_key(user)
+    ctx._keys[(user, False)] = key
+    a = produce(ctx, user, "c1", {"l.txt": b"linked"})["l.txt"]
+    produce(ctx, user, "c1", {"l.txt": b"linked v2"})
+    r = ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"version": 1, "expires_in": 600}, key=key)
+    eq(r.status, 201, f"link made {r!r}")
+    link = r.json()
+    check(link["expires_at"].endswith("Z"), "expires_at")
+    eq(link["version"], 1, "version")
+    r = ctx.get(link["url"])
+    eq((r.status, r.body), (200, b"linked"), "works without a key, bound to version 1")
+    eq(r.header("Content-Disposition").split(";")[0], "attachment", "still an attachment")
+    parts = urllib.parse.urlsplit(link["url"])
+    q = dict(urllib.parse.parse_qsl(parts.query))
+
+    def with_query(**changes):
+        qq = dict(q, **changes)
+        return parts.path + "?" + urllib.parse.urlencode(qq)
+
+    sig = q["sig"]
+    tampered = sig[:-2] + ("AA" if sig[-2:] != "AA" else "BB")
+    expect_error(ctx.get(with_query(sig=tampered)), 403, "forbidden")
+    expect_error(ctx.get(with_query(version="2")), 403, "forbidden")
+    expect_error(ctx.get(with_query(exp=str(int(q["exp"]) + 3600))), 403, "forbidden")
+    expect_error(ctx.get(with_query(u="someone-else")), 403, "forbidden")
+    other = produce(ctx, user, "c1", {"o.txt": b"other"})["o.txt"]
+    moved = link["url"].replace(a["artifact_id"], other["artifact_id"])
+    expect_error(ctx.get(moved), 403, "forbidden")
+    expect_error(ctx.get(with_query(sig="!!!")), 403)
+    # expiry
+    r = ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"expires_in": 1}, key=key)
+    short = r.json()
+    eq(short["version"], 2, "current version by default")
+    time.sleep(2.2)
+    expect_error(ctx.get(short["url"]), 410, "expired")
+    # clamped to link_max_expiry, and bad input
+    r = ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"expires_in": 10 ** 9}, key=key)
+    eq(r.status, 201, "long expiry clamped")
+    expect_error(ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"expires_in": "1"}, key=key), 400)
+    expect_error(ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"version": 0}, key=key), 400)
+    expect_error(ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"version": 7}, key=key), 404)
+    expect_error(ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {}, key=ctx.key("d-thief")), 404)
+    # revoking the key that made the link kills the link
+    ids = [l.split("\t")[0] for l in ctx.admin("key", "list", "--user", user).stdout.splitlines()[1:]]
+    for i in ids:
+        ctx.admin("key", "revoke", i)
+    expect_error(ctx.get(link["url"]), 403, "forbidden")
