@@ -95,7 +95,8 @@ def load_modules(only):
 
 def run_system(res, st, ctx, only, pattern):
     for mod in load_modules(only):
-        tests = [(n, getattr(mod, n)) for n in dir(mod) if n.startswith("test_")]
+        tests = [(n, getattr(mod, n)) for n in dir(mod) if n.startswith("test_")
+                 and callable(getattr(mod, n)) and getattr(mod, n).__module__ == mod.__name__]
         tests.sort(key=lambda t: t[1].__code__.co_firstlineno)
         for name, fn in tests:
             if pattern and pattern not in name:

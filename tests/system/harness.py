@@ -45,7 +45,8 @@ class Context:
             h.setdefault("Content-Type", "application/json")
         elif isinstance(body, str):
             body = body.encode()
-        conn = http.client.HTTPConnection("127.0.0.1", port or self.st.http_port, timeout=timeout)
+        port = port or getattr(self, "port_override", None) or self.st.http_port
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=h)
             r = conn.getresponse()

@@ -1,0 +1,75 @@
+"""codexec behind real Apache httpd (mod_proxy_fcgi + mod_xsendfile), with
+delivery = x-sendfile: packaging/apache/codexec.conf as operators use it."""
+
+import os
+import signal
+import subprocess
+import time
+
+import stack
+from harness import check, eq, wait_until
+import test_downloads
+
+MODULES = "/usr/lib/apache2/modules"
+
+
+def start_apache(ctx):
+    st = ctx.st
+    port = stack.free_port()
+    sock = os.path.join(st.rundir, "codexec-apache.sock")
+    conf = os.path.join(st.var, "codexec-xsendfile.conf")
+    with open(st.conf) as f:
+        text = "".join(l for l in f if not l.startswith(("listen ", "delivery ")))
+    with open(conf, "w") as f:
+        f.write(text + f"listen = unix:{sock}\ndelivery = x-sendfile\n")
+    st.chown(conf)
+    fcgi = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config", conf,
+                                            "--workers", "4"],
+                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(st.logdir, "codexec-apache-fcgi.log"), "ab"),
+                            env=dict(os.environ))
+    adir = os.path.join(st.var, "apache")
+    os.makedirs(adir, exist_ok=True)
+    st.chown(adir)
+    httpd = os.path.join(adir, "httpd.conf")
+    mods = ["mpm_event", "authz_core", "proxy", "proxy_fcgi", "xsendfile"]
+    with open(httpd, "w") as f:
+        f.write("".join(f"LoadModule {m}_module {MODULES}/mod_{m}.so\n" for m in mods))
+        f.write(f"""ServerName localhost
+Listen 127.0.0.1:{port}
+PidFile {adir}/httpd.pid
+DefaultRuntimeDir {adir}
+Mutex file:{adir} default
+ErrorLog {st.logdir}/apache-error.log
+LogLevel warn
+Define CODEXEC_SOCKET {sock}
+Define CODEXEC_STORAGE {st.storage}
+Include {stack.REPO}/packaging/apache/codexec.conf
+""")
+    wait_until(lambda: os.path.exists(sock), 20, "the second codexec-fcgi")
+    proc = subprocess.Popen(st.as_user() + ["/usr/sbin/apache2", "-f", httpd, "-DFOREGROUND"],
+                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(st.logdir, "apache.log"), "ab"),
+                            env={"PATH": "/usr/bin:/bin", "APACHE_RUN_DIR": adir, "LANG": "C"})
+    wait_until(lambda: stack.port_open(port), 20, "Apache")
+    return port, fcgi, proc
+
+
+def test_downloads_through_apache_with_x_sendfile(ctx):
+    port, fcgi, httpd = start_apache(ctx)
+    try:
+        ctx.port_override = port
+        r = ctx.get("/v1/health")
+        eq(r.status, 200, f"health through Apache {r!r}")
+        test_downloads.check_mode(ctx, "x-sendfile")
+        # a signed link through Apache
+        user = "d-x-sendfile"
+        a = test_downloads.produce(ctx, user, "c2", {"s.txt": b"via apache"})["s.txt"]
+        link = ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {}, key=ctx.key(user)).json()
+        r = ctx.get(link["url"])
+        eq((r.status, r.body), (200, b"via apache"), "signed link through Apache")
+        check(r.header("X-Sendfile") is None, "the X-Sendfile header never reaches the client")
+    finally:
+        ctx.port_override = None
+        httpd.send_signal(signal.SIGTERM)
+        fcgi.send_signal(signal.SIGTERM)
+        httpd.wait(timeout=20)
+        fcgi.wait(timeout=20)
