@@ -8,6 +8,7 @@
 #include "../lib/artifact.h"
 #include "../lib/config.h"
 #include "../lib/download.h"
+#include "../lib/page.h"
 #include "../lib/storage.h"
 #include "../lib/health.h"
 #include "../lib/log.h"
@@ -452,4 +453,28 @@ cx_h_artifacts_links(struct cx_req *r)
     else
         cx_req_send_lib_error(r, rc);
     json_decref(out);
+}
+
+void
+cx_h_artifacts_page(struct cx_req *r)
+{
+    struct cx_buf b;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    if (!cx_run_conversation_id_valid(r->captures[0])) {
+        cx_req_send_error(r, 404, "not_found", "no such conversation");
+        return;
+    }
+    cx_buf_init(&b, 16u << 20);
+    rc = cx_page_artifacts(r->w, &r->who, r->captures[0], &b);
+    if (rc) {
+        cx_req_send_lib_error(r, rc);
+    } else {
+        cx_req_header(r, "Content-Security-Policy", CX_PAGE_CSP);
+        cx_req_header(r, "Referrer-Policy", "no-referrer");
+        cx_req_send_text(r, 200, "text/html; charset=utf-8", b.data, b.len);
+    }
+    cx_buf_cleanup(&b);
 }

@@ -17,5 +17,6 @@ void cx_h_artifacts_delete(struct cx_req *r);
 void cx_h_artifacts_upload(struct cx_req *r);
 void cx_h_artifacts_content(struct cx_req *r);
 void cx_h_artifacts_links(struct cx_req *r);
+void cx_h_artifacts_page(struct cx_req *r);
 
 #endif

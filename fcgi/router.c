@@ -19,6 +19,7 @@ static const struct route routes[] = {
     {"POST", "/v1/runs/{}/approve", "runs_approve", cx_h_runs_approve},
     {"POST", "/v1/runs/{}/reject", "runs_reject", cx_h_runs_reject},
     {"DELETE", "/v1/conversations/{}/session", "session_delete", cx_h_session_delete},
+    {"GET", "/v1/conversations/{}/artifacts.html", "artifacts_page", cx_h_artifacts_page},
     {"GET", "/v1/artifacts", "artifacts_list", cx_h_artifacts_list},
     {"POST", "/v1/artifacts", "artifacts_upload", cx_h_artifacts_upload},
     {"GET", "/v1/artifacts/{}", "artifacts_get", cx_h_artifacts_get},

@@ -1,0 +1,115 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "artifact.h"
+#include "download.h"
+#include "page.h"
+
+void
+cx_page_escape(struct cx_buf *b, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '&': cx_buf_adds(b, "&amp;"); break;
+        case '<': cx_buf_adds(b, "&lt;"); break;
+        case '>': cx_buf_adds(b, "&gt;"); break;
+        case '"': cx_buf_adds(b, "&quot;"); break;
+        case '\'': cx_buf_adds(b, "&#39;"); break;
+        default:
+            if ((unsigned char)*s < 0x20 && *s != '\t')
+                cx_buf_adds(b, "&#xFFFD;"); /* control characters never render */
+            else
+                cx_buf_add(b, s, 1);
+        }
+    }
+}
+
+static void
+human_size(long long n, char *out, size_t outlen)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(out, outlen, "%lld B", n);
+    else
+        snprintf(out, outlen, "%.1f %s", v, units[u]);
+}
+
+static const char style[] =
+    "body{font:15px/1.4 system-ui,sans-serif;margin:2em;color:#222;background:#fafafa}"
+    "h1{font-size:1.3em}table{border-collapse:collapse;width:100%;background:#fff}"
+    "th,td{border-bottom:1px solid #ddd;padding:.5em;text-align:left;vertical-align:top}"
+    "th{background:#f0f0f0}td.n{text-align:right;white-space:nowrap}"
+    "img.preview{max-width:240px;max-height:180px;display:block;border:1px solid #ccc}"
+    "code{font-size:.9em}.empty{color:#777}";
+
+enum cx_err
+cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char *cid,
+                  struct cx_buf *out)
+{
+    json_t *list = NULL, *a;
+    size_t i;
+    enum cx_err rc;
+
+    rc = cx_artifact_list(cx, who->user, cid, &list);
+    if (rc)
+        return rc;
+    cx_buf_adds(out, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                     "<meta name=\"viewport\" content=\"width=device-width\">"
+                     "<title>Artifacts of ");
+    cx_page_escape(out, cid);
+    cx_buf_addf(out, "</title><style>%s</style></head><body>\n<h1>Artifacts of <code>", style);
+    cx_page_escape(out, cid);
+    cx_buf_adds(out, "</code></h1>\n");
+    if (json_array_size(json_object_get(list, "artifacts")) == 0)
+        cx_buf_adds(out, "<p class=\"empty\">No artifacts yet.</p>\n");
+    else
+        cx_buf_adds(out, "<table><thead><tr><th>Preview</th><th>Path</th><th>Type</th>"
+                         "<th>Size</th><th>Versions</th><th>Download</th></tr></thead><tbody>\n");
+    json_array_foreach(json_object_get(list, "artifacts"), i, a)
+    {
+        const char *id = json_string_value(json_object_get(a, "artifact_id"));
+        const char *kind = json_string_value(json_object_get(a, "kind"));
+        json_t *link = NULL;
+        char size[32], msg[64];
+        const char *url;
+
+        human_size(json_integer_value(json_object_get(a, "size")), size, sizeof(size));
+        if (cx_link_create(cx, who, id, NULL, &link, msg, sizeof(msg)) != CX_OK)
+            continue; /* deleted since the listing */
+        url = json_string_value(json_object_get(link, "url"));
+        cx_buf_adds(out, "<tr><td>");
+        if (!strcmp(kind, "image")) {
+            cx_buf_adds(out, "<img class=\"preview\" alt=\"preview of ");
+            cx_page_escape(out, json_string_value(json_object_get(a, "filename")));
+            cx_buf_adds(out, "\" src=\"");
+            cx_page_escape(out, url);
+            cx_buf_adds(out, "\">");
+        }
+        cx_buf_adds(out, "</td><td><code>");
+        cx_page_escape(out, json_string_value(json_object_get(a, "path")));
+        cx_buf_adds(out, "</code></td><td>");
+        cx_page_escape(out, kind);
+        cx_buf_adds(out, "<br><small>");
+        cx_page_escape(out, json_string_value(json_object_get(a, "mime_type")));
+        cx_buf_addf(out,
+                    "</small></td><td class=\"n\">%s</td><td class=\"n\">%lld</td><td><a href=\"",
+                    size, (long long)json_integer_value(json_object_get(a, "current_version")));
+        cx_page_escape(out, url);
+        cx_buf_adds(out, "\" download>");
+        cx_page_escape(out, json_string_value(json_object_get(a, "filename")));
+        cx_buf_adds(out, "</a></td></tr>\n");
+        json_decref(link);
+    }
+    if (json_array_size(json_object_get(list, "artifacts")))
+        cx_buf_adds(out, "</tbody></table>\n");
+    cx_buf_adds(out, "</body></html>\n");
+    json_decref(list);
+    return cx_buf_err(out);
+}

@@ -1,0 +1,80 @@
+"""Headless Chromium (Debian's chromium, driven by playwright-core from npm):
+a signed link clicked in a page, the artifacts page with its image preview
+checked by its pixels, its download links, and HTML that never renders."""
+
+import hashlib
+import json
+import os
+import subprocess
+import zlib
+
+import stack
+from harness import check, eq
+from test_runs import run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BROWSER = os.path.join(os.path.dirname(HERE), "browser")
+
+
+def solid_png(w, h, rgb):
+    raw = b"".join(b"\x00" + bytes(rgb) * w for _ in range(h))
+
+    def chunk(t, d):
+        return (len(d).to_bytes(4, "big") + t + d
+                + zlib.crc32(t + d).to_bytes(4, "big"))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", w.to_bytes(4, "big") + h.to_bytes(4, "big")
+                                          + b"\x08\x02\x00\x00\x00")
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_chromium_downloads_and_artifacts_page(ctx):
+    user = "b-chromium"
+    key = ctx.key(user)
+    png = solid_png(60, 40, (255, 0, 128))
+    report = "Quartalsbericht \u00fcber \"Q3\".csv"
+    r = run(ctx, user, "c1", f"open('a-chart.png', 'wb').write({png!r})\n"
+                             f"open({report!r}, 'w').write('a,b\\n1,2\\n')\n"
+                             "open('x.html', 'w').write('<script>alert(1)</script>')")
+    arts = {a["path"]: a for a in r["artifacts"]}
+    rep = arts[report]
+    link = ctx.post(f"/v1/artifacts/{rep['artifact_id']}/links", {}, key=key).json()["url"]
+    html_link = ctx.post(f"/v1/artifacts/{arts['x.html']['artifact_id']}/links", {}, key=key).json()["url"]
+    base = f"http://127.0.0.1:{ctx.st.http_port}"
+    cfg = {"base": base, "key": key, "link": base + link, "page": base + "/v1/conversations/c1/artifacts.html",
+           "html": base + html_link}
+    p = subprocess.run(["node", os.path.join(BROWSER, "artifacts.mjs"), json.dumps(cfg)],
+                       cwd=BROWSER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=180)
+    check(p.returncode == 0, f"node ran: {p.stderr[-2000:]}")
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    check("error" not in out, f"browser script: {out.get('error')}")
+    eq(out["link"]["name"], rep["filename"], "the signed link saves under the artifact's name")
+    eq(out["link"]["sha256"], rep["sha256"], "with the exact bytes")
+    eq(out["page_status"], 200, "the page loads")
+    check("default-src 'none'" in out["page_csp"], "the page has a strict CSP")
+    eq(out["image"], {"w": 60, "h": 40}, "the preview image loaded (natural size)")
+    r0, g0, b0 = out["pixel"]
+    check(abs(r0 - 255) <= 8 and g0 <= 8 and abs(b0 - 128) <= 8,
+          f"the screenshot shows the image's colour: {out['pixel']}")
+    eq(sorted(out["links"]), sorted(a["filename"] for a in arts.values()), "a link per artifact")
+    first = sorted(arts.values(), key=lambda a: a["path"])[0]
+    eq(out["page_download"]["sha256"], first["sha256"], "the page's first link downloads its bytes")
+    eq(out["page_download"]["name"], first["filename"], "under its name")
+    eq(out["html_rendered"], False, "an HTML artifact never runs in the browser")
+    eq(out["html_downloaded"], True, "it is downloaded instead")
+
+
+def test_page_escapes_and_scopes(ctx):
+    user = "b-page"
+    key = ctx.key(user)
+    run(ctx, user, "c1", "open('<img src=x onerror=alert(1)>.txt', 'w').write('x')")
+    r = ctx.get("/v1/conversations/c1/artifacts.html", key=key)
+    eq(r.status, 200, "page")
+    body = r.body.decode()
+    check("<img src=x" not in body, "file names are escaped")
+    check("&lt;img src=x onerror=alert(1)&gt;" in body, "and shown")
+    check(r.header("Content-Type").startswith("text/html"), "HTML")
+    r = ctx.get("/v1/conversations/c1/artifacts.html", key=ctx.key("b-other"))
+    check("onerror" not in r.body.decode() and "No artifacts yet" in r.body.decode(),
+          "another user sees none of it")
+    eq(ctx.get("/v1/conversations/c1/artifacts.html").status, 401, "needs auth")
