@@ -178,3 +178,94 @@ def test_signed_links(ctx):
     for i in ids:
         ctx.admin("key", "revoke", i)
     expect_error(ctx.get(link["url"]), 403, "forbidden")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def sparse_artifact(ctx, user, size):
+    """A fixture: a sparse file at the derived key with its rows, as a run
+    would have left them (a 1 GiB capture would take minutes here)."""
+    st = ctx.st
+    aid = new_id()
+    key = f"artifacts/{user}/{aid}/v1/big.bin"
+    path = os.path.join(st.storage, key)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.truncate(size)
+    h = hashlib.sha256()
+    zeros = bytes(1 << 20)
+    for _ in range(size >> 20):
+        h.update(zeros)
+    for d in [path, os.path.dirname(path), os.path.dirname(os.path.dirname(path)),
+              os.path.dirname(os.path.dirname(os.path.dirname(path)))]:
+        st.chown(d)
+    ctx.psql(f"INSERT INTO artifacts (id, user_id, conversation_id, path, kind, current_version)"
+             f" VALUES ('{aid}', '{user}', 'c1', 'big.bin', 'file', 1);"
+             f"INSERT INTO artifact_versions (artifact_id, version, filename, mime_type, size, sha256,"
+             f" storage_key, produced_by) VALUES ('{aid}', 1, 'big.bin', 'application/octet-stream',"
+             f" {size}, '{h.hexdigest()}', '{key}', '{{}}')")
+    return aid, h.hexdigest()
+
+
+def test_direct_1gib_in_bounded_memory_and_slow_clients(ctx):
+    import socket
+    import threading
+    user = "d-huge"
+    aid, digest = sparse_artifact(ctx, user, 1 << 30)
+    set_delivery(ctx, "direct")
+    try:
+        pid = ctx.st.pid("codexec-fcgi")
+        before = rss_kib(pid)
+        h = hashlib.sha256()
+        n = 0
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", ctx.st.http_port, timeout=300)
+        conn.request("GET", f"/v1/artifacts/{aid}/content",
+                     headers={"Authorization": f"Bearer {ctx.key(user)}"})
+        resp = conn.getresponse()
+        eq(resp.status, 200, "1 GiB download")
+        peak = before
+        while True:
+            chunk = resp.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+            n += len(chunk)
+            if n % (64 << 20) == 0:
+                peak = max(peak, rss_kib(pid))
+        conn.close()
+        peak = max(peak, rss_kib(pid))
+        eq(n, 1 << 30, "every byte")
+        eq(h.hexdigest(), digest, "intact")
+        print(f"# codexec-fcgi RSS {before} KiB before, {peak} KiB peak during a 1 GiB download")
+        check(peak - before < 8 * 1024, f"worker memory grew by {peak - before} KiB (< 8 MiB)")
+
+        # A client that reads one byte a second holds no worker: nginx buffers.
+        slow = socket.create_connection(("127.0.0.1", ctx.st.http_port))
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.sendall(f"GET /v1/artifacts/{aid}/content HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {ctx.key(user)}\r\n\r\n".encode())
+        slow.recv(1)
+        small = produce(ctx, user, "c2", {"s.txt": b"small"})["s.txt"]
+        results = []
+
+        def fetch():
+            r = ctx.get(f"/v1/artifacts/{small['artifact_id']}/content", key=ctx.key(user), timeout=30)
+            results.append((r.status, r.body))
+
+        threads = [threading.Thread(target=fetch) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        slow.recv(1)
+        eq(results, [(200, b"small")] * 8, "other downloads went on while the slow client lingered")
+        slow.close()
+    finally:
+        set_delivery(ctx, "x-accel")
