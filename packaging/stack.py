@@ -69,7 +69,7 @@ def pid_alive(pid):
 
 class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
-                 workers=8, conf_extra=None, fast_pg=False, nginx_body="64m"):
+                 workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra=""):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
@@ -78,6 +78,7 @@ class Stack:
         self.conf_extra = conf_extra or {}
         self.fast_pg = fast_pg
         self.nginx_body = nginx_body
+        self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
         p = lambda *a: os.path.join(self.var, *a)
         self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
         self.storage, self.workspaces = p("storage"), p("workspaces")
@@ -321,6 +322,7 @@ http {{
             alias {self.storage}/;
             include {ndir}/codexec-storage.conf;
         }}
+{self.nginx_extra}
     }}
 }}
 """

@@ -1,0 +1,303 @@
+#!/usr/bin/python3
+"""codexec benchmarks: figures side by side with the floor they run on,
+measured in the same run on the same machine. Prints one table and writes
+docs/performance.md. Not a test: nothing here passes or fails.
+
+    packaging/quickstart bench        (or: tests/bench/bench.py --build build)
+"""
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "packaging"))
+import stack  # noqa: E402
+
+rows = []
+
+
+def row(section, what, value, baseline=None, unit="", note=""):
+    ratio = f"{value / baseline:.2f}×" if baseline else ""
+    rows.append((section, what, value, baseline, unit, ratio, note))
+    b = f"{baseline:.2f} {unit}" if baseline is not None else "-"
+    print(f"{section:<12} {what:<48} {value:10.2f} {unit:<6} vs {b:<14} {ratio:>8}  {note}", flush=True)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+class Bench:
+    def __init__(self, st, build):
+        self.st = st
+        self.build = build
+        self.key = st.create_key("bench")
+
+    def req(self, method, path, body=None, key=True, port=None):
+        h = {"Content-Type": "application/json"}
+        if key:
+            h["Authorization"] = f"Bearer {self.key}"
+        c = http.client.HTTPConnection("127.0.0.1", port or self.st.http_port, timeout=600)
+        c.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, data
+
+    def run(self, cid, code, **kw):
+        body = {"conversation_id": cid, "code": code}
+        body.update(kw)
+        status, data = self.req("POST", "/v1/runs", body)
+        if status != 200:
+            raise RuntimeError(f"run failed: {status} {data[:200]!r}")
+        return json.loads(data)
+
+    def metric(self, name):
+        _, text = self.req("GET", "/metrics", key=False)
+        m = re.search(rf"^codexec_{name}_total (\d+)$", text.decode(), re.M)
+        return int(m.group(1))
+
+    def gateway(self, method, path, body=None):
+        req = urllib.request.Request(self.st.gateway_url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"token {self.st.gateway_token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            t = r.read()
+            return json.loads(t) if t else None
+
+    def raw(self, kernel, n, mode):
+        p = subprocess.run([os.path.join(self.build, "tests", "bench", "rawexec"), self.st.gateway_url,
+                            self.st.gateway_token, kernel, str(n), mode],
+                           stdout=subprocess.PIPE, text=True, check=True)
+        return [float(x) for x in p.stdout.split()]
+
+    def rss(self):
+        with open(f"/proc/{self.st.pid('codexec-fcgi')}/status") as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+
+def run_overhead(b, n_runs):
+    ws = "w-bench-raw"
+    os.makedirs(os.path.join(b.st.workspaces, ws), exist_ok=True)
+    b.st.chown(os.path.join(b.st.workspaces, ws))
+    k = b.gateway("POST", "/api/kernels", {"name": "python3-sandbox", "path": ws})["id"]
+    b.raw(k, 5, "tuned")
+    tuned = b.raw(k, n_runs, "tuned")
+    plain = b.raw(k, n_runs, "plain")
+    row("run", "raw execute x=1, tuned client (median)", statistics.median(tuned), None, "ms")
+    row("run", "raw execute x=1, plain client (median)", statistics.median(plain), None, "ms")
+    tm = statistics.median(tuned)
+    for files in (0, 10, 50, 500):
+        cid = f"overhead-{files}"
+        b.run(cid, f"import os\nfor i in range({files}):\n    open(f'f{{i:03d}}.bin', 'wb').write(os.urandom(65536))",
+              timeout=300)
+        b.run(cid, "x = 0")
+        trips0 = [b.metric(n) for n in ("gateway_round_trips", "gateway_rest_requests", "gateway_ws_connects")]
+        lat = []
+        for _ in range(n_runs):
+            t0 = time.perf_counter()
+            b.run(cid, "x=1")
+            lat.append((time.perf_counter() - t0) * 1000)
+        trips = [b.metric(n) for n in ("gateway_round_trips", "gateway_rest_requests", "gateway_ws_connects")]
+        per = [(a - c) / n_runs for a, c in zip(trips, trips0)]
+        row("run", f"POST /v1/runs x=1, {files} files of 64 KiB (median)", statistics.median(lat), tm, "ms",
+            f"p95 {pct(lat, 95):.1f} ms; per run: {per[0]:.0f} round trip, {per[1]:.0f} REST, {per[2]:.0f} WS opens")
+    b.gateway("DELETE", f"/api/kernels/{k}")
+
+
+def capture(b):
+    b.run("capture", "x = 0")
+    before = b.rss()
+    peak = [before]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], b.rss())
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    t0 = time.perf_counter()
+    r = b.run("capture", "import os\nwith open('big.bin', 'wb') as f:\n    f.write(os.urandom(100 << 20))",
+              timeout=300)
+    secs = time.perf_counter() - t0
+    done.set()
+    t.join()
+    size = sum(a["size"] for a in r["artifacts"])
+    row("capture", "100 MiB produced file: run incl. capture", secs, None, "s", f"{size / secs / 1e6:.0f} MB/s")
+    row("capture", "codexec-fcgi RSS growth during it", (peak[0] - before) / 1024, None, "MiB")
+    return r["artifacts"][0]
+
+
+def downloads(b, big):
+    # the same bytes served statically by the same nginx
+    src = os.path.join(b.st.storage, "artifacts", "bench", big["artifact_id"], "v1", big["filename"])
+    static = os.path.join(b.st.var, "static")
+    os.makedirs(static, exist_ok=True)
+    shutil.copyfile(src, os.path.join(static, "big.bin"))
+    with open(os.path.join(static, "small.bin"), "wb") as f:
+        f.write(os.urandom(4096))
+    for p in (static, os.path.join(static, "big.bin"), os.path.join(static, "small.bin")):
+        b.st.chown(p)
+        os.chmod(p, 0o755 if os.path.isdir(p) else 0o644)
+
+    def timed_get(path, key=True, n=5):
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c = http.client.HTTPConnection("127.0.0.1", b.st.http_port, timeout=600)
+            c.request("GET", path, headers={"Authorization": f"Bearer {b.key}"} if key else {})
+            r = c.getresponse()
+            while r.read(1 << 20):
+                pass
+            c.close()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    url = f"/v1/artifacts/{big['artifact_id']}/content"
+    st_t = timed_get("/_bench_static/big.bin", key=False)
+    row("download", "100 MiB, nginx static file", 100 / st_t, None, "MiB/s")
+    xa_t = timed_get(url)
+    row("download", "100 MiB, x-accel", 100 / xa_t, 100 / st_t, "MiB/s", "ratio to static (≥ 0.9 wanted)")
+    set_delivery(b, "direct")
+    try:
+        d_t = timed_get(url)
+        row("download", "100 MiB, direct", 100 / d_t, 100 / st_t, "MiB/s", "ratio to static (≥ 0.5 wanted)")
+    finally:
+        set_delivery(b, "x-accel")
+    small = b.run("small", "open('s.bin', 'wb').write(__import__('os').urandom(4096))")["artifacts"][0]
+
+    def wrk(path, headers):
+        args = ["wrk", "-t2", "-c16", "-d5s"] + sum((["-H", h] for h in headers), []) + \
+               [f"http://127.0.0.1:{b.st.http_port}{path}"]
+        out = subprocess.run(args, stdout=subprocess.PIPE, text=True).stdout
+        m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        return float(m.group(1)) if m else 0.0, int(non2xx.group(1)) if non2xx else 0
+
+    s_rps, _ = wrk("/_bench_static/small.bin", [])
+    row("download", "4 KiB, nginx static (wrk, 16 connections)", s_rps, None, "req/s")
+    a_rps, bad = wrk(f"/v1/artifacts/{small['artifact_id']}/content", [f"Authorization: Bearer {b.key}"])
+    row("download", "4 KiB artifact, x-accel (wrk, 16 connections)", a_rps, s_rps, "req/s",
+        f"ratio to static (≥ 0.5 wanted); {bad} non-2xx")
+
+
+def set_delivery(b, mode):
+    b.st.conf_extra["delivery"] = mode
+    b.st.write_config()
+    b.st.kill_pidfile("codexec-fcgi")
+    b.st.start_fcgi()
+
+
+def concurrency(b, seconds):
+    for n in (1, 4, 16, 64):
+        for i in range(n):
+            b.run(f"conc-{n}-{i}", "x = 0", timeout=300)
+        lat, errors = [], []
+        stop = time.monotonic() + seconds
+        rss = [b.rss()]
+
+        def worker(i):
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                try:
+                    b.run(f"conc-{n}-{i}", "x=1")
+                    lat.append((time.perf_counter() - t0) * 1000)
+                except Exception as e:  # counted, not fatal
+                    errors.append(str(e)[:80])
+            rss.append(b.rss())
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        row("concurrency", f"{n} conversations at once: runs/s", len(lat) / wall, None, "runs/s",
+            f"p99 {pct(lat, 99) if lat else 0:.1f} ms; {len(errors)} errors; RSS {max(rss) / 1024:.0f} MiB")
+
+
+def cold_start(b, n):
+    cold, warm = [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        b.run(f"cold-{i}", "x=1")
+        cold.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        b.run(f"cold-{i}", "x=1")
+        warm.append((time.perf_counter() - t0) * 1000)
+    row("cold start", "first run of a new conversation (median)", statistics.median(cold),
+        statistics.median(warm), "ms", "ratio to a warm run (≤ 3 wanted with a kernel pool)")
+
+
+def write_doc(path, machine):
+    lines = ["# Performance", "",
+             "Written by `packaging/quickstart bench` (tests/bench/bench.py). Every figure is",
+             "measured in the same run, on the same machine, next to its floor. The floors:",
+             "`tests/bench/rawexec` executes `x=1` on the same gateway and kernelspec with",
+             "nothing around it, once with a tuned client (TCP_QUICKACK re-armed after every",
+             "read, as codexec's own) and once with a plain one (delayed ACKs on); nginx",
+             "serving the same bytes as a static file; and a warm run for the cold start.",
+             "Medians unless said otherwise.", "", f"Machine: {machine}", "",
+             "| section | what | value | baseline | ratio | note |", "|---|---|---|---|---|---|"]
+    for s, w, v, bl, u, r, note in rows:
+        lines.append(f"| {s} | {w} | {v:.2f} {u} | {'' if bl is None else f'{bl:.2f} {u}'} | {r} | {note} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--smoke", action="store_true", help="each measurement once, briefly")
+    ap.add_argument("--doc", default=os.path.join(REPO, "docs", "performance.md"))
+    a = ap.parse_args()
+    if a.smoke:
+        a.runs, a.seconds = 3, 1
+    var = tempfile.mkdtemp(prefix="cx-bench-")
+    static = os.path.join(var, "static")
+    st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
+                     bindir=os.path.join(a.build, "fcgi"), workers=80,
+                     conf_extra={"workers": "80", "max_sessions_per_user": "200",
+                                 "user_quota_bytes": "50G", "user_quota_artifacts": "100000"},
+                     nginx_extra=f"        location /_bench_static/ {{ alias {static}/; }}")
+    try:
+        st.up()
+        b = Bench(st, os.path.abspath(a.build))
+        run_overhead(b, a.runs)
+        cold_start(b, 3 if a.smoke else 8)
+        big = capture(b)
+        downloads(b, big)
+        concurrency(b, a.seconds)
+        machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.release()}"
+        if not a.smoke:
+            write_doc(a.doc, machine)
+            print(f"# written to {a.doc}")
+    finally:
+        st.down()
+        shutil.rmtree(var, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
