@@ -332,12 +332,7 @@ send_redirect(struct cx_req *r, const char *prefix, const char *key, const char 
 
     cx_buf_init(&loc, 8192);
     cx_buf_adds(&loc, prefix);
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
-        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
-            strchr("-_.~/", *p))
-            cx_buf_add(&loc, p, 1);
-        else
-            cx_buf_addf(&loc, "%%%02X", *p);
+    cx_http_pct_encode(&loc, key, "-_.~/");
     if (!cx_buf_err(&loc))
         cx_req_header(r, "X-Accel-Redirect", loc.data);
     cx_buf_cleanup(&loc);

@@ -52,29 +52,13 @@ cx_download_resolve(struct cx_ctx *cx, const char *user, const char *id, int ver
     return CX_OK;
 }
 
+/* What a link's HMAC covers. Every field a link could be moved along. */
 static void
-pct(struct cx_buf *b, const char *s)
+link_message(struct cx_buf *m, const char *user, const char *id, long version, long long exp,
+             const char *key_id)
 {
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
-            *p == '-' || *p == '_' || *p == '.' || *p == '~')
-            cx_buf_add(b, p, 1);
-        else
-            cx_buf_addf(b, "%%%02X", *p);
-    }
-}
-
-static void
-mac(struct cx_ctx *cx, const char *user, const char *id, int version, long long exp,
-    const char *key_id, unsigned char out[crypto_auth_BYTES])
-{
-    struct cx_buf m;
-
-    cx_buf_init(&m, 4096);
-    cx_buf_addf(&m, "codexec-link-v1\n%s\n%s\n%d\n%lld\n%s", user, id, version, exp, key_id);
-    crypto_auth(out, (const unsigned char *)(m.data ? m.data : ""), m.len,
-                cx_auth_link_key(cx->auth));
-    cx_buf_cleanup(&m);
+    cx_buf_init(m, 4096);
+    cx_buf_addf(m, "codexec-link-v1\n%s\n%s\n%ld\n%lld\n%s", user, id, version, exp, key_id);
 }
 
 enum cx_err
@@ -115,11 +99,20 @@ cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id
     if (rc)
         return rc;
     exp = (long long)time(NULL) + expires_in;
-    mac(cx, who->user, id, d.version, exp, who->key_id, tag);
+    {
+        struct cx_buf m;
+        link_message(&m, who->user, id, d.version, exp, who->key_id);
+        if (cx_buf_err(&m)) {
+            cx_buf_cleanup(&m);
+            return CX_ERR_NOMEM;
+        }
+        crypto_auth(tag, (const unsigned char *)m.data, m.len, cx_auth_link_key(cx->auth));
+        cx_buf_cleanup(&m);
+    }
     sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
     cx_buf_init(&url, 8192);
     cx_buf_addf(&url, "/v1/artifacts/%s/content?version=%d&u=", id, d.version);
-    pct(&url, who->user);
+    cx_http_pct_encode(&url, who->user, "-_.~");
     cx_buf_addf(&url, "&k=%s&exp=%lld&sig=%s", who->key_id, exp, sig);
     t = (time_t)exp;
     gmtime_r(&t, &tm);
@@ -166,8 +159,7 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
     {
         struct cx_buf m;
         int bad;
-        cx_buf_init(&m, 4096);
-        cx_buf_addf(&m, "codexec-link-v1\n%s\n%s\n%ld\n%lld\n%s", user, id, v, exp, key_id);
+        link_message(&m, user, id, v, exp, key_id);
         bad = cx_buf_err(&m) || crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
                                                    cx_auth_link_key(cx->auth)) != 0;
         cx_buf_cleanup(&m);

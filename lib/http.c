@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "http.h"
 #include "util.h"
 
@@ -431,9 +432,9 @@ cx_http_multipart_finish(struct cx_multipart *m)
 void
 cx_http_content_disposition(const char *filename, char *out, size_t outlen)
 {
-    static const char hex[] = "0123456789ABCDEF";
-    char ascii[256], pct[800];
-    size_t a = 0, p = 0;
+    struct cx_buf pct;
+    char ascii[256];
+    size_t a = 0;
 
     for (const unsigned char *s = (const unsigned char *)filename; *s && a < sizeof(ascii) - 1;
          s++) {
@@ -445,19 +446,23 @@ cx_http_content_disposition(const char *filename, char *out, size_t outlen)
     }
     ascii[a] = '\0';
     /* RFC 5987 attr-char: ALPHA DIGIT ! # $ & + - . ^ _ ` | ~ */
-    for (const unsigned char *s = (const unsigned char *)filename; *s && p < sizeof(pct) - 4; s++) {
-        if ((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') ||
-            strchr("!#$&+-.^_`|~", *s)) {
-            pct[p++] = (char)*s;
-        } else {
-            pct[p++] = '%';
-            pct[p++] = hex[*s >> 4];
-            pct[p++] = hex[*s & 15];
-        }
-    }
-    pct[p] = '\0';
+    cx_buf_init(&pct, 800);
+    cx_http_pct_encode(&pct, filename, "!#$&+-.^_`|~");
     snprintf(out, outlen, "attachment; filename=\"%s\"; filename*=UTF-8''%s", a ? ascii : "file",
-             p ? pct : "file");
+             pct.len && !cx_buf_err(&pct) ? pct.data : "file");
+    cx_buf_cleanup(&pct);
+}
+
+void
+cx_http_pct_encode(struct cx_buf *b, const char *s, const char *keep)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+            strchr(keep, *p))
+            cx_buf_add(b, p, 1);
+        else
+            cx_buf_addf(b, "%%%02X", *p);
+    }
 }
 
 void

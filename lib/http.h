@@ -50,6 +50,11 @@ enum cx_err cx_http_query_get(const char *query, const char *name, char *out,
  * control characters never reach the header. out: 1200 bytes suffice. */
 void cx_http_content_disposition(const char *filename, char *out, size_t outlen);
 
+/* Appends s percent-encoded: ALPHA and DIGIT and the characters in keep
+ * stay, every other byte becomes %XX. */
+struct cx_buf;
+void cx_http_pct_encode(struct cx_buf *b, const char *s, const char *keep);
+
 /* IMF-fixdate (RFC 9110), e.g. "Sun, 06 Nov 1994 08:49:37 GMT". out: 32 bytes. */
 void cx_http_date(long long unix_seconds, char out[32]);
 
