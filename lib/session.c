@@ -57,22 +57,29 @@ CX_SQL(q_expired, 1,
        "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), workspace FROM sessions"
        " WHERE expires_at < now() ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED");
 
+/* Takes the conversation's lock if no one holds it; never waits. */
+static enum cx_err
+try_lock(struct cx_ctx *cx, const char *user, const char *cid, bool *got)
+{
+    const char *p[2] = {user, cid};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_lock_try, p, &r);
+
+    *got = rc == CX_OK && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    return rc;
+}
+
 static enum cx_err
 lock_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool *got)
 {
     char wait[32];
     const char *p[3] = {user, cid, wait};
-    PGresult *r = NULL;
     enum cx_err rc;
 
     *got = false;
-    if (cx->cfg->busy_wait == 0) {
-        rc = cx_db_exec(cx->db, &q_lock_try, p, &r);
-        if (rc == CX_OK)
-            *got = PQgetvalue(r, 0, 0)[0] == 't';
-        PQclear(r);
-        return rc;
-    }
+    if (cx->cfg->busy_wait == 0)
+        return try_lock(cx, user, cid, got);
     snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait);
     rc = cx_db_exec(cx->db, &q_lock_wait, p, NULL);
     if (rc == CX_OK)
@@ -215,18 +222,15 @@ make_room(struct cx_ctx *cx, const char *user, const char *cid)
         return rc;
     rc = CX_ERR_QUOTA;
     for (int i = 0; i < PQntuples(r); i++) {
-        const char *other[2] = {user, PQgetvalue(r, i, 0)};
-        PGresult *t = NULL;
+        const char *other = PQgetvalue(r, i, 0);
         bool got;
 
-        if (cx_db_exec(cx->db, &q_lock_try, other, &t))
+        if (try_lock(cx, user, other, &got))
             break;
-        got = PQgetvalue(t, 0, 0)[0] == 't';
-        PQclear(t);
         if (!got)
             continue; /* a run holds it */
-        rc = close_by_conversation(cx, user, other[1], true);
-        unlock_conversation(cx, user, other[1]);
+        rc = close_by_conversation(cx, user, other, true);
+        unlock_conversation(cx, user, other);
         if (rc == CX_ERR_NOT_FOUND)
             continue;
         if (rc == CX_OK)
@@ -444,13 +448,10 @@ cx_session_reap(struct cx_ctx *cx, int limit)
     }
     for (int i = 0; i < PQntuples(r); i++) {
         const char *who[2] = {PQgetvalue(r, i, 1), PQgetvalue(r, i, 2)};
-        PGresult *t = NULL;
         bool got;
 
-        if (cx_db_exec(cx->db, &q_lock_try, who, &t))
+        if (try_lock(cx, who[0], who[1], &got))
             break;
-        got = PQgetvalue(t, 0, 0)[0] == 't';
-        PQclear(t);
         if (!got)
             continue; /* a run is using it; it extended the expiry anyway */
         if (close_locked(cx, PQgetvalue(r, i, 0), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4),
