@@ -501,11 +501,20 @@ http {{
         if os.path.exists(os.path.join(self.pg_data, "PG_VERSION")) and self.pg_running():
             self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "-m", "fast", "-w", "stop"],
                      check=False)
+        # pg_ctl -w returns once the pid file is gone, a moment before the
+        # postmaster has exited: let stragglers finish, then kill what stays.
+        self.wait_leftovers(10)
         for pid, _ in self.leftovers():
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self.wait_leftovers(5)
+
+    def wait_leftovers(self, timeout):
+        deadline = time.monotonic() + timeout
+        while self.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def status(self):
         self.load_ports_readonly()
