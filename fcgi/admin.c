@@ -14,6 +14,7 @@
 #include "../lib/gateway.h"
 #include "../lib/log.h"
 #include "../lib/run.h"
+#include "../lib/prestart.h"
 #include "../lib/session.h"
 
 static void
@@ -32,7 +33,8 @@ usage(FILE *f)
         "  gc                              close expired sessions, expire runs, drop tombstones\n"
         "  sessions list [--user NAME]     list sandbox sessions\n"
         "  sessions close --user NAME --conversation ID\n"
-        "                                  close one session (kernel and workspace)\n");
+        "                                  close one session (kernel and workspace)\n"
+        "  pool drain                      delete the pre-started kernels (kernel_pool_size)\n");
 }
 
 static int
@@ -210,6 +212,25 @@ cmd_sessions(struct cx_ctx *cx, int argc, char **argv)
     return 2;
 }
 
+/* pool drain: delete every pooled kernel (after changing the kernelspec or
+ * the sandbox, or when kernel_pool_size goes to 0). Running codexec
+ * processes refill the pool to their kernel_pool_size. */
+static int
+cmd_pool(struct cx_ctx *cx, int argc, char **argv)
+{
+    if (argc == 1 && !strcmp(argv[0], "drain")) {
+        int n = cx_prestart_drain(cx);
+        if (n < 0) {
+            fprintf(stderr, "codexec-admin: pool drain failed\n");
+            return 1;
+        }
+        printf("deleted %d pooled kernel(s)\n", n);
+        return 0;
+    }
+    usage(stderr);
+    return 2;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -283,6 +304,8 @@ main(int argc, char **argv)
         status = cmd_gc(&cx);
     else if (!strcmp(argv[i], "sessions"))
         status = cmd_sessions(&cx, argc - i - 1, argv + i + 1);
+    else if (!strcmp(argv[i], "pool"))
+        status = cmd_pool(&cx, argc - i - 1, argv + i + 1);
     else
         usage(stderr);
 out:

@@ -29,6 +29,7 @@
 #include "../lib/kernel.h"
 #include "../lib/log.h"
 #include "../lib/metrics.h"
+#include "../lib/prestart.h"
 #include "../lib/run.h"
 #include "../lib/session.h"
 #include "../lib/util.h"
@@ -175,6 +176,29 @@ out:
     return NULL;
 }
 
+/* Keeps the pool of pre-started kernels full (kernel_pool_size > 0). */
+static void *
+prestart_main(void *arg)
+{
+    struct cx_ctx cx = {.cfg = &cfg, .auth = auth};
+    (void)arg;
+
+    cx_log_set_request_id("pool");
+    if (cx_db_new(cfg.database, &cx.db) ||
+        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &cx.gw)) {
+        cx_log_err(0, "kernel pool start-up failed: out of memory");
+        goto out;
+    }
+    do {
+        if (cx_prestart_fill(&cx) < 0)
+            cx_log_warn(0, "kernel pool: refill failed; retrying in %us", cfg.reaper_interval);
+    } while (cx_prestart_wait(cfg.reaper_interval));
+out:
+    cx_gateway_free(cx.gw);
+    cx_db_free(cx.db);
+    return NULL;
+}
+
 static int
 open_listener(const char *addr)
 {
@@ -221,8 +245,8 @@ main(int argc, char **argv)
     };
     const char *config_path = "/etc/codexec/codexec.conf", *listen_addr = NULL;
     char errbuf[512];
-    pthread_t *threads = NULL, reaper;
-    bool reaper_started = false;
+    pthread_t *threads = NULL, reaper, prestart;
+    bool reaper_started = false, prestart_started = false;
     sigset_t sigs;
     unsigned workers = 0, started = 0;
     int c, status = 1;
@@ -296,6 +320,13 @@ main(int argc, char **argv)
         goto out;
     }
     reaper_started = true;
+    if (cfg.kernel_pool_size > 0) {
+        if (pthread_create(&prestart, NULL, prestart_main, NULL) != 0) {
+            cx_log_err(errno, "pthread_create() of the kernel pool failed");
+            goto out;
+        }
+        prestart_started = true;
+    }
     cx_log_info("codexec-fcgi %s started: %u workers, listening on %s", PACKAGE_VERSION, started,
                 listen_addr && *listen_addr ? listen_addr
                 : listen_fd == 3            ? "fd 3"
@@ -326,6 +357,9 @@ main(int argc, char **argv)
         pthread_join(threads[i], NULL);
     if (reaper_started)
         pthread_join(reaper, NULL);
+    cx_prestart_shutdown();
+    if (prestart_started)
+        pthread_join(prestart, NULL);
     cx_kernel_pool_clear();
     if (listen_addr && *listen_addr) {
         const char *path = strncmp(listen_addr, "unix:", 5) == 0 ? listen_addr + 5 : listen_addr;

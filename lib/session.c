@@ -7,6 +7,7 @@
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
+#include "prestart.h"
 #include "session.h"
 #include "util.h"
 
@@ -264,6 +265,47 @@ start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
     return CX_OK;
 }
 
+/* Takes a pre-started kernel, in one transaction with the session's row:
+ * a failure puts the kernel back in the pool. *got is false when the pool
+ * is empty. */
+static enum cx_err
+create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, bool *got)
+{
+    char kid[64];
+    const char *k[3] = {s->id, kid, cx_gateway_url(cx->gw)};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    rc = cx_db_begin(cx->db);
+    if (rc)
+        return rc;
+    rc = cx_prestart_claim(cx, s->id, kid, got);
+    if (rc || !*got)
+        goto fail;
+    rc = cx_db_exec(cx->db, &q_insert, p, &r);
+    if (rc)
+        goto fail;
+    snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 0));
+    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    rc = cx_db_exec(cx->db, &q_set_kernel, k, NULL);
+    if (rc == CX_OK)
+        rc = cx_db_commit(cx->db);
+    if (rc) {
+        *got = false;
+        return rc;
+    }
+    snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", kid);
+    s->kernel_fresh = true;
+    s->created = true;
+    cx_log_info("session %s created with pooled kernel %s", s->id, kid);
+    return CX_OK;
+fail:
+    cx_db_rollback(cx->db);
+    *got = false;
+    return rc;
+}
+
 static enum cx_err
 create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
 {
@@ -283,8 +325,15 @@ create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t 
                      cx->cfg->max_sessions_per_user);
         goto out;
     }
-    cx_uuid_generate(s->id);
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
+    if (cx->cfg->kernel_pool_size > 0) {
+        bool got = false;
+        rc = create_from_pool(cx, s, p, &got);
+        cx_prestart_kick(); /* taken, or wanted: the pool refills */
+        if (rc || got)
+            goto out;
+    }
+    cx_uuid_generate(s->id);
     rc = cx_db_exec(cx->db, &q_insert, p, &r);
     if (rc)
         goto out;

@@ -1,0 +1,266 @@
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "db.h"
+#include "gateway.h"
+#include "kernel.h"
+#include "log.h"
+#include "prestart.h"
+#include "util.h"
+
+CX_SQL(q_claim, 2,
+       "DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"
+       " WHERE gateway_url = $1 AND kernel_name = $2 ORDER BY created_at LIMIT 1"
+       " FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id");
+CX_SQL(q_list, 1,
+       "SELECT id, kernel_id, kernel_name FROM prestarted_kernels WHERE gateway_url = $1"
+       " ORDER BY created_at");
+/* Zero rows when a claim took it first. */
+CX_SQL(q_take, 1, "DELETE FROM prestarted_kernels WHERE id = $1::uuid RETURNING kernel_id");
+CX_SQL(q_add, 4,
+       "INSERT INTO prestarted_kernels (id, gateway_url, kernel_name, kernel_id)"
+       " VALUES ($1::uuid, $2, $3, $4)");
+#define FILL_KEY "hashtextextended('prestart' || E'\\n' || $1, 2)"
+CX_SQL(q_fill_lock, 1, "SELECT pg_try_advisory_lock(" FILL_KEY ")");
+CX_SQL(q_fill_unlock, 1, "SELECT pg_advisory_unlock(" FILL_KEY ")");
+
+static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
+static bool kicked, shut;
+
+enum cx_err
+cx_prestart_claim(struct cx_ctx *cx, char id_out[37], char kernel_out[64], bool *got)
+{
+    const char *p[2] = {cx_gateway_url(cx->gw), cx->cfg->kernel_name};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    *got = false;
+    rc = cx_db_exec(cx->db, &q_claim, p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) == 1) {
+        snprintf(id_out, 37, "%s", PQgetvalue(r, 0, 0));
+        snprintf(kernel_out, 64, "%s", PQgetvalue(r, 0, 1));
+        *got = true;
+    }
+    PQclear(r);
+    return CX_OK;
+}
+
+void
+cx_prestart_kick(void)
+{
+    pthread_mutex_lock(&wake_lock);
+    kicked = true;
+    pthread_cond_signal(&wake_cond);
+    pthread_mutex_unlock(&wake_lock);
+}
+
+bool
+cx_prestart_wait(unsigned seconds)
+{
+    struct timespec ts;
+    bool go;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += seconds;
+    pthread_mutex_lock(&wake_lock);
+    while (!kicked && !shut)
+        if (pthread_cond_timedwait(&wake_cond, &wake_lock, &ts) != 0)
+            break;
+    kicked = false;
+    go = !shut;
+    pthread_mutex_unlock(&wake_lock);
+    return go;
+}
+
+void
+cx_prestart_shutdown(void)
+{
+    pthread_mutex_lock(&wake_lock);
+    shut = true;
+    pthread_cond_broadcast(&wake_cond);
+    pthread_mutex_unlock(&wake_lock);
+}
+
+static bool
+shutting_down(void)
+{
+    bool s;
+
+    pthread_mutex_lock(&wake_lock);
+    s = shut;
+    pthread_mutex_unlock(&wake_lock);
+    return s;
+}
+
+static void
+workspace_of(const char *id, char out[48])
+{
+    snprintf(out, 48, "w-%s", id);
+}
+
+/* Deletes a pooled kernel whose row we removed (or never inserted). */
+static void
+discard(struct cx_ctx *cx, const char *id, const char *kernel_id)
+{
+    char ws[48];
+
+    workspace_of(id, ws);
+    cx_kernel_pool_forget(kernel_id);
+    if (cx_gateway_kernel_delete(cx->gw, kernel_id) || cx_gateway_dir_delete(cx->gw, ws))
+        cx_log_warn(0, "could not delete pooled kernel %s or its workspace", kernel_id);
+}
+
+/* Removes the row, then the kernel, unless a claim got there first. */
+static enum cx_err
+take(struct cx_ctx *cx, const char *id)
+{
+    const char *p[1] = {id};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_take, p, &r);
+
+    if (rc == CX_OK && PQntuples(r) == 1)
+        discard(cx, id, PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return rc;
+}
+
+static bool
+alive(struct cx_ctx *cx, const char *kernel_id)
+{
+    json_t *model = NULL;
+    enum cx_err rc = cx_gateway_kernel_get(cx->gw, kernel_id, &model);
+    const char *state = json_string_value(json_object_get(model, "execution_state"));
+    bool ok = rc == CX_OK && !(state && !strcmp(state, "dead"));
+
+    json_decref(model);
+    /* Only a definite "gone" drops it: a gateway hiccup is not one. */
+    return ok || (rc != CX_OK && rc != CX_ERR_NOT_FOUND);
+}
+
+/* Keeps at most kernel_pool_size live kernels of the configured kernelspec;
+ * returns how many are kept, or -1. */
+static int
+prune(struct cx_ctx *cx)
+{
+    const char *p[1] = {cx_gateway_url(cx->gw)};
+    PGresult *r = NULL;
+    int kept = 0;
+
+    if (cx_db_exec(cx->db, &q_list, p, &r))
+        return -1;
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *id = PQgetvalue(r, i, 0), *kid = PQgetvalue(r, i, 1);
+        bool keep = (unsigned)kept < cx->cfg->kernel_pool_size &&
+                    !strcmp(PQgetvalue(r, i, 2), cx->cfg->kernel_name) && alive(cx, kid);
+
+        if (keep) {
+            kept++;
+        } else if (take(cx, id)) {
+            kept = -1;
+            break;
+        }
+    }
+    PQclear(r);
+    return kept;
+}
+
+/* Starts a kernel in a new workspace and waits until it has run an empty
+ * cell, so that its first real run does not wait for its start-up. */
+static enum cx_err
+start_one(struct cx_ctx *cx)
+{
+    char id[37], ws[48], kid[64], msg[160];
+    const char *p[4] = {id, cx_gateway_url(cx->gw), cx->cfg->kernel_name, kid};
+    struct cx_kernel_conn *c = NULL;
+    struct cx_exec e = {.code = "", .silent = true};
+    int64_t t0 = cx_now_us();
+    enum cx_err rc;
+
+    cx_uuid_generate(id);
+    workspace_of(id, ws);
+    rc = cx_gateway_dir_create(cx->gw, ws, msg, sizeof(msg));
+    if (rc)
+        return rc;
+    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, ws, kid, msg, sizeof(msg));
+    if (rc) {
+        if (cx_gateway_dir_delete(cx->gw, ws))
+            cx_log_warn(0, "could not delete workspace of a failed pooled kernel");
+        return rc;
+    }
+    rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
+                             sizeof(msg));
+    if (rc == CX_OK) {
+        rc = cx_kernel_execute(c, &e);
+        if (rc == CX_OK)
+            rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+        cx_exec_cleanup(&e, 1);
+        /* Not pooled: another process may claim the kernel, and an unread
+         * connection would collect all of its output. */
+        cx_kernel_conn_free(c);
+    }
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_add, p, NULL);
+    if (rc) {
+        discard(cx, id, kid);
+        return rc;
+    }
+    cx_log_info("pooled kernel %s ready in %lldms", kid, (long long)(cx_now_us() - t0) / 1000);
+    return CX_OK;
+}
+
+int
+cx_prestart_fill(struct cx_ctx *cx)
+{
+    const char *p[1] = {cx_gateway_url(cx->gw)};
+    PGresult *r = NULL;
+    int have, started = 0;
+    bool got;
+
+    if (cx_db_exec(cx->db, &q_fill_lock, p, &r))
+        return -1;
+    got = PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    if (!got)
+        return 0; /* another process is refilling */
+    have = prune(cx);
+    while (have >= 0 && (unsigned)have < cx->cfg->kernel_pool_size && !shutting_down()) {
+        if (start_one(cx)) {
+            cx_log_warn(0, "could not start a pooled kernel");
+            started = -1;
+            break;
+        }
+        have++;
+        started++;
+    }
+    if (have < 0)
+        started = -1;
+    if (cx_db_exec(cx->db, &q_fill_unlock, p, NULL))
+        cx_log_warn(0, "pool advisory unlock failed; the lock ends with the connection");
+    return started;
+}
+
+int
+cx_prestart_drain(struct cx_ctx *cx)
+{
+    const char *p[1] = {cx_gateway_url(cx->gw)};
+    PGresult *r = NULL;
+    int n = 0;
+
+    if (cx_db_exec(cx->db, &q_list, p, &r))
+        return -1;
+    for (int i = 0; i < PQntuples(r); i++) {
+        if (take(cx, PQgetvalue(r, i, 0))) {
+            n = -1;
+            break;
+        }
+        n++;
+    }
+    PQclear(r);
+    return n;
+}

@@ -1,0 +1,43 @@
+/* codexec: a pool of pre-started kernels (kernel_pool_size).
+ *
+ * A new conversation's first run pays for a kernel start-up (most of a
+ * second) unless a kernel is waiting for it. Pooled kernels are rows of
+ * prestarted_kernels in PostgreSQL, so every codexec process sharing the
+ * database shares the pool: a claim deletes the row inside the creating
+ * transaction (SKIP LOCKED), so no kernel is ever handed out twice, and a
+ * kernel never returns to the pool, so nothing of a previous owner can reach
+ * the next one. One process at a time refills (an advisory lock), in a
+ * background thread. */
+#ifndef CX_PRESTART_H
+#define CX_PRESTART_H
+
+#include <stdbool.h>
+
+#include "ctx.h"
+#include "err.h"
+
+/* Inside the caller's transaction: takes the oldest pooled kernel of this
+ * gateway and kernelspec. *got is false when none is ready (not an error).
+ * id_out becomes the session's id; its workspace is "w-" + id. */
+enum cx_err cx_prestart_claim(struct cx_ctx *cx, char id_out[37], char kernel_out[64],
+                              bool *got) CX_MUSTCHECK;
+
+/* Wakes the refilling thread (after a claim). */
+void cx_prestart_kick(void);
+
+/* Sleeps until kicked or seconds pass; false once cx_prestart_shutdown()
+ * was called. */
+bool cx_prestart_wait(unsigned seconds);
+void cx_prestart_shutdown(void);
+
+/* Drops pooled kernels the gateway no longer knows and any above
+ * kernel_pool_size, then starts kernels (each warmed with an empty execute)
+ * until the pool is full or shutdown. Does nothing when another process is
+ * refilling. Returns the number of kernels started, or -1 on an error. */
+int cx_prestart_fill(struct cx_ctx *cx);
+
+/* Deletes every pooled kernel of this gateway (codexec-admin pool drain).
+ * Returns how many, or -1 on an error. */
+int cx_prestart_drain(struct cx_ctx *cx);
+
+#endif
