@@ -32,16 +32,20 @@ struct cx_captured {
 enum cx_err cx_capture_new(const struct cx_config *cfg, struct cx_capture **out) CX_MUSTCHECK;
 void cx_capture_free(struct cx_capture *c);
 
-/* The loader cell's code (a constant) and the request metadata for it
- * (new reference): limits, the outputs globs (borrowed, may be NULL), the
+/* The loader, a user expression (a constant), and the request metadata for
+ * it (new reference): limits, the outputs globs (borrowed, may be NULL), the
  * kernel-side state file named after kernel_id, and the helper's source.
  * rescan: ignore the record of the last scan (every file is offered). */
-const char *cx_capture_cell(void);
+const char *cx_capture_expression(void);
 json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
                             bool rescan);
 
 /* Handles one capture message (the value under CX_CAPTURE_MIME). */
 void cx_capture_on_message(struct cx_capture *c, json_t *msg);
+
+/* Handles the loader expression's result from execute_reply
+ * user_expressions: its "done" record, or nothing when it failed. */
+void cx_capture_on_result(struct cx_capture *c, json_t *value);
 
 /* Adds a rich output (a display_data image, say) as a captured file named
  * output-<n>.<ext>. data: the decoded bytes. */

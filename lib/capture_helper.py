@@ -6,10 +6,13 @@
 # Input: the execute_request's metadata["codexec_capture"]:
 #   {"state": "<state file>", "rescan": bool, "max_files": N, "max_bytes": N, "chunk": N,
 #    "outputs": [globs] | null, "src": this source}
+# It runs as a user expression of the run's last request, so it costs no
+# execute of its own (see docs/internals/capture.md).
 # Output: display_data messages of type application/vnd.codexec.capture+json:
 #   {"op": "file", "n": i, "path": p, "size": s}          a changed file begins
 #   {"op": "chunk", "n": i, "data": "<base64>"}            its bytes, in order
 #   {"op": "end", "n": i, "size": s, "sha256": h}          what was sent
+# and, as the expression's value (its text/plain is this JSON):
 #   {"op": "done", "skipped": [...], "scanned": n, "hashed": m}
 import base64
 import fnmatch
@@ -150,7 +153,17 @@ def main(ip):
         os.replace(tmp, meta["state"])
     except OSError:
         pass
-    send({"op": "done", "skipped": skipped, "scanned": scanned, "hashed": hashed})
+    return Done(json.dumps({"op": "done", "skipped": skipped, "scanned": scanned, "hashed": hashed}))
+
+
+class Done:
+    """The expression's value: IPython formats it as text/plain with repr()."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
 
 
 def hash_file(path):
@@ -167,4 +180,4 @@ def hash_file(path):
     return h.hexdigest()
 
 
-main(get_ipython())  # noqa: F821 (the kernel's builtin)
+done = main(get_ipython())  # noqa: F821 (the kernel's builtin)

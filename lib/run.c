@@ -314,6 +314,8 @@ struct exec_state {
     bool output_lost;       /* replies came, idle statuses did not */
     bool abandoned;         /* stopped reading mid-output */
     struct cx_capture *cap; /* NULL when capture_artifacts is false */
+    int carrier;            /* the request carrying the epilogue's expressions */
+    int wait_offset;        /* index in the run's array of the requests waited for */
     size_t base;            /* input-staging requests before reqs[0] */
     bool stage_failed;
 };
@@ -592,6 +594,8 @@ on_message(void *ctx, int index, const char *type, json_t *content)
 {
     struct exec_state *st = ctx;
 
+    if (index >= 0)
+        index += st->wait_offset;
     if (index >= 0 && (size_t)index < st->base) {
         if (!strcmp(type, "error"))
             st->stage_failed = true;
@@ -609,12 +613,15 @@ on_message(void *ctx, int index, const char *type, json_t *content)
         return CX_OK;
     }
     st->any_message = true;
-    if (index == REQ_EPILOGUE) {
+    if (index == st->carrier && st->cap && !strcmp(type, "display_data")) {
         json_t *m = json_object_get(json_object_get(content, "data"), CX_CAPTURE_MIME);
-        if (m && st->cap && !strcmp(type, "display_data"))
+        if (m) {
             cx_capture_on_message(st->cap, m);
-        return CX_OK;
+            return CX_OK;
+        }
     }
+    if (index == REQ_EPILOGUE)
+        return CX_OK;
     if (!strcmp(type, "stream")) {
         const char *name = json_string_value(json_object_get(content, "name"));
         json_t *text = json_object_get(content, "text");
@@ -750,55 +757,27 @@ wait_windows(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, 
     }
 }
 
-/* Sends the pipelined requests (the user's cell, main() when there are
- * arguments, the epilogue) and waits for them, applying the timeout and
- * its grace period. */
+/* Waits for the sent requests in reqs[0..n) until deadline_us; at the
+ * deadline interrupts the kernel, and restarts it when it is not idle within
+ * the grace period (st->timed_out). offset: reqs' index in the run's array. */
 static enum cx_err
-execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request *req,
-        const struct inputs *in, struct cx_exec *all, char *msg, size_t msglen)
+wait_run(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, int n, int offset,
+         int64_t deadline_us)
 {
-    struct cx_exec *reqs = all + st->base;
-    int n = (int)st->base + REQ_MAX;
     const struct cx_config *cfg = st->cx->cfg;
-    char check[256];
-    json_t *uexpr = NULL, *meta = NULL, *capmeta = NULL;
-    enum cx_err rc = CX_OK;
+    enum cx_err rc;
 
-    snprintf(check, sizeof(check), TOKEN_CHECK_FMT, s->kernel_id);
-    uexpr = json_pack("{s:s}", "cx", check);
-    if (req->arguments)
-        meta = json_pack("{s:O}", "codexec_arguments", req->arguments);
-    if (st->cap)
-        capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs, s->capture_rescan);
-    memset(all, 0, sizeof(*all) * (size_t)n);
-    reqs[REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
-    reqs[REQ_CALL] = (struct cx_exec){.code = call_cell, .metadata = meta};
-    reqs[REQ_EPILOGUE] = (struct cx_exec){.code = st->cap ? cx_capture_cell() : "",
-                                          .silent = true,
-                                          .user_expressions = uexpr,
-                                          .metadata = capmeta};
-    /* Leftovers of an earlier run or of other clients (a restart notice,
-     * say) must not be taken for this run's news. */
-    cx_kernel_drain(st->conn, 0);
-    rc = send_inputs(st, in, all);
-    for (int i = 0; i < REQ_MAX && rc == CX_OK; i++)
-        if (i != REQ_CALL || req->arguments)
-            rc = cx_kernel_execute(st->conn, &reqs[i]);
-    if (rc) {
-        snprintf(msg, msglen, "sending to the kernel failed");
-        goto out;
-    }
-    cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
-    rc = wait_windows(st, s, all, n, cx_now_us() + (int64_t)(req->timeout * 1e6));
+    st->wait_offset = offset;
+    rc = wait_windows(st, s, reqs, n, deadline_us);
     if (rc == CX_ERR_TIMEOUT) {
         st->timed_out = true;
-        cx_log_info("run timed out after %.3gs; interrupting", req->timeout);
+        cx_log_info("run timed out; interrupting");
         rc = cx_gateway_kernel_interrupt(st->cx->gw, s->kernel_id);
         if (rc == CX_ERR_NOT_FOUND)
             goto out;
         if (rc)
             cx_log_warn(0, "interrupt request failed");
-        rc = wait_windows(st, s, all, n, cx_now_us() + cfg->interrupt_grace * 1000000LL);
+        rc = wait_windows(st, s, reqs, n, cx_now_us() + cfg->interrupt_grace * 1000000LL);
         if (rc == CX_ERR_TIMEOUT) {
             cx_log_info("kernel not idle %us after the interrupt; restarting",
                         cfg->interrupt_grace);
@@ -810,6 +789,86 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
             rc = CX_OK;
         }
     }
+out:
+    st->wait_offset = 0;
+    return rc;
+}
+
+/* Whether a request's user expressions (the epilogue) were evaluated: the
+ * kernel evaluates them only after a cell that succeeded. */
+static bool
+carried(const struct cx_exec *e)
+{
+    const char *status = json_string_value(json_object_get(e->reply, "status"));
+
+    return e->got_reply && status && !strcmp(status, "ok") &&
+           json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
+}
+
+/* Sends the pipelined requests (the user's cell, then main() when there are
+ * arguments) and waits for them, applying the timeout and its grace period.
+ * The epilogue (the restart check and the capture) rides on the last one as
+ * user expressions, so a run is one execute, like a raw client's. When that
+ * cell fails the kernel skips its expressions; then a separate silent
+ * request carries them: one more round trip, for failed runs only. */
+static enum cx_err
+execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request *req,
+        const struct inputs *in, struct cx_exec *all, char *msg, size_t msglen)
+{
+    struct cx_exec *reqs = all + st->base;
+    const struct cx_config *cfg = st->cx->cfg;
+    int last = req->arguments ? REQ_CALL : REQ_USER;
+    int64_t deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
+    char check[256];
+    json_t *uexpr = NULL, *meta = NULL, *capmeta = NULL;
+    enum cx_err rc = CX_ERR_NOMEM;
+
+    snprintf(check, sizeof(check), TOKEN_CHECK_FMT, s->kernel_id);
+    uexpr = json_pack("{s:s}", "cx", check);
+    meta = json_object();
+    if (st->cap) {
+        capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs, s->capture_rescan);
+        if (!capmeta || json_object_set_new(uexpr, "cap", json_string(cx_capture_expression())) ||
+            json_object_update(meta, capmeta))
+            goto out;
+    }
+    if (!uexpr || !meta ||
+        (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
+        goto out;
+    memset(all, 0, sizeof(*all) * (st->base + REQ_MAX));
+    reqs[REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
+    reqs[REQ_CALL] = (struct cx_exec){.code = call_cell};
+    reqs[last].user_expressions = uexpr;
+    reqs[last].metadata = meta;
+    reqs[REQ_EPILOGUE] = (struct cx_exec){
+        .code = "", .silent = true, .user_expressions = uexpr, .metadata = capmeta};
+    st->carrier = last;
+    /* Leftovers of an earlier run or of other clients (a restart notice,
+     * say) must not be taken for this run's news. */
+    cx_kernel_drain(st->conn, 0);
+    rc = send_inputs(st, in, all);
+    for (int i = REQ_USER; i <= last && rc == CX_OK; i++)
+        rc = cx_kernel_execute(st->conn, &reqs[i]);
+    if (rc) {
+        snprintf(msg, msglen, "sending to the kernel failed");
+        goto out;
+    }
+    cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
+    rc = wait_run(st, s, all, (int)st->base + REQ_MAX, 0, deadline);
+    if (rc == CX_OK && !st->timed_out && !st->output_lost && !carried(&reqs[last])) {
+        st->carrier = REQ_EPILOGUE;
+        rc = cx_kernel_execute(st->conn, &reqs[REQ_EPILOGUE]);
+        if (rc) {
+            snprintf(msg, msglen, "sending to the kernel failed");
+            goto out;
+        }
+        cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
+        rc = wait_run(st, s, &reqs[REQ_EPILOGUE], 1, (int)st->base + REQ_EPILOGUE, deadline);
+    }
+    if (rc == CX_OK && st->cap && carried(&reqs[st->carrier]))
+        cx_capture_on_result(
+            st->cap,
+            json_object_get(json_object_get(reqs[st->carrier].reply, "user_expressions"), "cap"));
 out:
     /* the requests borrowed these until now */
     for (int i = 0; i < REQ_MAX; i++)
@@ -938,7 +997,7 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         if (rs && !strcmp(rs, "error"))
             st.error = json_incref(reqs[i].reply);
     }
-    if (!st.died && reqs[REQ_EPILOGUE].got_reply && epilogue_says_fresh(&reqs[REQ_EPILOGUE]) &&
+    if (!st.died && carried(&reqs[st.carrier]) && epilogue_says_fresh(&reqs[st.carrier]) &&
         !s.kernel_fresh)
         s.reset = true; /* restarted behind our back since the last run */
     if (!st.died && !st.timed_out)

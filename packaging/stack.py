@@ -270,6 +270,8 @@ class Stack:
             "secret_file": self.secret,
             "delivery": "x-accel",
             "x_accel_prefix": "/_codexec_storage/",
+            # a new conversation's first run finds a kernel already started
+            "kernel_pool_size": "2",
         }
         lines.update(self.conf_extra)
         text = "# Written by packaging/stack.py; see README.md for every key.\n"

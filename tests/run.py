@@ -146,6 +146,7 @@ def main():
         "interrupt_grace": "2",
         "max_output_bytes": "1M",
         "user_quota_artifacts": "100",
+        "kernel_pool_size": "0",  # test_pool turns it on
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,

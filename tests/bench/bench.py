@@ -87,6 +87,15 @@ class Bench:
                            stdout=subprocess.PIPE, text=True, check=True)
         return [float(x) for x in p.stdout.split()]
 
+    def psql(self, sql):
+        st = self.st
+        return subprocess.run(["/usr/lib/postgresql/15/bin/psql", "-h", st.pg_run, "-p", str(st.pg_port),
+                               "-U", "codexec", "-d", "codexec", "-tAc", sql],
+                              stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
+
+    def pool_ready(self):
+        return int(self.psql("SELECT count(*) FROM prestarted_kernels"))
+
     def rss(self):
         with open(f"/proc/{self.st.pid('codexec-fcgi')}/status") as f:
             return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
@@ -231,21 +240,54 @@ def concurrency(b, seconds):
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        row("concurrency", f"{n} conversations at once: runs/s", len(lat) / wall, None, "runs/s",
+        # the floor: tuned raw clients executing on the same kernels at once
+        kernels = b.psql(f"SELECT kernel_id FROM sessions WHERE conversation_id LIKE 'conc-{n}-%'").split()
+        procs = [subprocess.Popen([os.path.join(b.build, "tests", "bench", "rawexec"), b.st.gateway_url,
+                                   b.st.gateway_token, k, f"{seconds:g}s", "tuned"],
+                                  stdout=subprocess.PIPE, text=True) for k in kernels]
+        raw = []
+        for p in procs:
+            raw += [float(x) for x in p.communicate()[0].split()]
+        raw_rate = len(raw) / seconds
+        row("concurrency", f"{n} conversations at once: raw executes/s", raw_rate, None, "exec/s",
+            f"p99 {pct(raw, 99) if raw else 0:.1f} ms; tuned raw clients on the same kernels")
+        row("concurrency", f"{n} conversations at once: runs/s", len(lat) / wall, raw_rate, "runs/s",
             f"p99 {pct(lat, 99) if lat else 0:.1f} ms; {len(errors)} errors; RSS {max(rss) / 1024:.0f} MiB")
 
 
 def cold_start(b, n):
-    cold, warm = [], []
-    for i in range(n):
-        t0 = time.perf_counter()
-        b.run(f"cold-{i}", "x=1")
-        cold.append((time.perf_counter() - t0) * 1000)
-        t0 = time.perf_counter()
-        b.run(f"cold-{i}", "x=1")
-        warm.append((time.perf_counter() - t0) * 1000)
-    row("cold start", "first run of a new conversation (median)", statistics.median(cold),
-        statistics.median(warm), "ms", "ratio to a warm run (≤ 3 wanted with a kernel pool)")
+    """With the pool emptied and off (what every first run paid before the
+    pool), then with a kernel ready in the pool."""
+    size = b.st.conf_extra.get("kernel_pool_size")
+    for pooled in (False, True):
+        b.st.conf_extra["kernel_pool_size"] = "2" if pooled else "0"
+        b.st.write_config()
+        b.st.kill_pidfile("codexec-fcgi")
+        if not pooled:
+            subprocess.run([b.st.admin, "--config", b.st.conf, "pool", "drain"], check=True,
+                           stdout=subprocess.DEVNULL)
+        b.st.start_fcgi()
+        cold, warm = [], []
+        for i in range(n):
+            if pooled:
+                deadline = time.monotonic() + 120
+                while b.pool_ready() < 1 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            cid = f"cold-{int(pooled)}-{i}"
+            t0 = time.perf_counter()
+            b.run(cid, "x=1")
+            cold.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            b.run(cid, "x=1")
+            warm.append((time.perf_counter() - t0) * 1000)
+        what = "a kernel ready in the pool" if pooled else "no kernel pool"
+        row("cold start", f"first run of a new conversation, {what} (median)", statistics.median(cold),
+            statistics.median(warm), "ms",
+            "ratio to a warm run" + (" (≤ 3 wanted)" if pooled else " (before the pool)"))
+    if size is None:
+        b.st.conf_extra.pop("kernel_pool_size")
+    else:
+        b.st.conf_extra["kernel_pool_size"] = size
 
 
 def write_doc(path, machine):
@@ -284,6 +326,9 @@ def main():
     try:
         st.up()
         b = Bench(st, os.path.abspath(a.build))
+        deadline = time.monotonic() + 120
+        while b.pool_ready() < int(st.conf_extra.get("kernel_pool_size", 2)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         run_overhead(b, a.runs)
         cold_start(b, 3 if a.smoke else 8)
         big = capture(b)

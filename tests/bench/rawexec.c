@@ -2,7 +2,13 @@
  * a kernel's channels WebSocket with nothing else around it, and prints each
  * execute's milliseconds (reply and idle received), one per line.
  *
- *   rawexec GATEWAY_URL TOKEN KERNEL_ID N tuned|plain [CODE]
+ *   rawexec GATEWAY_URL TOKEN KERNEL_ID N|Ss tuned|plain [CODE]
+ *
+ * N executes, or as many as fit in S seconds ("5s"). With EPILOGUE=capture
+ * in the environment each execute carries codexec's capture expression, as
+ * a run's cell does: the kernel-side floor of a run with its capture.
+ * EPILOGUE=empty pipelines an empty silent execute after each one, and
+ * EPILOGUE=code:SRC a silent SRC (to weigh a second request).
  *
  * tuned re-arms TCP_QUICKACK after every read (codexec's client); plain
  * leaves delayed ACKs on, as most WebSocket clients do. */
@@ -12,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../lib/capture.h"
+#include "../../lib/config.h"
 #include "../../lib/kernel.h"
 #include "../../lib/log.h"
 #include "../../lib/util.h"
@@ -21,13 +29,19 @@ main(int argc, char **argv)
 {
     struct cx_kernel_conn *c = NULL;
     char msg[256];
+    int64_t until = 0;
+    char *end;
     long n;
 
     if (argc < 6) {
-        fprintf(stderr, "usage: rawexec GATEWAY_URL TOKEN KERNEL_ID N tuned|plain [CODE]\n");
+        fprintf(stderr, "usage: rawexec GATEWAY_URL TOKEN KERNEL_ID N|Ss tuned|plain [CODE]\n");
         return 2;
     }
-    n = strtol(argv[4], NULL, 10);
+    n = strtol(argv[4], &end, 10);
+    if (*end == 's') {
+        until = cx_now_us() + n * 1000000LL;
+        n = -1;
+    }
     if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
         return 1;
     if (cx_kernel_conn_open(argv[1], argv[2], argv[3], strcmp(argv[5], "plain") != 0, &c, msg,
@@ -35,19 +49,42 @@ main(int argc, char **argv)
         fprintf(stderr, "rawexec: %s\n", msg);
         return 1;
     }
-    for (long i = 0; i < n; i++) {
-        struct cx_exec e = {.code = argc > 6 ? argv[6] : "x=1", .store_history = true};
-        int64_t t0 = cx_now_us();
+    const char *epi = getenv("EPILOGUE");
+    struct cx_config cfg;
+    json_t *meta = NULL, *uexpr = NULL;
+    int nreq = epi && strcmp(epi, "capture") ? 2 : 1;
 
-        if (cx_kernel_execute(c, &e) ||
-            cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 60 * 1000000LL, NULL, NULL)) {
+    if (cx_config_defaults(&cfg))
+        return 1;
+    if (epi && !strcmp(epi, "capture")) {
+        meta = cx_capture_metadata(&cfg, argv[3], NULL, false);
+        uexpr = json_pack("{s:s}", "cap", cx_capture_expression());
+    }
+    for (long i = 0; n < 0 ? cx_now_us() < until : i < n; i++) {
+        struct cx_exec e[2] = {
+            {.code = argc > 6 ? argv[6] : "x=1",
+             .store_history = true,
+             .user_expressions = uexpr,
+             .metadata = meta},
+            {.code = epi && !strncmp(epi, "code:", 5) ? epi + 5 : "", .silent = true},
+        };
+        int64_t t0 = cx_now_us();
+        bool sent = true;
+
+        for (int k = 0; k < nreq; k++)
+            sent = sent && cx_kernel_execute(c, &e[k]) == CX_OK;
+        if (!sent || cx_kernel_wait(c, e, nreq, nreq, cx_now_us() + 60 * 1000000LL, NULL, NULL)) {
             fprintf(stderr, "rawexec: execute failed\n");
             return 1;
         }
         printf("%.3f\n", (double)(cx_now_us() - t0) / 1000.0);
         fflush(stdout);
-        cx_exec_cleanup(&e, 1);
+        e[0].metadata = e[0].user_expressions = NULL;
+        cx_exec_cleanup(e, nreq);
     }
+    json_decref(meta);
+    json_decref(uexpr);
+    cx_config_cleanup(&cfg);
     cx_kernel_conn_free(c);
     curl_global_cleanup();
     return 0;

@@ -238,6 +238,54 @@ def test_round_trips_do_not_grow_with_the_workspace(ctx):
     eq(empty, [1, 0, 0], "one pipelined batch, no REST call, no new WebSocket")
 
 
+def test_failed_cells_still_capture(ctx):
+    """The capture rides on the run's last cell, which the kernel skips when
+    the cell raises: then one more request captures, so a failed run loses
+    nothing (and costs one more round trip, failed runs only)."""
+    user = "a-fail"
+    r, trips = round_trips(ctx, user, "c1", "open('before.txt', 'w').write('b')\nraise ValueError('x')")
+    eq((r["status"], r["error_name"]), ("error", "ValueError"), "the cell failed")
+    eq([a["path"] for a in r["artifacts"]], ["before.txt"], "what it wrote is captured")
+    eq(trips[0], 2, "a failed cell costs one more round trip")
+    _, trips = round_trips(ctx, user, "c1", "x = 1")
+    eq(trips[0], 1, "a run that succeeds costs one")
+    r = run(ctx, user, "c1", "def main(n):\n    open('m.txt', 'w').write(str(n))\n    raise KeyError(n)",
+            arguments={"n": 3})
+    eq((r["status"], [a["path"] for a in r["artifacts"]]), ("error", ["m.txt"]),
+       "main() failing after writing a file")
+    r = run(ctx, user, "c1", "def main(n):\n    open('m.txt', 'w').write(str(n * 2))\n    return n",
+            arguments={"n": 4})
+    eq((r["status"], r["result"], [a["path"] for a in r["artifacts"]]), ("ok", 4, ["m.txt"]),
+       "main() succeeding")
+    eq(r["artifacts"][0]["version"], 2, "the next version")
+
+
+def test_forged_capture_messages(ctx):
+    """User code can publish messages that look like the capture protocol's:
+    they can neither escape the workspace nor stop the real capture."""
+    user = "a-forge"
+    code = ("from IPython.display import display\n"
+            "M = 'application/vnd.codexec.capture+json'\n"
+            "for m in [{'op': 'file', 'n': 0, 'path': '../../etc/evil', 'size': 3},\n"
+            "          {'op': 'done', 'skipped': [{'path': '../x', 'reason': 'y'}]},\n"
+            "          {'op': 'file', 'n': 7, 'path': 'forged.txt', 'size': 5},\n"
+            "          {'op': 'chunk', 'n': 7, 'data': 'aGVsbG8='},\n"
+            "          {'op': 'end', 'n': 7, 'size': 5, 'sha256': '0' * 64},\n"
+            "          {'op': 'file', 'n': 8, 'path': 'half.txt', 'size': 5}]:\n"
+            "    display({M: m}, raw=True)\n"
+            "open('real.txt', 'w').write('real')\n")
+    r = run(ctx, user, "c1", code)
+    eq(r["status"], "ok", f"{r!r}")
+    eq([a["path"] for a in r["artifacts"]], ["real.txt"], "only the real file is an artifact")
+    a = r["artifacts"][0]
+    eq(ctx.get(f"/v1/artifacts/{a['artifact_id']}/content", key=ctx.key(user)).body, b"real",
+       "its bytes")
+    eq(sorted((s["path"], s["reason"]) for s in r.get("skipped", [])),
+       [("../../etc/evil", "invalid_name"), ("forged.txt", "corrupt_transfer"),
+        ("half.txt", "incomplete_transfer")], "forgeries are reported as what they are")
+    eq(os.path.exists("/etc/evil"), False, "nothing was written outside the storage")
+
+
 def test_inputs_round_trip(ctx):
     user = "a-inputs"
     r = run(ctx, user, "c1", "import os\nos.makedirs('a', exist_ok=True); os.makedirs('b', exist_ok=True)\n"
