@@ -23,7 +23,7 @@ import stat
 
 MIME = "application/vnd.codexec.capture+json"
 EXCLUDED_DIRS = ("inputs", "tmp", "__pycache__")
-EXCLUDED_GLOBS = ("*.tmp", "*.lock", "*.pyc", "*.pyo")
+EXCLUDED_SUFFIXES = (".tmp", ".lock", ".pyc", ".pyo")  # the globs *.tmp, *.lock, ...
 MAX_SCAN = 100000
 
 
@@ -56,7 +56,7 @@ def main(ip):
             return parts[-1] not in EXCLUDED_DIRS and not (len(parts) == 1 and parts[0] in EXCLUDED_DIRS)
         if any(p.startswith(".") or p in EXCLUDED_DIRS for p in parts[:-1]):
             return False
-        return not any(fnmatch.fnmatchcase(parts[-1], g) for g in EXCLUDED_GLOBS)
+        return not parts[-1].endswith(EXCLUDED_SUFFIXES)
 
     prev = None
     if not meta.get("rescan"):
@@ -145,14 +145,15 @@ def main(ip):
         if total != size or len(state.get(rel, ())) != 4 or state[rel][3] != h.hexdigest():
             state.pop(rel, None)  # it changed while we read: look again next run
 
-    try:
-        os.makedirs(os.path.dirname(meta["state"]), exist_ok=True)
-        tmp = meta["state"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, meta["state"])
-    except OSError:
-        pass
+    if state != prev:  # most runs change nothing: no write
+        try:
+            os.makedirs(os.path.dirname(meta["state"]), exist_ok=True)
+            tmp = meta["state"] + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(json.dumps(state))  # the C encoder; json.dump() is not
+            os.replace(tmp, meta["state"])
+        except OSError:
+            pass
     return Done(json.dumps({"op": "done", "skipped": skipped, "scanned": scanned, "hashed": hashed}))
 
 
