@@ -278,22 +278,6 @@ query_version(struct cx_req *r, int *version)
     return true;
 }
 
-/* Streams [first, last] of a file in bounded chunks. */
-static void
-stream_file(struct cx_req *r, int fd, uint64_t first, uint64_t last)
-{
-    char buf[65536];
-    uint64_t off = first;
-
-    while (off <= last) {
-        size_t want = last - off + 1 < sizeof(buf) ? (size_t)(last - off + 1) : sizeof(buf);
-        ssize_t n = pread(fd, buf, want, (off_t)off);
-        if (n <= 0 || FCGX_PutStr(buf, (int)n, r->fr->out) != n)
-            break; /* a shorter file or a gone client: the length tells it */
-        off += (uint64_t)n;
-    }
-}
-
 /* Who may read: a valid signed link, else a key or REMOTE_USER. Sends the
  * error itself and returns false when neither. */
 static bool
@@ -368,7 +352,7 @@ send_direct(struct cx_req *r, const struct cx_download *d, const char *path)
         cx_req_send_head(r, 200, d->mime, (long long)d->size);
     }
     if (strcmp(r->method, "HEAD") != 0 && d->size > 0)
-        stream_file(r, fd, first, last);
+        (void)cx_req_send_file(r, fd, first, last); /* a short body tells the client */
     close(fd);
 }
 

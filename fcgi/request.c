@@ -1,6 +1,10 @@
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "../lib/config.h"
 #include "../lib/http.h"
@@ -48,6 +52,71 @@ cx_req_send_text(struct cx_req *r, int status, const char *content_type, const c
     send_head(r, status, content_type, (long long)len);
     if (strcmp(r->method, "HEAD") != 0 && len)
         FCGX_PutStr(body, (int)len, r->fr->out);
+}
+
+/* libfcgi's writer sends the body through an 8 KiB buffer, one record and
+ * one write(2) per 8 KiB, which held direct downloads to a fifth of what
+ * nginx sends from a file. The records here are the same protocol
+ * (FastCGI 1.0, FCGI_STDOUT, this request's id), written on the
+ * connection libfcgi accepted, after its buffer was flushed; libfcgi then
+ * ends the stream and the request as usual. */
+#define RECORD_MAX 65528 /* a multiple of 8: no padding */
+
+static bool
+write_all(int fd, const unsigned char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+bool
+cx_req_send_file(struct cx_req *r, int fd, uint64_t first, uint64_t last)
+{
+    int out = r->fr->ipcFd, id = r->fr->requestId;
+    off_t off = (off_t)first;
+
+    if (FCGX_FFlush(r->fr->out) != 0)
+        return false;
+    while ((uint64_t)off <= last) {
+        size_t n =
+            last - (uint64_t)off + 1 < RECORD_MAX ? (size_t)(last - (uint64_t)off + 1) : RECORD_MAX;
+        size_t pad = (8 - n % 8) % 8, left = n;
+        unsigned char head[8] = {1,
+                                 6,
+                                 (unsigned char)(id >> 8),
+                                 (unsigned char)id,
+                                 (unsigned char)(n >> 8),
+                                 (unsigned char)n,
+                                 (unsigned char)pad,
+                                 0};
+        static const unsigned char zeros[8];
+
+        if (!write_all(out, head, sizeof(head)))
+            goto cut;
+        while (left > 0) {
+            ssize_t w = sendfile(out, fd, &off, left);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                goto cut; /* the file shrank, or the connection went */
+            left -= (size_t)w;
+        }
+        if (pad && !write_all(out, zeros, pad))
+            goto cut;
+    }
+    return true;
+cut:
+    /* A record promised bytes that will not come: nothing valid can follow. */
+    shutdown(out, SHUT_RDWR);
+    return false;
 }
 
 void

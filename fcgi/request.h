@@ -42,6 +42,12 @@ void cx_req_send_text(struct cx_req *r, int status, const char *content_type, co
  * the body to r->fr->out. */
 void cx_req_send_head(struct cx_req *r, int status, const char *content_type, long long len);
 
+/* After cx_req_send_head(): bytes [first, last] of fd as the body, moved
+ * by sendfile(2) in 64 KiB FastCGI records straight onto the connection.
+ * False when the file or the connection failed mid-way; the connection is
+ * then cut, so the web server sees a short response, never a wrong one. */
+bool cx_req_send_file(struct cx_req *r, int fd, uint64_t first, uint64_t last);
+
 /* 204 or another status without a body. */
 void cx_req_send_empty(struct cx_req *r, int status);
 
