@@ -178,28 +178,36 @@ def downloads(b, big):
         b.st.chown(p)
         os.chmod(p, 0o755 if os.path.isdir(p) else 0o644)
 
-    def timed_get(path, key=True, n=5):
-        ts = []
+    def get_secs(path, key):
+        """One download by curl (a C client: Python's would be the bottleneck)."""
+        args = ["curl", "-s", "-o", "/dev/null", "-w", "%{time_total}"]
+        if key:
+            args += ["-H", f"Authorization: Bearer {b.key}"]
+        out = subprocess.run(args + [f"http://127.0.0.1:{b.st.http_port}{path}"], stdout=subprocess.PIPE,
+                             text=True, check=True).stdout
+        return float(out)
+
+    def interleaved(path, n=11):
+        """Static and codexec downloads taken in turns, so that drift in the
+        machine's speed lands on both; medians of each."""
+        st_t, cx_t = [], []
         for _ in range(n):
-            t0 = time.perf_counter()
-            c = http.client.HTTPConnection("127.0.0.1", b.st.http_port, timeout=600)
-            c.request("GET", path, headers={"Authorization": f"Bearer {b.key}"} if key else {})
-            r = c.getresponse()
-            while r.read(1 << 20):
-                pass
-            c.close()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+            st_t.append(get_secs("/_bench_static/big.bin", False))
+            cx_t.append(get_secs(path, True))
+        return statistics.median(st_t), statistics.median(cx_t)
 
     url = f"/v1/artifacts/{big['artifact_id']}/content"
-    st_t = timed_get("/_bench_static/big.bin", key=False)
-    row("download", "100 MiB, nginx static file", 100 / st_t, None, "MiB/s")
-    xa_t = timed_get(url)
-    row("download", "100 MiB, x-accel", 100 / xa_t, 100 / st_t, "MiB/s", "ratio to static (≥ 0.9 wanted)")
+    interleaved(url, 2)  # page cache and connections warm
+    st_t, xa_t = interleaved(url)
+    row("download", "100 MiB, nginx static file", 100 / st_t, None, "MiB/s", "curl, median of 11")
+    row("download", "100 MiB, x-accel", 100 / xa_t, 100 / st_t, "MiB/s",
+        "ratio to static taken in turns (≥ 0.9 wanted)")
     set_delivery(b, "direct")
     try:
-        d_t = timed_get(url)
-        row("download", "100 MiB, direct", 100 / d_t, 100 / st_t, "MiB/s", "ratio to static (≥ 0.5 wanted)")
+        interleaved(url, 2)
+        st_t, d_t = interleaved(url)
+        row("download", "100 MiB, direct", 100 / d_t, 100 / st_t, "MiB/s",
+            f"ratio to static taken in turns, {100 / st_t:.0f} MiB/s then (≥ 0.5 wanted)")
     finally:
         set_delivery(b, "x-accel")
     small = b.run("small", "open('s.bin', 'wb').write(__import__('os').urandom(4096))")["artifacts"][0]
