@@ -310,6 +310,21 @@ def cold_start(b, n):
         b.st.conf_extra["kernel_pool_size"] = size
 
 
+def describe_machine():
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) // (1024 * 1024)
+        with open("/etc/debian_version") as f:
+            deb = f.read().strip()
+    except (OSError, ValueError):
+        mem, deb = 0, "?"
+    return (f"{platform.machine()}, {os.cpu_count()} cores ({model or 'unknown CPU'}), {mem} GiB, "
+            f"Debian {deb}, Linux {platform.release()}; {time.strftime('%Y-%m-%d', time.gmtime())}")
+
+
 def write_doc(path, machine):
     lines = ["# Performance", "",
              "Written by `packaging/quickstart bench` (tests/bench/bench.py). Every figure is",
@@ -322,8 +337,21 @@ def write_doc(path, machine):
              "| section | what | value | baseline | ratio | note |", "|---|---|---|---|---|---|"]
     for s, w, v, bl, u, r, note in rows:
         lines.append(f"| {s} | {w} | {v:.2f} {u} | {'' if bl is None else f'{bl:.2f} {u}'} | {r} | {note} |")
+    # The hand-written part (what was changed, before and after, what the
+    # profiles showed) follows the marker and is kept across runs.
+    kept = ""
+    try:
+        with open(path) as f:
+            old = f.read()
+        if NOTES_MARKER in old:
+            kept = old[old.index(NOTES_MARKER):]
+    except OSError:
+        pass
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(lines) + "\n\n" + (kept or NOTES_MARKER + "\n"))
+
+
+NOTES_MARKER = "<!-- everything below is kept when the benchmark rewrites this file -->"
 
 
 def main():
@@ -361,7 +389,7 @@ def main():
             downloads(b, big)
         if want("concurrency"):
             concurrency(b, a.seconds)
-        machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.release()}"
+        machine = describe_machine()
         if not a.smoke and not a.only:
             write_doc(a.doc, machine)
             print(f"# written to {a.doc}")
