@@ -168,21 +168,38 @@ serve(struct cx_ctx *w, FCGX_Request *fr)
     cx_log_set_request_id(NULL);
 }
 
+/* A thread's own database and gateway handles; false (logged) when out of
+ * memory. ctx_close() frees them either way. */
+static bool
+ctx_open(struct cx_ctx *cx, const char *thread)
+{
+    *cx = (struct cx_ctx){.cfg = &cfg, .auth = auth};
+    if (cx_db_new(cfg.database, &cx->db) ||
+        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &cx->gw)) {
+        cx_log_err(0, "%s start-up failed: out of memory", thread);
+        return false;
+    }
+    return true;
+}
+
+static void
+ctx_close(struct cx_ctx *cx)
+{
+    cx_gateway_free(cx->gw);
+    cx_db_free(cx->db);
+}
+
 static void *
 worker_main(void *arg)
 {
-    struct cx_ctx w = {.cfg = &cfg, .auth = auth};
+    struct cx_ctx w;
     struct idle_worker me = {.go = false};
     FCGX_Request fr;
     (void)arg;
 
     pthread_cond_init(&me.cond, NULL);
-
-    if (cx_db_new(cfg.database, &w.db) ||
-        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &w.gw)) {
-        cx_log_err(0, "worker start-up failed: out of memory");
+    if (!ctx_open(&w, "worker"))
         goto out;
-    }
     if (FCGX_InitRequest(&fr, listen_fd, 0) != 0) {
         cx_log_err(0, "FCGX_InitRequest() failed");
         goto out;
@@ -198,8 +215,7 @@ worker_main(void *arg)
     }
     FCGX_Free(&fr, 1);
 out:
-    cx_gateway_free(w.gw);
-    cx_db_free(w.db);
+    ctx_close(&w);
     pthread_cond_destroy(&me.cond);
     return NULL;
 }
@@ -212,15 +228,12 @@ static pthread_cond_t reaper_cond = PTHREAD_COND_INITIALIZER;
 static void *
 reaper_main(void *arg)
 {
-    struct cx_ctx cx = {.cfg = &cfg, .auth = auth};
+    struct cx_ctx cx;
     (void)arg;
 
     cx_log_set_request_id("reaper");
-    if (cx_db_new(cfg.database, &cx.db) ||
-        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &cx.gw)) {
-        cx_log_err(0, "reaper start-up failed: out of memory");
+    if (!ctx_open(&cx, "reaper"))
         goto out;
-    }
     pthread_mutex_lock(&reaper_lock);
     while (!stopping) {
         struct timespec ts;
@@ -239,8 +252,7 @@ reaper_main(void *arg)
     }
     pthread_mutex_unlock(&reaper_lock);
 out:
-    cx_gateway_free(cx.gw);
-    cx_db_free(cx.db);
+    ctx_close(&cx);
     return NULL;
 }
 
@@ -248,22 +260,18 @@ out:
 static void *
 prestart_main(void *arg)
 {
-    struct cx_ctx cx = {.cfg = &cfg, .auth = auth};
+    struct cx_ctx cx;
     (void)arg;
 
     cx_log_set_request_id("pool");
-    if (cx_db_new(cfg.database, &cx.db) ||
-        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &cx.gw)) {
-        cx_log_err(0, "kernel pool start-up failed: out of memory");
+    if (!ctx_open(&cx, "kernel pool"))
         goto out;
-    }
     do {
         if (cx_prestart_fill(&cx) < 0)
             cx_log_warn(0, "kernel pool: refill failed; retrying in %us", cfg.reaper_interval);
     } while (cx_prestart_wait(cfg.reaper_interval));
 out:
-    cx_gateway_free(cx.gw);
-    cx_db_free(cx.db);
+    ctx_close(&cx);
     return NULL;
 }
 

@@ -265,6 +265,21 @@ start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
     return CX_OK;
 }
 
+/* Inserts the session's row (s->id set): its workspace and expiry. */
+static enum cx_err
+insert_row(struct cx_ctx *cx, struct cx_session *s, const char *const *p)
+{
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_insert, p, &r);
+
+    if (rc)
+        return rc;
+    snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 0));
+    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    return CX_OK;
+}
+
 /* Takes a pre-started kernel, in one transaction with the session's row:
  * a failure puts the kernel back in the pool. *got is false when the pool
  * is empty. */
@@ -273,7 +288,6 @@ create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, 
 {
     char kid[64];
     const char *k[3] = {s->id, kid, cx_gateway_url(cx->gw)};
-    PGresult *r = NULL;
     enum cx_err rc;
 
     rc = cx_db_begin(cx->db);
@@ -282,17 +296,14 @@ create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, 
     rc = cx_prestart_claim(cx, s->id, kid, got);
     if (rc || !*got)
         goto fail;
-    rc = cx_db_exec(cx->db, &q_insert, p, &r);
+    rc = insert_row(cx, s, p);
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_set_kernel, k, NULL);
     if (rc)
         goto fail;
-    snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 0));
-    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 1));
-    PQclear(r);
-    rc = cx_db_exec(cx->db, &q_set_kernel, k, NULL);
-    if (rc == CX_OK)
-        rc = cx_db_commit(cx->db);
+    rc = cx_db_commit(cx->db);
     if (rc) {
-        *got = false;
+        *got = false; /* rolled back: the kernel is still pooled */
         return rc;
     }
     snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", kid);
@@ -312,7 +323,6 @@ create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t 
     char ttl_s[16];
     const char *ul[1] = {s->user};
     const char *p[5] = {s->id, s->user, s->conversation_id, cx_gateway_url(cx->gw), ttl_s};
-    PGresult *r = NULL;
     enum cx_err rc;
 
     rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
@@ -334,13 +344,9 @@ create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t 
             goto out;
     }
     cx_uuid_generate(s->id);
-    rc = cx_db_exec(cx->db, &q_insert, p, &r);
+    rc = insert_row(cx, s, p);
     if (rc)
         goto out;
-    snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 0));
-    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 1));
-    PQclear(r);
-    r = NULL;
     rc = cx_gateway_dir_create(cx->gw, s->workspace, msg, msglen);
     if (rc == CX_OK)
         rc = start_kernel(cx, s, msg, msglen);
@@ -353,7 +359,6 @@ create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t 
     s->created = true;
     cx_log_info("session %s created", s->id);
 out:
-    PQclear(r);
     if (cx_db_exec(cx->db, &q_user_unlock, ul, NULL))
         cx_log_warn(0, "user advisory unlock failed");
     return rc;
