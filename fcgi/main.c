@@ -212,6 +212,11 @@ worker_main(void *arg)
             break;
         serve(&w, &fr);
         FCGX_Finish_r(&fr);
+        /* libfcgi keeps a connection the web server asked to keep
+         * (fastcgi_keep_conn on) and would read the next request from it
+         * alone, holding the acceptor role while it idles: close it. */
+        if (fr.ipcFd >= 0)
+            FCGX_Free(&fr, 1);
     }
     FCGX_Free(&fr, 1);
 out:

@@ -29,7 +29,7 @@ class Request:
     """Opens a connection and sends the head of a request; the body can then
     be sent in pieces with send_body() and finished with finish()."""
 
-    def __init__(self, address, method, uri, params=None, body_length=0):
+    def __init__(self, address, method, uri, params=None, body_length=0, keep_conn=False):
         if isinstance(address, str):
             self.sock = socket.socket(socket.AF_UNIX)
         else:
@@ -40,7 +40,8 @@ class Request:
              "QUERY_STRING": uri.split("?", 1)[1] if "?" in uri else "",
              "CONTENT_TYPE": "application/json", "SERVER_PROTOCOL": "HTTP/1.1"}
         p.update(params or {})
-        self.sock.sendall(_record(BEGIN_REQUEST, 1, struct.pack(">HB5x", 1, 0)))
+        # flags bit 0: FCGI_KEEP_CONN, what nginx sends with fastcgi_keep_conn on
+        self.sock.sendall(_record(BEGIN_REQUEST, 1, struct.pack(">HB5x", 1, 1 if keep_conn else 0)))
         self.sock.sendall(_record(PARAMS, 1, b"".join(_nv(k, v) for k, v in p.items())))
         self.sock.sendall(_record(PARAMS, 1, b""))
 
@@ -48,7 +49,7 @@ class Request:
         if data:
             self.sock.sendall(_record(STDIN, 1, data))
 
-    def finish(self):
+    def finish(self, close=True):
         self.sock.sendall(_record(STDIN, 1, b""))
         out = b""
         buf = b""
@@ -66,7 +67,8 @@ class Request:
                 if rtype == STDOUT:
                     out += content
                 elif rtype == END_REQUEST:
-                    self.sock.close()
+                    if close:
+                        self.sock.close()
                     return parse(out)
         self.sock.close()
         return parse(out) if out else None

@@ -304,6 +304,40 @@ def test_listens_on_fd0_when_spawned(ctx):
         os.unlink(path)
 
 
+def test_kept_connections_are_closed(ctx):
+    """With `fastcgi_keep_conn on`, libfcgi would keep a worker waiting on the
+    idle connection (holding the acceptor role, so nobody accepts): codexec
+    closes every connection after its response instead. Two workers, an idle
+    kept connection, and other requests still get through."""
+    st = ctx.st
+    path = os.path.join(st.rundir, "keep.sock")
+    conf = os.path.join(st.var, "keep.conf")
+    with open(st.conf) as f, open(conf, "w") as out:
+        out.writelines(l for l in f if not l.startswith("listen "))
+        out.write(f"listen = unix:{path}\n")
+    st.chown(conf)
+    proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
+                                            conf, "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: os.path.exists(path), 20, "the socket")
+        kept = fcgi_client.Request(path, "GET", "/v1/nope", keep_conn=True)
+        status, _, _ = kept.finish(close=False)
+        eq(status, 404, "a request on a kept connection")
+        kept.sock.settimeout(10)
+        eq(kept.sock.recv(1), b"", "codexec closed the kept connection after the response")
+        kept.sock.close()
+        idle = fcgi_client.Request(path, "GET", "/v1/nope", keep_conn=True)
+        idle.finish(close=False)  # left open by the client
+        for _ in range(4):
+            status, _, _ = fcgi_client.request(path, "GET", "/v1/nope")
+            eq(status, 404, "other connections are served")
+        idle.sock.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        eq(proc.wait(timeout=20), 0, "clean exit on SIGTERM")
+
+
 def test_concurrent_requests(ctx):
     key = ctx.key("alice")
     errors = []
