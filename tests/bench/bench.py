@@ -225,6 +225,11 @@ def downloads(b, big):
     a_rps, bad = wrk(f"/v1/artifacts/{small['artifact_id']}/content", [f"Authorization: Bearer {b.key}"])
     row("download", "4 KiB artifact, x-accel (wrk, 16 connections)", a_rps, s_rps, "req/s",
         f"ratio to static (≥ 0.5 wanted); {bad} non-2xx")
+    # The ceiling of anything answered through FastCGI here: a 404 from the
+    # router, without authentication, database or file.
+    n_rps, _ = wrk("/v1/no-such-route", [])
+    row("download", "FastCGI ceiling: a 404 without any work (wrk, 16 connections)", n_rps, s_rps,
+        "req/s", "ratio to static: what no download through FastCGI can beat")
 
 
 def set_delivery(b, mode):
