@@ -278,15 +278,18 @@ query_version(struct cx_req *r, int *version)
     return true;
 }
 
-/* Who may read: a valid signed link, else a key or REMOTE_USER. Sends the
- * error itself and returns false when neither. */
+/* Who may read what: a valid signed link, else REMOTE_USER, else a key, the
+ * key checked in the same statement that finds the artifact (one round trip
+ * per download). Sends the error itself and returns false when no one may. */
 static bool
-content_user(struct cx_req *r, char *user, int *version)
+content_resolve(struct cx_req *r, struct cx_download *d)
 {
-    enum cx_err rc = cx_link_verify(r->w, r->query, r->captures[0], user, version);
+    char user[CX_USER_MAX + 1];
+    const char *remote = cx_req_param(r, "REMOTE_USER"), *key;
+    int version = 0;
+    size_t len;
+    enum cx_err rc = cx_link_verify(r->w, r->query, r->captures[0], user, &version);
 
-    if (rc == CX_OK)
-        return true;
     if (rc == CX_ERR_FORBIDDEN) {
         cx_req_send_error(r, 403, "forbidden", "this link is not valid");
         return false;
@@ -295,15 +298,35 @@ content_user(struct cx_req *r, char *user, int *version)
         cx_req_send_error(r, 410, "expired", "this link has expired");
         return false;
     }
-    if (rc != CX_ERR_NOT_FOUND) {
+    if (rc != CX_OK && rc != CX_ERR_NOT_FOUND) {
         cx_req_send_lib_error(r, rc);
         return false;
     }
-    if (!cx_req_authenticate(r))
+    if (rc == CX_ERR_NOT_FOUND && !query_version(r, &version)) {
+        /* Credentials first: a 401 must not depend on the query. */
+        if (cx_req_authenticate(r))
+            cx_req_send_error(r, 400, "invalid_request", "version must be a positive integer");
         return false;
-    snprintf(user, CX_USER_MAX + 1, "%s", r->who.user);
-    if (!query_version(r, version)) {
-        cx_req_send_error(r, 400, "invalid_request", "version must be a positive integer");
+    }
+    if (rc == CX_OK) {
+        rc = cx_download_resolve(r->w, user, r->captures[0], version, d);
+    } else if (r->w->cfg->trust_remote_user && remote && *remote) {
+        if (!cx_req_authenticate(r))
+            return false;
+        rc = cx_download_resolve(r->w, r->who.user, r->captures[0], version, d);
+    } else {
+        rc = cx_auth_parse_bearer(cx_req_param(r, "HTTP_AUTHORIZATION"), &key, &len);
+        if (rc == CX_OK)
+            rc = cx_download_resolve_for_key(r->w, key, len, r->captures[0], version, &r->who, d);
+        if (rc == CX_ERR_UNAUTHORIZED || rc == CX_ERR_DB)
+            return cx_req_auth_result(r, rc);
+    }
+    if (rc == CX_ERR_NOT_FOUND) {
+        cx_req_send_error(r, 404, "not_found", "no such artifact");
+        return false;
+    }
+    if (rc) {
+        cx_req_send_lib_error(r, rc);
         return false;
     }
     return true;
@@ -361,21 +384,10 @@ cx_h_artifacts_content(struct cx_req *r)
 {
     const struct cx_config *cfg = r->w->cfg;
     struct cx_download d;
-    char user[CX_USER_MAX + 1], disp[1400], etag[70], date[32], path[4096];
-    int version = 0;
-    enum cx_err rc;
+    char disp[1400], etag[70], date[32], path[4096];
 
-    if (!content_user(r, user, &version))
+    if (!content_resolve(r, &d))
         return;
-    rc = cx_download_resolve(r->w, user, r->captures[0], version, &d);
-    if (rc == CX_ERR_NOT_FOUND) {
-        cx_req_send_error(r, 404, "not_found", "no such artifact");
-        return;
-    }
-    if (rc) {
-        cx_req_send_lib_error(r, rc);
-        return;
-    }
     snprintf(etag, sizeof(etag), "\"%s\"", d.sha256);
     cx_http_date(d.created, date);
     cx_http_content_disposition(d.filename, disp, sizeof(disp));

@@ -235,6 +235,12 @@ cx_req_authenticate(struct cx_req *r)
     rc = cx_auth_request(r->w->auth, r->w->db, r->w->cfg->trust_remote_user,
                          cx_req_param(r, "REMOTE_USER"), cx_req_param(r, "HTTP_AUTHORIZATION"),
                          &r->who);
+    return cx_req_auth_result(r, rc);
+}
+
+bool
+cx_req_auth_result(struct cx_req *r, enum cx_err rc)
+{
     if (rc == CX_OK)
         return true;
     if (rc == CX_ERR_UNAUTHORIZED) {

@@ -64,4 +64,8 @@ ssize_t cx_req_read(void *ctx, void *buf, size_t n);
 /* Authenticates; on failure sends 401 (or 503) and returns false. */
 bool cx_req_authenticate(struct cx_req *r);
 
+/* The answer to an authentication's outcome: true for CX_OK, else a 401
+ * (with WWW-Authenticate) or the library error is sent and false. */
+bool cx_req_auth_result(struct cx_req *r, enum cx_err rc);
+
 #endif

@@ -164,10 +164,7 @@ key_shape_ok(const char *key, size_t len)
     return true;
 }
 
-CX_SQL(q_key_lookup, 1,
-       "SELECT id, user_id, require_approval, key_hash,"
-       " last_used_at IS NULL OR last_used_at < now() - interval '5 minutes'"
-       " FROM api_keys WHERE key_hash = $1::bytea AND revoked_at IS NULL");
+CX_SQL(q_key_lookup, 1, "SELECT " CX_AUTH_KEY_COLUMNS " FROM api_keys k WHERE " CX_AUTH_KEY_MATCH);
 CX_SQL(q_key_touch, 1, "UPDATE api_keys SET last_used_at = now() WHERE id = $1::uuid");
 
 static void
@@ -178,22 +175,38 @@ hash_param(const unsigned char hash[32], char out[2 + 64 + 1])
     sodium_bin2hex(out + 2, 65, hash, 32);
 }
 
+#define MAX_MORE 8
+
 enum cx_err
 cx_auth_check_key(const struct cx_auth *a, struct cx_db *db, const char *key, size_t len,
                   struct cx_principal *p)
 {
+    return cx_auth_check_key_with(a, db, key, len, &q_key_lookup, NULL, 0, p, NULL);
+}
+
+enum cx_err
+cx_auth_check_key_with(const struct cx_auth *a, struct cx_db *db, const char *key, size_t len,
+                       struct cx_sql *q, const char *const *more, int nmore, struct cx_principal *p,
+                       PGresult **res)
+{
     unsigned char hash[32], stored[32];
     char hexparam[2 + 64 + 1];
-    const char *params[1] = {hexparam};
+    const char *params[1 + MAX_MORE] = {hexparam};
     PGresult *r = NULL;
     enum cx_err rc;
     size_t stored_len = 0;
 
+    if (res)
+        *res = NULL;
+    if (nmore < 0 || nmore > MAX_MORE)
+        return CX_ERR_INTERNAL;
     if (!key_shape_ok(key, len))
         return CX_ERR_UNAUTHORIZED;
+    for (int i = 0; i < nmore; i++)
+        params[1 + i] = more[i];
     cx_auth_key_hash(a, key, len, hash);
     hash_param(hash, hexparam);
-    rc = cx_db_exec(db, &q_key_lookup, params, &r);
+    rc = cx_db_exec(db, q, params, &r);
     if (rc)
         goto out;
     rc = CX_ERR_UNAUTHORIZED;
@@ -215,6 +228,10 @@ cx_auth_check_key(const struct cx_auth *a, struct cx_db *db, const char *key, si
             cx_log_warn(0, "could not record last use of key %s", p->key_id);
     }
     rc = CX_OK;
+    if (res) {
+        *res = r;
+        r = NULL;
+    }
 out:
     PQclear(r);
     sodium_memzero(hash, sizeof(hash));

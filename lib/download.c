@@ -13,12 +13,40 @@
 #include "log.h"
 #include "util.h"
 
+#define VERSION_COLS                                                                               \
+    "v.version, v.filename, v.mime_type, v.size, v.sha256, v.storage_key,"                         \
+    " extract(epoch FROM v.created_at)::bigint"
+#define PICK_VERSION "v.version = CASE WHEN $3::int > 0 THEN $3::int ELSE a.current_version END"
+
 CX_SQL(q_resolve, 3,
-       "SELECT v.version, v.filename, v.mime_type, v.size, v.sha256, v.storage_key,"
-       " extract(epoch FROM v.created_at)::bigint"
-       " FROM artifacts a JOIN artifact_versions v ON v.artifact_id = a.id"
-       " AND v.version = CASE WHEN $3::int > 0 THEN $3::int ELSE a.current_version END"
-       " WHERE a.id = $1::uuid AND a.user_id = $2 AND a.deleted_at IS NULL");
+       "SELECT " VERSION_COLS " FROM artifacts a JOIN artifact_versions v ON v.artifact_id = a.id"
+       " AND " PICK_VERSION " WHERE a.id = $1::uuid AND a.user_id = $2 AND a.deleted_at IS NULL");
+/* The key's row always (when it is valid), the version's columns NULL when
+ * the key's user has no such artifact or version. */
+CX_SQL(q_resolve_for_key, 3,
+       "SELECT " CX_AUTH_KEY_COLUMNS ", " VERSION_COLS " FROM api_keys k"
+       " LEFT JOIN artifacts a ON a.id = $2::uuid AND a.user_id = k.user_id"
+       " AND a.deleted_at IS NULL"
+       " LEFT JOIN artifact_versions v ON v.artifact_id = a.id AND " PICK_VERSION
+       " WHERE " CX_AUTH_KEY_MATCH);
+
+/* Fills d from VERSION_COLS at column c of r's row; CX_ERR_NOT_FOUND when
+ * there is none or it is NULL (an outer join that found nothing). */
+static enum cx_err
+from_row(PGresult *r, int c, const char *id, struct cx_download *d)
+{
+    if (PQntuples(r) != 1 || PQgetisnull(r, 0, c))
+        return CX_ERR_NOT_FOUND;
+    snprintf(d->artifact_id, sizeof(d->artifact_id), "%s", id);
+    d->version = (int)strtol(PQgetvalue(r, 0, c), NULL, 10);
+    snprintf(d->filename, sizeof(d->filename), "%s", PQgetvalue(r, 0, c + 1));
+    snprintf(d->mime, sizeof(d->mime), "%s", PQgetvalue(r, 0, c + 2));
+    d->size = strtoull(PQgetvalue(r, 0, c + 3), NULL, 10);
+    snprintf(d->sha256, sizeof(d->sha256), "%s", PQgetvalue(r, 0, c + 4));
+    snprintf(d->key, sizeof(d->key), "%s", PQgetvalue(r, 0, c + 5));
+    d->created = strtoll(PQgetvalue(r, 0, c + 6), NULL, 10);
+    return CX_OK;
+}
 
 enum cx_err
 cx_download_resolve(struct cx_ctx *cx, const char *user, const char *id, int version,
@@ -36,20 +64,33 @@ cx_download_resolve(struct cx_ctx *cx, const char *user, const char *id, int ver
     rc = cx_db_exec(cx->db, &q_resolve, p, &r);
     if (rc)
         return rc;
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        return CX_ERR_NOT_FOUND;
-    }
-    snprintf(d->artifact_id, sizeof(d->artifact_id), "%s", id);
-    d->version = (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
-    snprintf(d->filename, sizeof(d->filename), "%s", PQgetvalue(r, 0, 1));
-    snprintf(d->mime, sizeof(d->mime), "%s", PQgetvalue(r, 0, 2));
-    d->size = strtoull(PQgetvalue(r, 0, 3), NULL, 10);
-    snprintf(d->sha256, sizeof(d->sha256), "%s", PQgetvalue(r, 0, 4));
-    snprintf(d->key, sizeof(d->key), "%s", PQgetvalue(r, 0, 5));
-    d->created = strtoll(PQgetvalue(r, 0, 6), NULL, 10);
+    rc = from_row(r, 0, id, d);
     PQclear(r);
-    return CX_OK;
+    return rc;
+}
+
+enum cx_err
+cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len, const char *id,
+                            int version, struct cx_principal *who, struct cx_download *d)
+{
+    char ver[16];
+    const char *more[2] = {id, ver};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    memset(d, 0, sizeof(*d));
+    if (!cx_uuid_valid(id) || version < 0) {
+        /* Still a 401 for a bad key before a 404 for a bad id. */
+        rc = cx_auth_check_key(cx->auth, cx->db, key, len, who);
+        return rc ? rc : CX_ERR_NOT_FOUND;
+    }
+    snprintf(ver, sizeof(ver), "%d", version);
+    rc = cx_auth_check_key_with(cx->auth, cx->db, key, len, &q_resolve_for_key, more, 2, who, &r);
+    if (rc)
+        return rc;
+    rc = from_row(r, CX_AUTH_KEY_NCOLS, id, d);
+    PQclear(r);
+    return rc;
 }
 
 /* What a link's HMAC covers. Every field a link could be moved along. */

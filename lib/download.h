@@ -25,6 +25,13 @@ struct cx_download {
 enum cx_err cx_download_resolve(struct cx_ctx *cx, const char *user, const char *id, int version,
                                 struct cx_download *d) CX_MUSTCHECK;
 
+/* For a request with an API key: checks the key (as cx_auth_check_key(),
+ * filling *who) and resolves the artifact in one statement, one round trip.
+ * CX_ERR_UNAUTHORIZED for a bad key, then as cx_download_resolve(). */
+enum cx_err cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len,
+                                        const char *id, int version, struct cx_principal *who,
+                                        struct cx_download *d) CX_MUSTCHECK;
+
 /* POST /v1/artifacts/{id}/links: body {"version"?, "expires_in"?} (borrowed,
  * may be NULL). *out = {"url", "expires_at", "version"}. The link is bound
  * to the user, the artifact, the version, the expiry and the key that made

@@ -3,10 +3,13 @@ nginx, in the x-accel mode the stack runs and in direct mode."""
 
 import hashlib
 import os
+import signal
+import subprocess
 import time
 import urllib.parse
 
-from harness import check, eq, expect_error, new_id
+import fcgi_client
+from harness import check, eq, expect_error, new_id, wait_until
 from test_runs import run
 
 
@@ -95,8 +98,21 @@ def check_mode(ctx, mode):
         bodies.add(r.body)
     eq(len(bodies), 1, "404s are indistinguishable")
     expect_error(ctx.get(url), 401, "unauthorized")
+    forged = "cx_" + "A" * 43
+    for u in (url, "/v1/artifacts/nope/content", url + "?version=abc"):
+        expect_error(ctx.get(u, key=forged), 401, "unauthorized")
     expect_error(ctx.get(url + "?version=abc", key=key), 400)
     expect_error(ctx.get(url + "?version=9", key=key), 404)
+    # the key is checked on every download: a second key of the owner's
+    # works, then not once it is revoked
+    def key_ids():
+        return {l.split("\t")[0] for l in ctx.admin("key", "list", "--user", user).stdout.splitlines()[1:]}
+    before = key_ids()
+    second = ctx.st.create_key(user)
+    eq(ctx.get(url, key=second).status, 200, "a second key of the owner")
+    (new,) = key_ids() - before
+    ctx.admin("key", "revoke", new)
+    expect_error(ctx.get(url, key=second), 401, "unauthorized")
 
 
 def test_x_accel(ctx):
@@ -269,3 +285,39 @@ def test_direct_1gib_in_bounded_memory_and_slow_clients(ctx):
         slow.close()
     finally:
         set_delivery(ctx, "x-accel")
+
+
+def test_remote_user_is_trusted_only_when_configured(ctx):
+    """REMOTE_USER from the web server names the user only with
+    trust_remote_user = true; otherwise it is ignored, whatever it says."""
+    st = ctx.st
+    user = "d-remote"
+    a = produce(ctx, user, "c1", {"r.txt": b"remote"})["r.txt"]
+    uri = f"/v1/artifacts/{a['artifact_id']}/content"
+    # the stack's own process does not trust it
+    status, _, _ = fcgi_client.request(st.socket, "GET", uri, params={"REMOTE_USER": user})
+    eq(status, 401, "REMOTE_USER ignored when not trusted")
+    path = os.path.join(st.rundir, "remote.sock")
+    conf = os.path.join(st.var, "remote.conf")
+    with open(st.conf) as f, open(conf, "w") as out:
+        out.writelines(l for l in f if not l.startswith(("listen ", "delivery ")))
+        out.write(f"listen = unix:{path}\ndelivery = direct\ntrust_remote_user = true\n")
+    st.chown(conf)
+    proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
+                                            conf, "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: os.path.exists(path), 20, "the socket")
+        status, _, body = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": user})
+        eq((status, body), (200, b"remote"), "the trusted user downloads")
+        status, _, _ = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": "d-intruder"})
+        eq(status, 404, "another trusted user does not")
+        status, _, _ = fcgi_client.request(path, "GET", uri,
+                                           params={"REMOTE_USER": "bad\u0001name"})
+        eq(status, 401, "a REMOTE_USER with control characters is refused")
+        status, _, body = fcgi_client.request(
+            path, "GET", uri, params={"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}"})
+        eq((status, body), (200, b"remote"), "without REMOTE_USER, the key decides")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        eq(proc.wait(timeout=20), 0, "clean exit on SIGTERM")
