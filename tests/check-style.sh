@@ -1,6 +1,7 @@
 #!/bin/sh
 # Style checks run by `make check`: banned functions (STYLE.md) and
-# clang-format conformance of lib/ and fcgi/. Prints TAP.
+# clang-format conformance of lib/ and fcgi/, pyflakes3 on the test Python.
+# Prints TAP.
 set -u
 cd "${top_srcdir:-.}"
 n=0; failed=0
@@ -21,6 +22,15 @@ if command -v clang-format >/dev/null 2>&1; then
   [ -n "$bad" ] && echo "# not formatted:$bad (run: clang-format -i <file>)"
 else
   check 1 "clang-format is installed"
+fi
+# The Python that drives the tests and benchmarks: no unused imports, no
+# undefined names (Debian's pyflakes3).
+if command -v pyflakes3 >/dev/null 2>&1; then
+  out=$(pyflakes3 tests/run.py tests/system/*.py tests/bench/*.py packaging/stack.py 2>&1)
+  [ -z "$out" ]; check $? "pyflakes3: the test and packaging Python is clean"
+  [ -n "$out" ] && printf '%s\n' "$out" | sed 's/^/# /'
+else
+  check 1 "pyflakes3 is installed"
 fi
 echo "1..$n"
 [ "$failed" = 0 ]

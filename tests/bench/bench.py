@@ -7,7 +7,6 @@ docs/performance.md. Not a test: nothing here passes or fails.
 """
 
 import argparse
-import hashlib
 import http.client
 import json
 import os

@@ -3,7 +3,6 @@
 import http.client
 import json
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -74,6 +73,26 @@ class Context:
                          str(self.st.pg_port), "-U", "codexec", "-d", "codexec", "-v",
                          "ON_ERROR_STOP=1", "-tAc", sql])
         return r.stdout.strip()
+
+    def spawn_fcgi(self, name, settings=None, workers=2):
+        """Another codexec-fcgi with this stack's configuration, but listening
+        on its own socket and with `settings` (key -> value) changed; its
+        stderr goes to log/codexec-<name>.log. Returns (socket path, process);
+        the caller stops it."""
+        st = self.st
+        sock = os.path.join(st.rundir, f"{name}.sock")
+        conf = os.path.join(st.var, f"{name}.conf")
+        settings = dict(settings or {}, listen=f"unix:{sock}")
+        with open(st.conf) as f, open(conf, "w") as out:
+            out.writelines(l for l in f if l.split("=")[0].strip() not in settings)
+            out.writelines(f"{k} = {v}\n" for k, v in settings.items())
+        st.chown(conf)
+        proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
+                                                conf, "--workers", str(workers)],
+                                stdout=subprocess.DEVNULL,
+                                stderr=open(os.path.join(st.logdir, f"codexec-{name}.log"), "ab"))
+        wait_until(lambda: os.path.exists(sock), 20, f"the socket of codexec-fcgi {name}")
+        return sock, proc
 
     def log_text(self):
         out = []

@@ -4,7 +4,6 @@ delivery = x-sendfile: packaging/apache/codexec.conf as operators use it."""
 import os
 import signal
 import subprocess
-import time
 
 import stack
 from harness import check, eq, wait_until

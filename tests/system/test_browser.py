@@ -2,13 +2,11 @@
 a signed link clicked in a page, the artifacts page with its image preview
 checked by its pixels, its download links, and HTML that never renders."""
 
-import hashlib
 import json
 import os
 import subprocess
 import zlib
 
-import stack
 from harness import check, eq
 from test_runs import run
 

@@ -4,12 +4,11 @@ nginx, in the x-accel mode the stack runs and in direct mode."""
 import hashlib
 import os
 import signal
-import subprocess
 import time
 import urllib.parse
 
 import fcgi_client
-from harness import check, eq, expect_error, new_id, wait_until
+from harness import check, eq, expect_error, new_id
 from test_runs import run
 
 
@@ -297,17 +296,8 @@ def test_remote_user_is_trusted_only_when_configured(ctx):
     # the stack's own process does not trust it
     status, _, _ = fcgi_client.request(st.socket, "GET", uri, params={"REMOTE_USER": user})
     eq(status, 401, "REMOTE_USER ignored when not trusted")
-    path = os.path.join(st.rundir, "remote.sock")
-    conf = os.path.join(st.var, "remote.conf")
-    with open(st.conf) as f, open(conf, "w") as out:
-        out.writelines(l for l in f if not l.startswith(("listen ", "delivery ")))
-        out.write(f"listen = unix:{path}\ndelivery = direct\ntrust_remote_user = true\n")
-    st.chown(conf)
-    proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
-                                            conf, "--workers", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path, proc = ctx.spawn_fcgi("remote", {"delivery": "direct", "trust_remote_user": "true"})
     try:
-        wait_until(lambda: os.path.exists(path), 20, "the socket")
         status, _, body = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": user})
         eq((status, body), (200, b"remote"), "the trusted user downloads")
         status, _, _ = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": "d-intruder"})

@@ -309,18 +309,8 @@ def test_kept_connections_are_closed(ctx):
     idle connection (holding the acceptor role, so nobody accepts): codexec
     closes every connection after its response instead. Two workers, an idle
     kept connection, and other requests still get through."""
-    st = ctx.st
-    path = os.path.join(st.rundir, "keep.sock")
-    conf = os.path.join(st.var, "keep.conf")
-    with open(st.conf) as f, open(conf, "w") as out:
-        out.writelines(l for l in f if not l.startswith("listen "))
-        out.write(f"listen = unix:{path}\n")
-    st.chown(conf)
-    proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
-                                            conf, "--workers", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    path, proc = ctx.spawn_fcgi("keep")
     try:
-        wait_until(lambda: os.path.exists(path), 20, "the socket")
         kept = fcgi_client.Request(path, "GET", "/v1/nope", keep_conn=True)
         status, _, _ = kept.finish(close=False)
         eq(status, 404, "a request on a kept connection")

@@ -4,9 +4,7 @@ handing one kernel to two conversations, never keeping anything of a
 previous owner."""
 
 import json
-import os
 import signal
-import subprocess
 import threading
 
 import fcgi_client
@@ -84,26 +82,8 @@ def test_nothing_of_a_previous_owner_reaches_the_next(ctx):
     eq(r["stdout_tail"], "False []\n", "the next owner sees no name and no file of the last one")
 
 
-def second_process(ctx):
-    st = ctx.st
-    sock = os.path.join(st.rundir, "codexec-pool2.sock")
-    conf = os.path.join(st.var, "codexec-pool2.conf")
-    with open(st.conf) as f:
-        text = "".join(l for l in f if not l.startswith("listen "))
-    with open(conf, "w") as f:
-        f.write(text + f"listen = unix:{sock}\n")
-    st.chown(conf)
-    proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config", conf,
-                                            "--workers", "8"],
-                            stdout=subprocess.DEVNULL,
-                            stderr=open(os.path.join(st.logdir, "codexec-pool2.log"), "ab"),
-                            env=dict(os.environ))
-    wait_until(lambda: os.path.exists(sock), 20, "the second codexec-fcgi")
-    return sock, proc
-
-
 def test_two_processes_share_the_pool_without_sharing_kernels(ctx):
-    sock, proc = second_process(ctx)
+    sock, proc = ctx.spawn_fcgi("pool2", workers=8)
     try:
         wait_full(ctx)
         # two users: the test stack's per-user cap is 4 sessions

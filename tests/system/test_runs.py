@@ -7,7 +7,7 @@ import threading
 import time
 import urllib.request
 
-from harness import check, eq, expect_error, new_id, wait_until
+from harness import check, eq, expect_error, wait_until
 
 
 def run(ctx, user, cid, code, status=200, **extra):
@@ -387,7 +387,7 @@ def test_pending_code_is_not_kept_after_the_decision(ctx):
 def test_logs_carry_no_code_or_output(ctx):
     marker = "RUN_LOG_MARKER_7731"
     run(ctx, "u-logs", "c1", f"print('{marker}')\nraise ValueError('{marker}')")
-    run(ctx, "u-logs", "c1", f"def main(a):\n    return a", arguments={"a": marker})
+    run(ctx, "u-logs", "c1", "def main(a):\n    return a", arguments={"a": marker})
     text = ctx.log_text()
     check(marker not in text, "no code, output or error text in codexec's logs")
     check(ctx.st.gateway_token not in text, "no gateway token")

@@ -5,7 +5,6 @@ the ipc sockets), so they hold before codexec's own gateway client exists."""
 
 import json
 import os
-import time
 import urllib.request
 
 from harness import check, eq, wait_until
