@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "capture.h"
 #include "config.h"
 #include "db.h"
 #include "gateway.h"
@@ -171,7 +172,8 @@ prune(struct cx_ctx *cx)
 }
 
 /* Starts a kernel in a new workspace and waits until it has run an empty
- * cell, so that its first real run does not wait for its start-up. */
+ * silent cell with the capture, so that its first real run does not wait
+ * for its start-up. */
 static enum cx_err
 start_one(struct cx_ctx *cx)
 {
@@ -179,6 +181,7 @@ start_one(struct cx_ctx *cx)
     const char *p[4] = {id, cx_gateway_url(cx->gw), cx->cfg->kernel_name, kid};
     struct cx_kernel_conn *c = NULL;
     struct cx_exec e = {.code = "", .silent = true};
+    json_t *uexpr = NULL, *meta = NULL;
     int64_t t0 = cx_now_us();
     enum cx_err rc;
 
@@ -196,13 +199,29 @@ start_one(struct cx_ctx *cx)
     rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
                              sizeof(msg));
     if (rc == CX_OK) {
-        rc = cx_kernel_execute(c, &e);
+        /* The capture runs once on the empty workspace: the helper is
+         * compiled and cached, its modules imported and its record written,
+         * as after any run, so the first real run pays none of it. */
+        uexpr = json_pack("{s:s}", "cap", cx_capture_expression());
+        meta = cx_capture_metadata(cx->cfg, kid, NULL, false);
+        e.user_expressions = uexpr;
+        e.metadata = meta;
+        rc = uexpr && meta ? cx_kernel_execute(c, &e) : CX_ERR_NOMEM;
         if (rc == CX_OK)
             rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+        e.user_expressions = e.metadata = NULL;
         cx_exec_cleanup(&e, 1);
-        /* Not pooled: another process may claim the kernel, and an unread
-         * connection would collect all of its output. */
-        cx_kernel_conn_free(c);
+        json_decref(uexpr);
+        json_decref(meta);
+        /* Kept in this process's pool of connections: a first run through a
+         * new connection waits for the server's set-up of it (tens of ms,
+         * measured). When another process claims the kernel, this one sits
+         * idle until the pool's idle expiry, like the connection of any
+         * session that moved to another process. */
+        if (rc == CX_OK)
+            cx_kernel_conn_put(c);
+        else
+            cx_kernel_conn_free(c);
     }
     if (rc == CX_OK)
         rc = cx_db_exec(cx->db, &q_add, p, NULL);

@@ -8,7 +8,8 @@
  * in the environment each execute carries codexec's capture expression, as
  * a run's cell does: the kernel-side floor of a run with its capture.
  * EPILOGUE=empty pipelines an empty silent execute after each one, and
- * EPILOGUE=code:SRC a silent SRC (to weigh a second request).
+ * EPILOGUE=code:SRC a silent SRC (to weigh a second request). WARM=1 first
+ * runs an untimed empty silent execute, as the kernel pool does.
  *
  * tuned re-arms TCP_QUICKACK after every read (codexec's client); plain
  * leaves delayed ACKs on, as most WebSocket clients do. */
@@ -59,6 +60,13 @@ main(int argc, char **argv)
     if (epi && !strcmp(epi, "capture")) {
         meta = cx_capture_metadata(&cfg, argv[3], NULL, false);
         uexpr = json_pack("{s:s}", "cap", cx_capture_expression());
+    }
+    if (getenv("WARM")) { /* as the kernel pool warms a kernel: untimed */
+        struct cx_exec w = {.code = "", .silent = true};
+        if (cx_kernel_execute(c, &w) ||
+            cx_kernel_wait(c, &w, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL))
+            return 1;
+        cx_exec_cleanup(&w, 1);
     }
     for (long i = 0; n < 0 ? cx_now_us() < until : i < n; i++) {
         struct cx_exec e[2] = {

@@ -78,8 +78,9 @@ def test_nothing_of_a_previous_owner_reaches_the_next(ctx):
     wait_full(ctx)
     check(old not in {k for _, k in pool_rows(ctx)}, "a closed session's kernel is not pooled")
     r = run(ctx, "pool-next", new_id(),
-            "import os\nprint('secret' in globals(), os.listdir('.'))\n")
+            "import os\nprint('secret' in globals(), os.listdir('.'))\nopen('mine.txt', 'w').write('m')\n")
     eq(r["stdout_tail"], "False []\n", "the next owner sees no name and no file of the last one")
+    eq([a["path"] for a in r["artifacts"]], ["mine.txt"], "the first run of a pooled kernel captures")
 
 
 def test_two_processes_share_the_pool_without_sharing_kernels(ctx):
