@@ -225,8 +225,9 @@ out:
     return NULL;
 }
 
-/* Closes expired sessions and expires stale runs every reaper_interval.
- * Safe with several processes: rows are claimed with SKIP LOCKED. */
+/* Closes expired sessions and expires stale runs every reaper_interval
+ * (safe with several processes: rows are claimed with SKIP LOCKED), and
+ * empties idle pooled WebSockets every second. */
 static pthread_mutex_t reaper_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t reaper_cond = PTHREAD_COND_INITIALIZER;
 
@@ -234,6 +235,7 @@ static void *
 reaper_main(void *arg)
 {
     struct cx_ctx cx;
+    int64_t next_reap = 0;
     (void)arg;
 
     cx_log_set_request_id("reaper");
@@ -242,15 +244,20 @@ reaper_main(void *arg)
     pthread_mutex_lock(&reaper_lock);
     while (!stopping) {
         struct timespec ts;
-        int n, m;
+        int64_t now = cx_now_us();
 
         pthread_mutex_unlock(&reaper_lock);
-        n = cx_session_reap(&cx, 16);
-        m = cx_run_expire(&cx);
-        if (n > 0 || m > 0)
-            cx_log_info("reaper: %d session(s) closed, %d run(s) expired", n, m);
+        cx_kernel_pool_drain_idle(); /* every second */
+        if (now >= next_reap) {
+            int n = cx_session_reap(&cx, 16), m = cx_run_expire(&cx);
+
+            if (n > 0 || m > 0)
+                cx_log_info("reaper: %d session(s) closed, %d run(s) expired", n, m);
+            /* more to do: come back soon */
+            next_reap = now + (n == 16 ? 1 : (int64_t)cfg.reaper_interval) * 1000000;
+        }
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += n == 16 ? 1 : cfg.reaper_interval; /* more to do: come back soon */
+        ts.tv_sec += 1;
         pthread_mutex_lock(&reaper_lock);
         if (!stopping)
             pthread_cond_timedwait(&reaper_cond, &reaper_lock, &ts);

@@ -181,6 +181,37 @@ cx_kernel_pool_forget(const char *kernel_id)
 }
 
 void
+cx_kernel_pool_drain_idle(void)
+{
+    struct cx_kernel_conn *list, *c;
+
+    /* Out of the pool while they are read: a run that wants one meanwhile
+     * opens another connection. */
+    pthread_mutex_lock(&pool_lock);
+    list = pool;
+    pool = NULL;
+    pool_len = 0;
+    pthread_mutex_unlock(&pool_lock);
+    while ((c = list)) {
+        list = c->next;
+        cx_kernel_drain(c, 0);
+        if (!cx_ws_alive(c->ws)) {
+            cx_kernel_conn_free(c);
+            continue;
+        }
+        pthread_mutex_lock(&pool_lock); /* back, keeping its idle time */
+        if (pool_len < POOL_MAX) {
+            c->next = pool;
+            pool = c;
+            pool_len++;
+            c = NULL;
+        }
+        pthread_mutex_unlock(&pool_lock);
+        cx_kernel_conn_free(c);
+    }
+}
+
+void
 cx_kernel_pool_clear(void)
 {
     struct cx_kernel_conn *c;
@@ -355,6 +386,8 @@ cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms)
 {
     enum cx_ws_opcode op;
 
-    while (cx_ws_recv(c->ws, cx_now_us() + wait_ms * 1000LL, &c->msg, &op) == CX_OK)
+    while (cx_ws_recv(c->ws, cx_now_us() + wait_ms * 1000LL, &c->msg, &op) == CX_OK) {
         c->messages++;
+        cx_metrics_count(CX_COUNT_GATEWAY_STALE);
+    }
 }

@@ -61,6 +61,12 @@ void cx_kernel_conn_free(struct cx_kernel_conn *c);
 /* Drops pooled connections to a kernel (it was deleted or replaced). */
 void cx_kernel_pool_forget(const char *kernel_id);
 
+/* Reads and drops whatever reached the pooled (idle) connections. A kernel
+ * sends its output to every connection, so the idle one of a process that
+ * did not serve the run gets it too, and the server buffers what is not
+ * read without bound. Called every second by the reaper thread. */
+void cx_kernel_pool_drain_idle(void);
+
 /* Frees every pooled connection (at exit). */
 void cx_kernel_pool_clear(void);
 

@@ -29,6 +29,7 @@ static const char *const counter_names[CX_COUNT__N] = {
     [CX_COUNT_GATEWAY_REST] = "gateway_rest_requests",
     [CX_COUNT_GATEWAY_WS_CONNECT] = "gateway_ws_connects",
     [CX_COUNT_GATEWAY_BATCHES] = "gateway_round_trips",
+    [CX_COUNT_GATEWAY_STALE] = "gateway_stale_messages",
 };
 
 void

@@ -15,6 +15,7 @@ enum cx_counter {
     CX_COUNT_GATEWAY_REST,       /* REST calls to the gateway */
     CX_COUNT_GATEWAY_WS_CONNECT, /* channel WebSockets opened */
     CX_COUNT_GATEWAY_BATCHES,    /* pipelined request batches sent and awaited */
+    CX_COUNT_GATEWAY_STALE,      /* messages read and dropped: not for a run of ours */
     CX_COUNT__N
 };
 void cx_metrics_count(enum cx_counter c);

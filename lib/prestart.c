@@ -216,8 +216,8 @@ start_one(struct cx_ctx *cx)
         /* Kept in this process's pool of connections: a first run through a
          * new connection waits for the server's set-up of it (tens of ms,
          * measured). When another process claims the kernel, this one sits
-         * idle until the pool's idle expiry, like the connection of any
-         * session that moved to another process. */
+         * idle (emptied every second) until the pool's idle expiry, like the
+         * connection of any session that moved to another process. */
         if (rc == CX_OK)
             cx_kernel_conn_put(c);
         else

@@ -3,6 +3,7 @@
 import http.client
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -126,6 +127,12 @@ def expect_error(r, status, code=None):
 
 def new_id():
     return str(uuid.uuid4())
+
+
+def metric(ctx, name):
+    """A codexec_<name>_total counter of the stack's codexec-fcgi."""
+    text = ctx.get("/metrics").body.decode()
+    return int(re.search(rf"^codexec_{name}_total (\d+)$", text, re.M).group(1))
 
 
 def wait_until(fn, timeout=30, what="condition"):

@@ -4,7 +4,7 @@ import hashlib
 import os
 import re
 
-from harness import check, eq, expect_error, new_id
+from harness import check, eq, expect_error, metric, new_id
 from test_runs import run
 
 
@@ -209,11 +209,6 @@ def test_delete(ctx):
     expect_error(ctx.request("DELETE", "/v1/artifacts/not-a-uuid", key=ctx.key(user)), 404)
     r = run(ctx, user, "c1", "open('gone.txt', 'w').write('again')")
     eq(r["artifacts"][0]["version"], 1, "a new artifact after the delete")
-
-
-def metric(ctx, name):
-    text = ctx.get("/metrics").body.decode()
-    return int(re.search(rf"^codexec_{name}_total (\d+)$", text, re.M).group(1))
 
 
 def round_trips(ctx, user, cid, code):

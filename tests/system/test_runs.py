@@ -3,11 +3,13 @@ sandboxed kernelspec."""
 
 import hashlib
 import json
+import signal
 import threading
 import time
 import urllib.request
 
-from harness import check, eq, expect_error, wait_until
+import fcgi_client
+from harness import check, eq, expect_error, metric, wait_until
 
 
 def run(ctx, user, cid, code, status=200, **extra):
@@ -392,3 +394,24 @@ def test_logs_carry_no_code_or_output(ctx):
     check(marker not in text, "no code, output or error text in codexec's logs")
     check(ctx.st.gateway_token not in text, "no gateway token")
     check("code_sha256=" in text, "code hashes are logged instead")
+
+
+def test_idle_connections_are_drained(ctx):
+    """With several codexec processes, a conversation's kernel broadcasts the
+    output of runs served by one process to the idle pooled WebSocket of
+    another too; unread, Jupyter Server would buffer it without bound. Idle
+    pooled connections are read and emptied every second."""
+    user, cid = "u-idle", "c1"
+    run(ctx, user, cid, "x = 1")  # this process now keeps a connection to the kernel
+    sock, proc = ctx.spawn_fcgi("idle2")
+    try:
+        before = metric(ctx, "gateway_stale_messages")
+        body = json.dumps({"conversation_id": cid, "code": "for i in range(200): print(i)"}).encode()
+        status, _, out = fcgi_client.request(sock, "POST", "/v1/runs", body,
+                                             {"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}"})
+        eq(status, 200, f"a run served by the other process: {out[:200]!r}")
+        wait_until(lambda: metric(ctx, "gateway_stale_messages") > before, 15,
+                   "the idle connection to be drained without a run")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        eq(proc.wait(timeout=20), 0, "clean exit on SIGTERM")
