@@ -107,14 +107,8 @@ cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id
                json_t **out, char *msg, size_t msglen)
 {
     struct cx_download d;
-    unsigned char tag[crypto_auth_BYTES];
-    char sig[64], when[32];
     json_t *v;
     json_int_t version = 0, expires_in = cx->cfg->link_default_expiry;
-    struct cx_buf url;
-    long long exp;
-    time_t t;
-    struct tm tm;
     enum cx_err rc;
 
     *out = NULL;
@@ -139,30 +133,40 @@ cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id
     rc = cx_download_resolve(cx, who->user, id, (int)version, &d);
     if (rc)
         return rc;
-    exp = (long long)time(NULL) + expires_in;
-    {
-        struct cx_buf m;
-        link_message(&m, who->user, id, d.version, exp, who->key_id);
-        if (cx_buf_err(&m)) {
-            cx_buf_cleanup(&m);
-            return CX_ERR_NOMEM;
-        }
-        crypto_auth(tag, (const unsigned char *)m.data, m.len, cx_auth_link_key(cx->auth));
+    *out = cx_link_sign(cx, who, id, d.version, (long long)expires_in);
+    return *out ? CX_OK : CX_ERR_NOMEM;
+}
+
+json_t *
+cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const char *id, int version,
+             long long expires_in)
+{
+    unsigned char tag[crypto_auth_BYTES];
+    char sig[64], when[32];
+    long long exp = (long long)time(NULL) + expires_in;
+    struct cx_buf m, url;
+    json_t *out = NULL;
+    time_t t = (time_t)exp;
+    struct tm tm;
+
+    link_message(&m, who->user, id, version, exp, who->key_id);
+    if (cx_buf_err(&m)) {
         cx_buf_cleanup(&m);
+        return NULL;
     }
+    crypto_auth(tag, (const unsigned char *)m.data, m.len, cx_auth_link_key(cx->auth));
+    cx_buf_cleanup(&m);
     sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
     cx_buf_init(&url, 8192);
-    cx_buf_addf(&url, "/v1/artifacts/%s/content?version=%d&u=", id, d.version);
+    cx_buf_addf(&url, "/v1/artifacts/%s/content?version=%d&u=", id, version);
     cx_http_pct_encode(&url, who->user, "-_.~");
     cx_buf_addf(&url, "&k=%s&exp=%lld&sig=%s", who->key_id, exp, sig);
-    t = (time_t)exp;
     gmtime_r(&t, &tm);
     strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
     if (!cx_buf_err(&url))
-        *out =
-            json_pack("{s:s,s:s,s:i}", "url", url.data, "expires_at", when, "version", d.version);
+        out = json_pack("{s:s,s:s,s:i}", "url", url.data, "expires_at", when, "version", version);
     cx_buf_cleanup(&url);
-    return *out ? CX_OK : CX_ERR_NOMEM;
+    return out;
 }
 
 CX_SQL(q_link_key, 1, "SELECT user_id FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");

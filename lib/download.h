@@ -39,6 +39,12 @@ enum cx_err cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size
 enum cx_err cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id,
                            json_t *body, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
 
+/* The signed link itself, {"url", "expires_at", "version"} (new reference,
+ * NULL when out of memory), for a version the caller knows to be the
+ * user's: no database query (the artifacts page signs a link per row). */
+json_t *cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const char *id, int version,
+                     long long expires_in);
+
 /* Checks a signed link's query for artifact id. CX_ERR_NOT_FOUND when the
  * query carries no signature (not a link); CX_ERR_FORBIDDEN when tampered,
  * moved to another artifact or version, or its key is revoked;

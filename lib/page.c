@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "artifact.h"
+#include "config.h"
 #include "download.h"
 #include "page.h"
 
@@ -76,13 +77,18 @@ cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char 
     {
         const char *id = json_string_value(json_object_get(a, "artifact_id"));
         const char *kind = json_string_value(json_object_get(a, "kind"));
-        json_t *link = NULL;
-        char size[32], msg[64];
+        /* The listing is the user's: signing needs no further query. */
+        json_t *link = cx_link_sign(cx, who, id,
+                                    (int)json_integer_value(json_object_get(a, "current_version")),
+                                    (long long)cx->cfg->link_default_expiry);
+        char size[32];
         const char *url;
 
+        if (!link) {
+            json_decref(list);
+            return CX_ERR_NOMEM;
+        }
         human_size(json_integer_value(json_object_get(a, "size")), size, sizeof(size));
-        if (cx_link_create(cx, who, id, NULL, &link, msg, sizeof(msg)) != CX_OK)
-            continue; /* deleted since the listing */
         url = json_string_value(json_object_get(link, "url"));
         cx_buf_adds(out, "<tr><td>");
         if (!strcmp(kind, "image")) {

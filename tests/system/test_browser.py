@@ -2,8 +2,10 @@
 a signed link clicked in a page, the artifacts page with its image preview
 checked by its pixels, its download links, and HTML that never renders."""
 
+import html
 import json
 import os
+import re
 import subprocess
 import zlib
 
@@ -76,3 +78,13 @@ def test_page_escapes_and_scopes(ctx):
     check("onerror" not in r.body.decode() and "No artifacts yet" in r.body.decode(),
           "another user sees none of it")
     eq(ctx.get("/v1/conversations/c1/artifacts.html").status, 401, "needs auth")
+    # the page's signed links name the current version and serve its bytes
+    run(ctx, user, "c2", "open('v.txt', 'w').write('one')")
+    run(ctx, user, "c2", "open('v.txt', 'w').write('two')")
+    body = ctx.get("/v1/conversations/c2/artifacts.html", key=key).body.decode()
+    hrefs = re.findall(r'<a href="([^"]+)" download>', body)
+    eq(len(hrefs), 1, "one link per artifact")
+    url = html.unescape(hrefs[0])
+    check("version=2&" in url, f"the current version: {url}")
+    r = ctx.get(url)
+    eq((r.status, r.body), (200, b"two"), "a link from the page downloads without a key")
