@@ -318,7 +318,7 @@ content_resolve(struct cx_req *r, struct cx_download *d)
         rc = cx_auth_parse_bearer(cx_req_param(r, "HTTP_AUTHORIZATION"), &key, &len);
         if (rc == CX_OK)
             rc = cx_download_resolve_for_key(r->w, key, len, r->captures[0], version, &r->who, d);
-        if (rc == CX_ERR_UNAUTHORIZED || rc == CX_ERR_DB)
+        if (rc == CX_ERR_UNAUTHORIZED)
             return cx_req_auth_result(r, rc);
     }
     if (rc == CX_ERR_NOT_FOUND) {

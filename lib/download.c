@@ -102,34 +102,41 @@ link_message(struct cx_buf *m, const char *user, const char *id, long version, l
     cx_buf_addf(m, "codexec-link-v1\n%s\n%s\n%ld\n%lld\n%s", user, id, version, exp, key_id);
 }
 
+/* An optional positive integer member: *out keeps its default when the
+ * member is absent or null; false when it is anything but a positive
+ * integer. */
+static bool
+positive_field(json_t *body, const char *name, json_int_t *out)
+{
+    json_t *v = json_object_get(body, name);
+
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_integer(v) || json_integer_value(v) < 1)
+        return false;
+    *out = json_integer_value(v);
+    return true;
+}
+
 enum cx_err
 cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id, json_t *body,
                json_t **out, char *msg, size_t msglen)
 {
     struct cx_download d;
-    json_t *v;
     json_int_t version = 0, expires_in = cx->cfg->link_default_expiry;
     enum cx_err rc;
 
     *out = NULL;
-    v = json_object_get(body, "version");
-    if (v && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1) {
-            snprintf(msg, msglen, "version must be a positive integer");
-            return CX_ERR_INVALID;
-        }
-        version = json_integer_value(v);
+    if (!positive_field(body, "version", &version)) {
+        snprintf(msg, msglen, "version must be a positive integer");
+        return CX_ERR_INVALID;
     }
-    v = json_object_get(body, "expires_in");
-    if (v && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1) {
-            snprintf(msg, msglen, "expires_in must be a positive integer number of seconds");
-            return CX_ERR_INVALID;
-        }
-        expires_in = json_integer_value(v);
-        if (expires_in > (json_int_t)cx->cfg->link_max_expiry)
-            expires_in = cx->cfg->link_max_expiry;
+    if (!positive_field(body, "expires_in", &expires_in)) {
+        snprintf(msg, msglen, "expires_in must be a positive integer number of seconds");
+        return CX_ERR_INVALID;
     }
+    if (expires_in > (json_int_t)cx->cfg->link_max_expiry)
+        expires_in = cx->cfg->link_max_expiry;
     rc = cx_download_resolve(cx, who->user, id, (int)version, &d);
     if (rc)
         return rc;

@@ -138,25 +138,45 @@ cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kern
     return CX_OK;
 }
 
+/* Puts a live connection in the pool (as it is: last_used_us unchanged), or
+ * frees it when it is broken or the pool is full. */
+static void
+pool_push(struct cx_kernel_conn *c)
+{
+    if (cx_ws_alive(c->ws)) {
+        pthread_mutex_lock(&pool_lock);
+        if (pool_len < POOL_MAX) {
+            c->next = pool;
+            pool = c;
+            pool_len++;
+            c = NULL;
+        }
+        pthread_mutex_unlock(&pool_lock);
+    }
+    cx_kernel_conn_free(c);
+}
+
+/* Empties the pool; the caller owns the returned list. */
+static struct cx_kernel_conn *
+pool_take_all(void)
+{
+    struct cx_kernel_conn *list;
+
+    pthread_mutex_lock(&pool_lock);
+    list = pool;
+    pool = NULL;
+    pool_len = 0;
+    pthread_mutex_unlock(&pool_lock);
+    return list;
+}
+
 void
 cx_kernel_conn_put(struct cx_kernel_conn *c)
 {
     if (!c)
         return;
-    if (!cx_ws_alive(c->ws)) {
-        cx_kernel_conn_free(c);
-        return;
-    }
     c->last_used_us = cx_now_us();
-    pthread_mutex_lock(&pool_lock);
-    if (pool_len < POOL_MAX) {
-        c->next = pool;
-        pool = c;
-        pool_len++;
-        c = NULL;
-    }
-    pthread_mutex_unlock(&pool_lock);
-    cx_kernel_conn_free(c);
+    pool_push(c);
 }
 
 void
@@ -183,44 +203,22 @@ cx_kernel_pool_forget(const char *kernel_id)
 void
 cx_kernel_pool_drain_idle(void)
 {
-    struct cx_kernel_conn *list, *c;
-
     /* Out of the pool while they are read: a run that wants one meanwhile
      * opens another connection. */
-    pthread_mutex_lock(&pool_lock);
-    list = pool;
-    pool = NULL;
-    pool_len = 0;
-    pthread_mutex_unlock(&pool_lock);
+    struct cx_kernel_conn *list = pool_take_all(), *c;
+
     while ((c = list)) {
         list = c->next;
         cx_kernel_drain(c, 0);
-        if (!cx_ws_alive(c->ws)) {
-            cx_kernel_conn_free(c);
-            continue;
-        }
-        pthread_mutex_lock(&pool_lock); /* back, keeping its idle time */
-        if (pool_len < POOL_MAX) {
-            c->next = pool;
-            pool = c;
-            pool_len++;
-            c = NULL;
-        }
-        pthread_mutex_unlock(&pool_lock);
-        cx_kernel_conn_free(c);
+        pool_push(c); /* back, keeping its idle time */
     }
 }
 
 void
 cx_kernel_pool_clear(void)
 {
-    struct cx_kernel_conn *c;
+    struct cx_kernel_conn *c = pool_take_all();
 
-    pthread_mutex_lock(&pool_lock);
-    c = pool;
-    pool = NULL;
-    pool_len = 0;
-    pthread_mutex_unlock(&pool_lock);
     while (c) {
         struct cx_kernel_conn *n = c->next;
         cx_kernel_conn_free(c);

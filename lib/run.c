@@ -315,7 +315,6 @@ struct exec_state {
     bool abandoned;         /* stopped reading mid-output */
     struct cx_capture *cap; /* NULL when capture_artifacts is false */
     int carrier;            /* the request carrying the epilogue's expressions */
-    int wait_offset;        /* index in the run's array of the requests waited for */
     size_t base;            /* input-staging requests before reqs[0] */
     bool stage_failed;
 };
@@ -594,8 +593,6 @@ on_message(void *ctx, int index, const char *type, json_t *content)
 {
     struct exec_state *st = ctx;
 
-    if (index >= 0)
-        index += st->wait_offset;
     if (index >= 0 && (size_t)index < st->base) {
         if (!strcmp(type, "error"))
             st->stage_failed = true;
@@ -759,22 +756,21 @@ wait_windows(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, 
 
 /* Waits for the sent requests in reqs[0..n) until deadline_us; at the
  * deadline interrupts the kernel, and restarts it when it is not idle within
- * the grace period (st->timed_out). offset: reqs' index in the run's array. */
+ * the grace period (st->timed_out). */
 static enum cx_err
-wait_run(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, int n, int offset,
+wait_run(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, int n,
          int64_t deadline_us)
 {
     const struct cx_config *cfg = st->cx->cfg;
     enum cx_err rc;
 
-    st->wait_offset = offset;
     rc = wait_windows(st, s, reqs, n, deadline_us);
     if (rc == CX_ERR_TIMEOUT) {
         st->timed_out = true;
         cx_log_info("run timed out; interrupting");
         rc = cx_gateway_kernel_interrupt(st->cx->gw, s->kernel_id);
         if (rc == CX_ERR_NOT_FOUND)
-            goto out;
+            return rc;
         if (rc)
             cx_log_warn(0, "interrupt request failed");
         rc = wait_windows(st, s, reqs, n, cx_now_us() + cfg->interrupt_grace * 1000000LL);
@@ -783,14 +779,12 @@ wait_run(struct exec_state *st, struct cx_session *s, struct cx_exec *reqs, int 
                         cfg->interrupt_grace);
             rc = cx_session_restart_kernel(st->cx, s);
             if (rc == CX_ERR_NOT_FOUND)
-                goto out;
+                return rc;
             if (rc)
                 cx_log_warn(0, "kernel restart failed");
             rc = CX_OK;
         }
     }
-out:
-    st->wait_offset = 0;
     return rc;
 }
 
@@ -854,7 +848,7 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
         goto out;
     }
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
-    rc = wait_run(st, s, all, (int)st->base + REQ_MAX, 0, deadline);
+    rc = wait_run(st, s, all, (int)st->base + REQ_MAX, deadline);
     if (rc == CX_OK && !st->timed_out && !st->output_lost && !carried(&reqs[last])) {
         st->carrier = REQ_EPILOGUE;
         rc = cx_kernel_execute(st->conn, &reqs[REQ_EPILOGUE]);
@@ -863,7 +857,7 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
             goto out;
         }
         cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
-        rc = wait_run(st, s, &reqs[REQ_EPILOGUE], 1, (int)st->base + REQ_EPILOGUE, deadline);
+        rc = wait_run(st, s, all, (int)st->base + REQ_MAX, deadline);
     }
     if (rc == CX_OK && st->cap && carried(&reqs[st->carrier]))
         cx_capture_on_result(
