@@ -51,6 +51,7 @@ struct cx_config {
     unsigned link_default_expiry, link_max_expiry;
     unsigned reaper_interval;
     unsigned kernel_pool_size;
+    char *kernel_preload; /* "numpy,pandas": modules pooled kernels import while warming */
 };
 
 /* Fills *cfg with every default. Free with cx_config_cleanup(). */
@@ -66,8 +67,5 @@ enum cx_err cx_config_parse(struct cx_config *cfg, const char *name, const char 
                             size_t errlen) CX_MUSTCHECK;
 
 void cx_config_cleanup(struct cx_config *cfg);
-
-/* Parses "123", "64k", "8M", "5G" (binary units) into *out. */
-enum cx_err cx_config_parse_size(const char *s, uint64_t *out) CX_MUSTCHECK;
 
 #endif

@@ -1,5 +1,6 @@
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -171,17 +172,55 @@ prune(struct cx_ctx *cx)
     return kept;
 }
 
-/* Starts a kernel in a new workspace and waits until it has run an empty
- * silent cell with the capture, so that its first real run does not wait
- * for its start-up. */
+/* The warming cell: imports kernel_preload's modules (validated by the
+ * config parser as dotted identifiers, so they are safe inside a string
+ * literal) into sys.modules without binding a name in the user's namespace.
+ * A module that fails is skipped and the cell ends with an error, which
+ * start_one logs. "" without preload. Free with free(). */
+static char *
+preload_cell(const char *modules)
+{
+    static const char fmt[] = "exec('''\n"
+                              "import importlib\n"
+                              "failed = 0\n"
+                              "for m in \"%s\".split(\",\"):\n"
+                              "    try:\n"
+                              "        importlib.import_module(m)\n"
+                              "    except Exception:\n"
+                              "        failed += 1\n"
+                              "if failed:\n"
+                              "    raise ImportError(\"kernel_preload: %%d failed\" %% failed)\n"
+                              "''', {})\n";
+    size_t n = sizeof(fmt) + strlen(modules);
+    char *code = malloc(n);
+
+    if (code && !*modules)
+        code[0] = '\0';
+    else if (code)
+        snprintf(code, n, fmt, modules);
+    return code;
+}
+
+static bool
+warm_ok(const struct cx_exec *e)
+{
+    const char *status = json_string_value(json_object_get(e->reply, "status"));
+
+    return status && !strcmp(status, "ok");
+}
+
+/* Starts a kernel in a new workspace and waits until it has run a silent
+ * cell with the preload and the capture, so that its first real run does
+ * not wait for its start-up. */
 static enum cx_err
 start_one(struct cx_ctx *cx)
 {
     char id[37], ws[48], kid[64], msg[160];
     const char *p[4] = {id, cx_gateway_url(cx->gw), cx->cfg->kernel_name, kid};
     struct cx_kernel_conn *c = NULL;
-    struct cx_exec e = {.code = "", .silent = true};
+    struct cx_exec e = {.silent = true};
     json_t *uexpr = NULL, *meta = NULL;
+    char *code = NULL;
     int64_t t0 = cx_now_us();
     enum cx_err rc;
 
@@ -204,15 +243,20 @@ start_one(struct cx_ctx *cx)
          * as after any run, so the first real run pays none of it. */
         uexpr = json_pack("{s:s}", "cap", cx_capture_expression());
         meta = cx_capture_metadata(cx->cfg, kid, NULL, false);
+        code = preload_cell(cx->cfg->kernel_preload);
+        e.code = code;
         e.user_expressions = uexpr;
         e.metadata = meta;
-        rc = uexpr && meta ? cx_kernel_execute(c, &e) : CX_ERR_NOMEM;
+        rc = uexpr && meta && code ? cx_kernel_execute(c, &e) : CX_ERR_NOMEM;
         if (rc == CX_OK)
             rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+        if (rc == CX_OK && !warm_ok(&e))
+            cx_log_warn(0, "kernel_preload: a module failed to import in pooled kernel %s", kid);
         e.user_expressions = e.metadata = NULL;
         cx_exec_cleanup(&e, 1);
         json_decref(uexpr);
         json_decref(meta);
+        free(code);
         /* Kept in this process's pool of connections: a first run through a
          * new connection waits for the server's set-up of it (tens of ms,
          * measured). When another process claims the kernel, this one sits

@@ -28,6 +28,7 @@ import urllib.request
 PG_BIN = "/usr/lib/postgresql/15/bin"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_NAME = "python3-sandbox"
+TEST_KERNEL_NAME = "python3-sandbox-test"  # a kernelspec the system tests write
 RUN_USER = "codexec"
 
 
@@ -69,7 +70,8 @@ def pid_alive(pid):
 
 class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
-                 workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra=""):
+                 workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
+                 test_kernel=False):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
@@ -79,10 +81,12 @@ class Stack:
         self.fast_pg = fast_pg
         self.nginx_body = nginx_body
         self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
+        self.kernelspecs = [KERNEL_NAME] + ([TEST_KERNEL_NAME] if test_kernel else [])
         p = lambda *a: os.path.join(self.var, *a)
         self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
         self.storage, self.workspaces = p("storage"), p("workspaces")
         self.jdir = p("jupyter")
+        self.kernel_cache = p("kernel-cache")
         self.logdir, self.rundir, self.bin = p("log"), p("run"), p("bin")
         self.conf, self.secret = p("codexec.conf"), p("secret")
         self.socket = p("run", "codexec.sock")
@@ -157,6 +161,10 @@ class Stack:
             pw = pwd.getpwnam(self.user)
             os.chown(path, pw.pw_uid, pw.pw_gid)
 
+    def chown_kernel(self, path):
+        """Gives path to the user the Jupyter server and its kernels run as."""
+        self.chown(path)
+
     def ensure_user(self):
         if os.geteuid() != 0:
             return
@@ -227,6 +235,7 @@ class Stack:
         self.copy_exec(os.path.join(REPO, "packaging", "codexec-kernel-launcher"),
                        "codexec-kernel-launcher")
         self.init_secret_files()
+        self.build_kernel_cache()
         self.write_kernelspec()
         self.write_config()
         self.write_nginx()
@@ -250,9 +259,39 @@ class Stack:
         with open(tok) as f:
             self.gateway_token = f.read().strip()
 
+    def build_kernel_cache(self):
+        """matplotlib's font list, built once here and bound read-only into
+        every kernel (the launcher's CODEXEC_SANDBOX_CACHE): otherwise each
+        kernel start would rebuild it (seconds) in its private /tmp. Rebuilt
+        when matplotlib or the fonts are newer than it."""
+        mpl = os.path.join(self.kernel_cache, "matplotlib")
+        os.makedirs(mpl, mode=0o755, exist_ok=True)
+        os.chmod(self.kernel_cache, 0o755)
+        os.chmod(mpl, 0o755)
+        built = [os.path.join(mpl, f) for f in os.listdir(mpl) if f.startswith("fontlist-")]
+        sources = ["/usr/share/fonts", "/usr/lib/python3/dist-packages/matplotlib",
+                   "/usr/share/matplotlib/mpl-data/fonts"]
+        newest = max((os.stat(d).st_mtime for d in sources if os.path.exists(d)), default=0)
+        if built and all(os.stat(f).st_mtime >= newest for f in built):
+            return
+        if not os.path.exists("/usr/lib/python3/dist-packages/matplotlib"):
+            return  # no matplotlib in the kernel image: nothing to cache
+        log("building matplotlib's font cache for the kernels")
+        for f in built:
+            os.unlink(f)
+        r = subprocess.run(["/usr/bin/python3", "-c", "import matplotlib.font_manager"],
+                           env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8",
+                                "MPLCONFIGDIR": mpl}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            raise StackError(f"building matplotlib's font cache failed: {r.stdout[-2000:]}")
+        for f in os.listdir(mpl):
+            os.chmod(os.path.join(mpl, f), 0o644)
+
     def write_kernelspec(self):
         with open(os.path.join(REPO, "packaging", "kernels", KERNEL_NAME, "kernel.json.in")) as f:
             spec = f.read().replace("@LAUNCHER@", os.path.join(self.bin, "codexec-kernel-launcher"))
+            spec = spec.replace("@CACHE@", self.kernel_cache)
         self.write_file(os.path.join(self.jdir, "path", "kernels", KERNEL_NAME, "kernel.json"),
                         spec, 0o644)
 
@@ -272,6 +311,8 @@ class Stack:
             "x_accel_prefix": "/_codexec_storage/",
             # a new conversation's first run finds a kernel already started
             "kernel_pool_size": "2",
+            # ... with the data stack already imported (see kernel-image.list)
+            "kernel_preload": "numpy, pandas, matplotlib.pyplot",
         }
         lines.update(self.conf_extra)
         text = "# Written by packaging/stack.py; see README.md for every key.\n"
@@ -400,8 +441,8 @@ http {{
             "--ServerApp.iopub_data_rate_limit=0",
             "--ServerApp.iopub_msg_rate_limit=0",
             f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
-            f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}",
-        ], env=env, cwd=self.workspaces)
+        ] + [f"--KernelSpecManager.allowed_kernelspecs={k}" for k in self.kernelspecs],
+            env=env, cwd=self.workspaces)
         self.wait_for("the Jupyter server", self.gateway_ok, 90, proc)
 
     def fcgi_ok(self):

@@ -150,7 +150,7 @@ def main():
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,
-                     nginx_body="8m")
+                     nginx_body="8m", test_kernel=True)
     if a.flavour == "sanitizers":
         os.environ["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:log_path=" + os.path.join(
             var, "log", "codexec-asan")

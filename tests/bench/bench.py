@@ -314,6 +314,39 @@ def cold_start(b, n):
         b.st.conf_extra["kernel_pool_size"] = size
 
 
+def cold_imports(b, n):
+    """A new conversation's first run that imports pandas and matplotlib,
+    on a pooled kernel warmed without and with kernel_preload; the baseline
+    is the same run again in the same conversation (modules imported)."""
+    saved = dict(b.st.conf_extra)
+    code = "import pandas, matplotlib.pyplot as plt\nx = 1"
+    for preload in ("", "numpy, pandas, matplotlib.pyplot"):
+        b.st.conf_extra.update(kernel_pool_size="2", kernel_preload=preload)
+        b.st.write_config()
+        b.st.kill_pidfile("codexec-fcgi")
+        subprocess.run([b.st.admin, "--config", b.st.conf, "pool", "drain"], check=True,
+                       stdout=subprocess.DEVNULL)
+        b.st.start_fcgi()
+        cold, warm = [], []
+        for i in range(n):
+            b.settle()  # both pooled kernels warm: a refill's imports are CPU work
+            cid = f"imports-{int(bool(preload))}-{i}"
+            t0 = time.perf_counter()
+            b.run(cid, code, timeout=120)
+            cold.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            b.run(cid, code)
+            warm.append((time.perf_counter() - t0) * 1000)
+        what = f"kernel_preload = {preload}" if preload else "no kernel_preload"
+        row("cold start", f"first run importing pandas + matplotlib, pooled, {what} (median)",
+            statistics.median(cold), statistics.median(warm), "ms", "ratio to the same run warm")
+    b.st.conf_extra.clear()
+    b.st.conf_extra.update(saved)
+    b.st.write_config()
+    b.st.kill_pidfile("codexec-fcgi")
+    b.st.start_fcgi()
+
+
 def describe_machine():
     model = ""
     try:
@@ -387,6 +420,7 @@ def main():
             run_overhead(b, a.runs)
         if want("cold"):
             cold_start(b, 3 if a.smoke else 8)
+            cold_imports(b, 3 if a.smoke else 8)
         if want("capture") or want("download"):
             big = capture(b)
         if want("download"):

@@ -2,6 +2,7 @@
 delivery = x-sendfile: packaging/apache/codexec.conf as operators use it."""
 
 import os
+import shutil
 import signal
 import subprocess
 
@@ -29,6 +30,11 @@ def start_apache(ctx):
     adir = os.path.join(st.var, "apache")
     os.makedirs(adir, exist_ok=True)
     st.chown(adir)
+    # Apache runs as the stack's user, which may not be able to enter the
+    # checkout (a clone inside a mktemp -d directory): it reads a copy.
+    site = os.path.join(adir, "codexec.conf")
+    shutil.copyfile(os.path.join(stack.REPO, "packaging", "apache", "codexec.conf"), site)
+    os.chmod(site, 0o644)
     httpd = os.path.join(adir, "httpd.conf")
     mods = ["mpm_event", "authz_core", "proxy", "proxy_fcgi", "xsendfile"]
     with open(httpd, "w") as f:
@@ -42,7 +48,7 @@ ErrorLog {st.logdir}/apache-error.log
 LogLevel warn
 Define CODEXEC_SOCKET {sock}
 Define CODEXEC_STORAGE {st.storage}
-Include {stack.REPO}/packaging/apache/codexec.conf
+Include {site}
 """)
     wait_until(lambda: os.path.exists(sock), 20, "the second codexec-fcgi")
     proc = subprocess.Popen(st.as_user() + ["/usr/sbin/apache2", "-f", httpd, "-DFOREGROUND"],

@@ -1,3 +1,4 @@
+#include "../../lib/conf.h"
 #include "../../lib/config.h"
 #include "tap.h"
 
@@ -23,6 +24,19 @@ static const struct {
     {"just words\n", CX_ERR_INVALID, "t.conf:1: expected \"key = value\""},
     {"default_timeout = 400\n", CX_ERR_INVALID, "default_timeout is above max_timeout"},
     {"max_code_bytes = 128M\nmax_body_bytes = 64M\n", CX_ERR_INVALID, "max_code_bytes"},
+    /* kernel_preload names become source text: only dotted identifiers */
+    {"kernel_preload = numpy, pandas, matplotlib.pyplot\n", CX_OK, NULL},
+    {"kernel_preload = os; import shutil\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = numpy, \"pandas\"\n", CX_ERR_INVALID, "module names"},
+    {"kernel_preload = numpy,\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = numpy,,pandas\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = 1numpy\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = numpy..linalg\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = numpy.\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = .numpy\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = num py\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = n\\u00e9\n", CX_ERR_INVALID, "kernel_preload"},
+    {"kernel_preload = caf\xc3\xa9\n", CX_ERR_INVALID, "kernel_preload"},
 };
 
 int
@@ -85,11 +99,20 @@ main(void)
     is_int(cfg.socket_mode, 0600, "octal mode");
     cx_config_cleanup(&cfg);
 
-    ok(cx_config_parse_size("64k", &v) == CX_OK && v == 65536, "size 64k");
-    ok(cx_config_parse_size("5G", &v) == CX_OK && v == 5ULL << 30, "size 5G");
-    ok(cx_config_parse_size("", &v) != CX_OK, "empty size refused");
-    ok(cx_config_parse_size("-5", &v) != CX_OK, "negative size refused");
-    ok(cx_config_parse_size("5 G", &v) != CX_OK, "inner space refused");
+    ok(cx_config_parse(&cfg, "t.conf", "kernel_preload =  numpy ,pandas,\tmatplotlib.pyplot \n",
+                       err, sizeof(err)) == CX_OK,
+       "kernel_preload parses");
+    is_str(cfg.kernel_preload, "numpy,pandas,matplotlib.pyplot", "kernel_preload normalised");
+    cx_config_cleanup(&cfg);
+    ok(cx_config_defaults(&cfg) == CX_OK && cfg.kernel_preload && !*cfg.kernel_preload,
+       "no kernel_preload by default");
+    cx_config_cleanup(&cfg);
+
+    ok(cx_conf_parse_size("64k", &v) == CX_OK && v == 65536, "size 64k");
+    ok(cx_conf_parse_size("5G", &v) == CX_OK && v == 5ULL << 30, "size 5G");
+    ok(cx_conf_parse_size("", &v) != CX_OK, "empty size refused");
+    ok(cx_conf_parse_size("-5", &v) != CX_OK, "negative size refused");
+    ok(cx_conf_parse_size("5 G", &v) != CX_OK, "inner space refused");
 
     err[0] = '\0';
     ok(cx_config_load(&cfg, "/nonexistent/codexec.conf", err, sizeof(err)) == CX_ERR_IO,

@@ -1,0 +1,411 @@
+#include "conf.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+
+#define KiB 1024ULL
+#define MiB (1024ULL * KiB)
+#define GiB (1024ULL * MiB)
+
+static const char *const levels[] = {"error", "warn", "info", "debug"};
+static const char *const deliveries[] = {"direct", "x-accel", "x-sendfile"};
+
+enum cx_err
+cx_conf_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+    uint64_t mult = 1;
+
+    if (!isdigit((unsigned char)*s))
+        return CX_ERR_INVALID;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return CX_ERR_INVALID;
+    switch (*end) {
+    case '\0': break;
+    case 'k':
+    case 'K':
+        mult = KiB;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = MiB;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = GiB;
+        end++;
+        break;
+    default: return CX_ERR_INVALID;
+    }
+    if (*end != '\0')
+        return CX_ERR_INVALID;
+    if (v > UINT64_MAX / mult)
+        return CX_ERR_INVALID;
+    *out = v * mult;
+    return CX_OK;
+}
+
+/* "numpy, pandas, matplotlib.pyplot": Python module names (dotted
+ * identifiers of ASCII letters, digits and '_'), at most 32 of them. They
+ * become source text of the warming cell, so nothing else may pass. Stored
+ * as "numpy,pandas,matplotlib.pyplot". */
+static bool
+module_name_valid(const char *s, size_t n)
+{
+    bool at_start = true;
+
+    if (n == 0 || n > 128 || s[n - 1] == '.')
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        bool letter = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+
+        if (at_start ? !letter : !(letter || (c >= '0' && c <= '9') || c == '.'))
+            return false;
+        at_start = c == '.';
+    }
+    return true;
+}
+
+static enum cx_err
+parse_modules(const char *v, char **out)
+{
+    char *norm = malloc(strlen(v) + 1), *w = norm;
+    unsigned count = 0;
+
+    if (!norm)
+        return CX_ERR_NOMEM;
+    for (const char *item = v; *v;) {
+        const char *end;
+
+        v = strchr(item, ',');
+        if (!v)
+            v = item + strlen(item);
+        while (item < v && (*item == ' ' || *item == '\t'))
+            item++;
+        for (end = v; end > item && (end[-1] == ' ' || end[-1] == '\t'); end--)
+            ;
+        if (!module_name_valid(item, (size_t)(end - item)) || ++count > 32) {
+            free(norm);
+            return CX_ERR_INVALID;
+        }
+        if (w != norm)
+            *w++ = ',';
+        memcpy(w, item, (size_t)(end - item));
+        w += end - item;
+        if (*v == ',' && *++v == '\0') { /* a trailing comma */
+            free(norm);
+            return CX_ERR_INVALID;
+        }
+        item = v;
+    }
+    *w = '\0';
+    *out = norm;
+    return CX_OK;
+}
+
+/* An absolute path with no "." or ".." component, no control characters
+ * and no doubled or trailing slash; or "" (unset). */
+static bool
+path_valid(const char *v)
+{
+    if (!*v)
+        return true;
+    if (v[0] != '/' || strlen(v) > 1024)
+        return false;
+    for (const char *p = v; *p; p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return false;
+        if (p[0] == '/' && (p[1] == '/' || p[1] == '\0') && p != v)
+            return false;
+        if (p[0] == '/' && p[1] == '.' &&
+            (p[2] == '/' || p[2] == '\0' || (p[2] == '.' && (p[3] == '/' || p[3] == '\0'))))
+            return false;
+    }
+    return strcmp(v, "/") != 0;
+}
+
+static int
+lookup(const char *const *names, size_t n, const char *v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(names[i], v) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* Sets one key; on failure writes a message (without position) to msg. */
+static enum cx_err
+set_value(void *cfg, const struct cx_conf_key *k, const char *v, char *msg, size_t msglen)
+{
+    char *base = (char *)cfg + k->off;
+    uint64_t n;
+    char *end;
+    int i;
+
+    switch (k->type) {
+    case CX_CONF_PATH:
+        if (!path_valid(v)) {
+            snprintf(msg, msglen, "%s: expected an absolute path", k->name);
+            return CX_ERR_INVALID;
+        }
+        /* fall through */
+    case CX_CONF_STR: {
+        char *copy = strdup(v);
+        if (!copy)
+            return CX_ERR_NOMEM;
+        free(*(char **)base);
+        *(char **)base = copy;
+        return CX_OK;
+    }
+    case CX_CONF_UINT:
+    case CX_CONF_SIZE:
+        if (k->type == CX_CONF_UINT) {
+            if (!isdigit((unsigned char)*v))
+                goto bad_number;
+            errno = 0;
+            unsigned long long u = strtoull(v, &end, 10);
+            if (errno || *end)
+                goto bad_number;
+            n = u;
+        } else if (cx_conf_parse_size(v, &n)) {
+            snprintf(msg, msglen, "%s: expected a size such as 512, 64K, 8M or 5G", k->name);
+            return CX_ERR_INVALID;
+        }
+        if (n < k->min || n > k->max) {
+            snprintf(msg, msglen, "%s: %s is out of range [%llu, %llu]", k->name, v,
+                     (unsigned long long)k->min, (unsigned long long)k->max);
+            return CX_ERR_INVALID;
+        }
+        if (k->type == CX_CONF_UINT)
+            *(unsigned *)base = (unsigned)n;
+        else
+            *(uint64_t *)base = n;
+        return CX_OK;
+    case CX_CONF_MODE:
+        if (*v < '0' || *v > '7')
+            goto bad_mode;
+        errno = 0;
+        n = strtoull(v, &end, 8);
+        if (errno || *end || n > k->max)
+            goto bad_mode;
+        *(unsigned *)base = (unsigned)n;
+        return CX_OK;
+    case CX_CONF_BOOL:
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "1"))
+            *(bool *)base = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "0"))
+            *(bool *)base = false;
+        else {
+            snprintf(msg, msglen, "%s: expected true or false", k->name);
+            return CX_ERR_INVALID;
+        }
+        return CX_OK;
+    case CX_CONF_LEVEL:
+        i = lookup(levels, sizeof(levels) / sizeof(levels[0]), v);
+        if (i < 0) {
+            snprintf(msg, msglen, "%s: expected error, warn, info or debug", k->name);
+            return CX_ERR_INVALID;
+        }
+        *(int *)base = i;
+        return CX_OK;
+    case CX_CONF_MODULES: {
+        char *list = NULL;
+        enum cx_err rc = parse_modules(v, &list);
+        if (rc == CX_ERR_INVALID)
+            snprintf(msg, msglen,
+                     "%s: expected Python module names separated by commas, such as "
+                     "\"numpy, pandas, matplotlib.pyplot\"",
+                     k->name);
+        if (rc)
+            return rc;
+        free(*(char **)base);
+        *(char **)base = list;
+        return CX_OK;
+    }
+    case CX_CONF_DELIVERY:
+        i = lookup(deliveries, sizeof(deliveries) / sizeof(deliveries[0]), v);
+        if (i < 0) {
+            snprintf(msg, msglen, "%s: expected direct, x-accel or x-sendfile", k->name);
+            return CX_ERR_INVALID;
+        }
+        *(int *)base = i;
+        return CX_OK;
+    }
+    return CX_ERR_INTERNAL;
+bad_number:
+    snprintf(msg, msglen, "%s: expected a non-negative integer", k->name);
+    return CX_ERR_INVALID;
+bad_mode:
+    snprintf(msg, msglen, "%s: expected an octal mode such as 0660", k->name);
+    return CX_ERR_INVALID;
+}
+
+static bool
+is_string(const struct cx_conf_key *k)
+{
+    return k->type == CX_CONF_STR || k->type == CX_CONF_MODULES || k->type == CX_CONF_PATH;
+}
+
+void
+cx_conf_cleanup(const struct cx_conf_key *keys, size_t n, void *base)
+{
+    if (!base)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (is_string(&keys[i])) {
+            char **p = (char **)((char *)base + keys[i].off);
+            size_t len = strlen(keys[i].name);
+            if (*p && len > 6 && !strcmp(keys[i].name + len - 6, "_token"))
+                memset(*p, 0, strlen(*p));
+            free(*p);
+            *p = NULL;
+        }
+}
+
+enum cx_err
+cx_conf_defaults(const struct cx_conf_key *keys, size_t n, void *base)
+{
+    char msg[128];
+    enum cx_err rc;
+
+    for (size_t i = 0; i < n; i++) {
+        rc = set_value(base, &keys[i], keys[i].def, msg, sizeof(msg));
+        if (rc) {
+            cx_conf_cleanup(keys, n, base);
+            return rc;
+        }
+    }
+    return CX_OK;
+}
+
+static char *
+trim(char *s)
+{
+    char *e;
+
+    while (*s == ' ' || *s == '\t')
+        s++;
+    e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
+        *--e = '\0';
+    return s;
+}
+
+enum cx_err
+cx_conf_parse(const struct cx_conf_key *keys, size_t nkeys, void *cfg, const char *name,
+              const char *text, char *errbuf, size_t errlen)
+{
+    char msg[256];
+    char *copy = NULL, *line, *next;
+    unsigned lineno = 0;
+    unsigned char *seen;
+    enum cx_err rc;
+
+    rc = cx_conf_defaults(keys, nkeys, cfg);
+    if (rc)
+        return rc;
+    seen = calloc(nkeys ? nkeys : 1, 1);
+    copy = strdup(text);
+    if (!seen || !copy) {
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
+    for (line = copy; line; line = next) {
+        char *eq, *k, *v;
+        size_t i;
+
+        lineno++;
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        if (strlen(line) > 4096) {
+            snprintf(errbuf, errlen, "%s:%u: line too long", name, lineno);
+            rc = CX_ERR_INVALID;
+            goto out;
+        }
+        k = trim(line);
+        if (*k == '\0' || *k == '#')
+            continue;
+        eq = strchr(k, '=');
+        if (!eq) {
+            snprintf(errbuf, errlen, "%s:%u: expected \"key = value\"", name, lineno);
+            rc = CX_ERR_INVALID;
+            goto out;
+        }
+        *eq = '\0';
+        k = trim(k);
+        v = trim(eq + 1);
+        for (i = 0; i < nkeys; i++)
+            if (strcmp(keys[i].name, k) == 0)
+                break;
+        if (i == nkeys) {
+            snprintf(errbuf, errlen, "%s:%u: unknown key \"%.64s\"", name, lineno, k);
+            rc = CX_ERR_INVALID;
+            goto out;
+        }
+        if (seen[i]) {
+            snprintf(errbuf, errlen, "%s:%u: %s is set twice", name, lineno, keys[i].name);
+            rc = CX_ERR_INVALID;
+            goto out;
+        }
+        seen[i] = 1;
+        rc = set_value(cfg, &keys[i], v, msg, sizeof(msg));
+        if (rc) {
+            snprintf(errbuf, errlen, "%s:%u: %s", name, lineno, msg);
+            goto out;
+        }
+    }
+out:
+    free(copy);
+    free(seen);
+    if (rc)
+        cx_conf_cleanup(keys, nkeys, cfg);
+    return rc;
+}
+
+enum cx_err
+cx_conf_load(const struct cx_conf_key *keys, size_t nkeys, void *cfg, const char *path,
+             char *errbuf, size_t errlen)
+{
+    struct cx_buf b;
+    char chunk[4096];
+    size_t n;
+    FILE *f;
+    enum cx_err rc;
+
+    f = fopen(path, "re");
+    if (!f) {
+        snprintf(errbuf, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return CX_ERR_IO;
+    }
+    cx_buf_init(&b, 1024 * 1024);
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        cx_buf_add(&b, chunk, n);
+    if (ferror(f)) {
+        snprintf(errbuf, errlen, "%s: read failed", path);
+        rc = CX_ERR_IO;
+    } else if (cx_buf_err(&b)) {
+        snprintf(errbuf, errlen, "%s: file too large", path);
+        rc = cx_buf_err(&b);
+    } else if (memchr(b.data ? b.data : "", '\0', b.len)) {
+        snprintf(errbuf, errlen, "%s: contains a NUL byte", path);
+        rc = CX_ERR_INVALID;
+    } else {
+        rc = cx_conf_parse(keys, nkeys, cfg, path, b.data ? b.data : "", errbuf, errlen);
+    }
+    fclose(f);
+    cx_buf_cleanup(&b);
+    return rc;
+}
