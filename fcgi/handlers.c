@@ -79,6 +79,10 @@ send_run_result(struct cx_req *r, enum cx_err rc, int status, json_t *out, const
     }
     switch (status) {
     case 400: cx_req_send_error(r, 400, "invalid_request", msg); break;
+    case 403:
+        cx_req_send_error(r, 403, "forbidden",
+                          "a key that requires approval can't approve or reject runs");
+        break;
     case 404:
         if (!strncmp(msg, "input artifact ", 15))
             cx_req_send_error(r, 404, "input_not_found", msg);
@@ -285,7 +289,7 @@ static bool
 content_resolve(struct cx_req *r, struct cx_download *d)
 {
     char user[CX_USER_MAX + 1];
-    const char *remote = cx_req_param(r, "REMOTE_USER"), *key;
+    const char *remote = cx_req_remote_user(r), *key;
     int version = 0;
     size_t len;
     enum cx_err rc = cx_link_verify(r->w, r->query, r->captures[0], user, &version);
@@ -310,7 +314,7 @@ content_resolve(struct cx_req *r, struct cx_download *d)
     }
     if (rc == CX_OK) {
         rc = cx_download_resolve(r->w, user, r->captures[0], version, d);
-    } else if (r->w->cfg->trust_remote_user && remote && *remote) {
+    } else if (remote) {
         if (!cx_req_authenticate(r))
             return false;
         rc = cx_download_resolve(r->w, r->who.user, r->captures[0], version, d);
@@ -432,6 +436,8 @@ cx_h_artifacts_links(struct cx_req *r)
         body = cx_req_json_body(r, 65536);
         if (!body)
             return;
+    } else if (!cx_req_json_type(r)) {
+        return; /* an empty body too: the endpoint takes JSON */
     }
     rc = cx_link_create(r->w, &r->who, r->captures[0], body, &out, msg, sizeof(msg));
     json_decref(body);

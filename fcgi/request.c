@@ -188,6 +188,28 @@ cx_req_read(void *ctx, void *buf, size_t n)
     return FCGX_GetStr(buf, chunk, in);
 }
 
+/* "application/json", any case, alone or with parameters. */
+static bool
+is_json_type(const char *ctype)
+{
+    if (!ctype)
+        return false;
+    ctype += strspn(ctype, " \t");
+    return strncasecmp(ctype, "application/json", 16) == 0 &&
+           (ctype[16] == '\0' || ctype[16] == ';' || ctype[16] == ' ' || ctype[16] == '\t');
+}
+
+bool
+cx_req_json_type(struct cx_req *r)
+{
+    /* Also when the type is missing: a browser sends a cross-site POST
+     * without a preflight only with a "simple" type or none (sendBeacon). */
+    if (is_json_type(cx_req_param(r, "CONTENT_TYPE")))
+        return true;
+    cx_req_send_error(r, 415, "unsupported_media_type", "the request body must be application/json");
+    return false;
+}
+
 json_t *
 cx_req_json_body(struct cx_req *r, uint64_t max)
 {
@@ -195,14 +217,10 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
     char *body = NULL;
     size_t len = 0;
     json_t *j = NULL;
-    const char *ctype = cx_req_param(r, "CONTENT_TYPE");
     enum cx_err rc;
 
-    if (ctype && *ctype && strncasecmp(ctype, "application/json", 16) != 0) {
-        cx_req_send_error(r, 415, "unsupported_media_type",
-                          "the request body must be application/json");
+    if (!cx_req_json_type(r))
         return NULL;
-    }
     rc = cx_http_read_body(cx_req_read, r->fr->in, cx_req_param(r, "CONTENT_LENGTH"), max, &body,
                            &len);
     if (rc == CX_ERR_TOO_LARGE) {
@@ -227,15 +245,81 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
     return j;
 }
 
+const char *
+cx_req_remote_user(struct cx_req *r)
+{
+    const char *user = NULL, *auth_type = cx_req_param(r, "AUTH_TYPE");
+    int seen = 0;
+
+    if (!r->w->cfg->trust_remote_user || !auth_type || !*auth_type)
+        return NULL;
+    for (char **e = r->fr->envp; *e; e++)
+        if (!strncmp(*e, "REMOTE_USER=", 12)) {
+            user = *e + 12;
+            seen++;
+        }
+    if (seen > 1)
+        cx_log_warn(0, "REMOTE_USER sent %d times: ignored (check the web server's config)",
+                    seen);
+    return seen == 1 && *user ? user : NULL;
+}
+
+/* The host part of "scheme://host[:port]" or "host[:port]", lower case. */
+static void
+host_of(const char *s, char *out, size_t outlen)
+{
+    const char *p = strstr(s, "://");
+    size_t n;
+
+    p = p ? p + 3 : s;
+    n = p[0] == '[' ? strcspn(p, "]") + 1 : strcspn(p, ":/");
+    snprintf(out, outlen, "%.*s", (int)n, p);
+    for (char *c = out; *c; c++)
+        if (*c >= 'A' && *c <= 'Z')
+            *c = (char)(*c - 'A' + 'a');
+}
+
+/* A browser's request from another site: Sec-Fetch-Site says so, or an
+ * Origin names another host. */
+static bool
+cross_site(struct cx_req *r)
+{
+    const char *site = cx_req_param(r, "HTTP_SEC_FETCH_SITE");
+    const char *origin = cx_req_param(r, "HTTP_ORIGIN"), *host = cx_req_param(r, "HTTP_HOST");
+    char a[256], b[256];
+
+    if (site && strcmp(site, "same-origin") != 0 && strcmp(site, "none") != 0)
+        return true;
+    if (!origin || !host)
+        return false;
+    if (!strcmp(origin, "null"))
+        return true;
+    host_of(origin, a, sizeof(a));
+    host_of(host, b, sizeof(b));
+    return strcmp(a, b) != 0;
+}
+
 bool
 cx_req_authenticate(struct cx_req *r)
 {
+    const char *remote = cx_req_remote_user(r);
     enum cx_err rc;
 
-    rc = cx_auth_request(r->w->auth, r->w->db, r->w->cfg->trust_remote_user,
-                         cx_req_param(r, "REMOTE_USER"), cx_req_param(r, "HTTP_AUTHORIZATION"),
-                         &r->who);
-    return cx_req_auth_result(r, rc);
+    rc = cx_auth_request(r->w->auth, r->w->db, remote != NULL, remote,
+                         cx_req_param(r, "HTTP_AUTHORIZATION"), &r->who);
+    if (!cx_req_auth_result(r, rc))
+        return false;
+    /* The web server's authentication travels with every request a
+     * browser makes, also those another site makes it send: such a
+     * credential changes nothing from another site. A key does not
+     * travel by itself. */
+    if (!r->who.key_id[0] && strcmp(r->method, "GET") != 0 && strcmp(r->method, "HEAD") != 0 &&
+        cross_site(r)) {
+        cx_req_send_error(r, 403, "forbidden",
+                          "a request from another site can't use the web server's authentication");
+        return false;
+    }
+    return true;
 }
 
 bool

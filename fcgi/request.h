@@ -54,14 +54,27 @@ void cx_req_send_empty(struct cx_req *r, int status);
 /* Maps a library error to the standard status and error code. */
 void cx_req_send_lib_error(struct cx_req *r, enum cx_err err);
 
+/* True for a Content-Type of application/json; else sends 415. */
+bool cx_req_json_type(struct cx_req *r);
+
 /* Reads the body (capped at max) and parses a JSON object; on failure the
- * error response has been sent and NULL is returned. */
+ * error response has been sent and NULL is returned. The Content-Type must
+ * be application/json (415 otherwise, also when it is missing). */
 json_t *cx_req_json_body(struct cx_req *r, uint64_t max);
 
 /* Reads request body bytes; ctx is r->fr->in. */
 ssize_t cx_req_read(void *ctx, void *buf, size_t n);
 
-/* Authenticates; on failure sends 401 (or 503) and returns false. */
+/* The user the web server authenticated, or NULL. REMOTE_USER counts only
+ * with trust_remote_user, when the server also set AUTH_TYPE (Apache does
+ * after authenticating; nginx only where the operator's config passes it,
+ * because nginx fills $remote_user from a client's own Basic header even
+ * without auth_basic), and when it was sent exactly once. */
+const char *cx_req_remote_user(struct cx_req *r);
+
+/* Authenticates; on failure sends 401 (or 503) and returns false. A
+ * state-changing request authenticated by the web server (not by a key)
+ * that a browser sent from another site is refused with 403. */
 bool cx_req_authenticate(struct cx_req *r);
 
 /* The answer to an authentication's outcome: true for CX_OK, else a 401

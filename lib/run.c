@@ -267,6 +267,34 @@ cx_run_get(struct cx_db *db, const char *user, const char *run_id, json_t **out)
     "(lambda s, t: getattr(s, '_codexec_kernel', None) == t or "                                   \
     "setattr(s, '_codexec_kernel', t))(__import__('sys'), '%s')"
 
+/* Evaluated by the epilogue before the capture: every process of the
+ * sandbox but its init (pid 1) and the kernel ends with the run, so a fork
+ * bomb, a runaway child or a writer that outlives its cell holds nothing
+ * (pids, memory, CPU, files being written) past the run. The kernel's own
+ * children are reaped, within 200 ms. Defined once per kernel process. */
+#define REAP_EXPR                                                                                  \
+    "(lambda s: s.__dict__.get('_codexec_reap') or (exec('"                                        \
+    "def _codexec_reap():\\n"                                                                      \
+    " import os, time\\n"                                                                          \
+    " me, mine = os.getpid(), []\\n"                                                               \
+    " for d in os.listdir(\"/proc\"):\\n"                                                          \
+    "  if d.isdigit() and int(d) not in (1, me):\\n"                                               \
+    "   try:\\n"                                                                                   \
+    "    child = open(f\"/proc/{d}/stat\").read().rsplit(\")\", 1)[1].split()[1] == str(me)\\n"     \
+    "    os.kill(int(d), 9)\\n"                                                                    \
+    "    if child: mine.append(int(d))\\n"                                                         \
+    "   except (OSError, IndexError):\\n"                                                          \
+    "    pass\\n"                                                                                  \
+    " end = time.monotonic() + 0.2\\n"                                                             \
+    " while mine and time.monotonic() < end:\\n"                                                   \
+    "  for p in list(mine):\\n"                                                                    \
+    "   try:\\n"                                                                                   \
+    "    if os.waitpid(p, os.WNOHANG)[0]: mine.remove(p)\\n"                                       \
+    "   except ChildProcessError:\\n"                                                              \
+    "    mine.remove(p)\\n"                                                                        \
+    "  time.sleep(0.002)\\n"                                                                       \
+    "', s.__dict__) or s._codexec_reap))(__import__('sys'))()"
+
 /* Runs main(**arguments) after a successful cell. The arguments arrive as
  * JSON data in the request's metadata, never as source; the result leaves
  * as a JSON display bundle. Runs in a private namespace: nothing of it is
@@ -818,7 +846,7 @@ execute(struct exec_state *st, struct cx_session *s, const struct cx_run_request
     enum cx_err rc = CX_ERR_NOMEM;
 
     snprintf(check, sizeof(check), TOKEN_CHECK_FMT, s->kernel_id);
-    uexpr = json_pack("{s:s}", "cx", check);
+    uexpr = json_pack("{s:s,s:s}", "cx", check, "reap", REAP_EXPR);
     meta = json_object();
     if (st->cap) {
         capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs, s->capture_rescan);
@@ -1240,6 +1268,12 @@ cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *ru
     enum cx_err rc;
 
     *out = NULL;
+    if (who->require_approval) {
+        /* Its runs wait for someone else: it never decides one. */
+        *status = 403;
+        snprintf(msg, msglen, "a key that requires approval can't approve or reject runs");
+        return CX_ERR_FORBIDDEN;
+    }
     rc = take_pending(cx, who, run_id, "running", &request);
     if (rc) {
         *status = cx_http_status_for(rc);
@@ -1267,6 +1301,8 @@ cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run
     enum cx_err rc;
 
     *out = NULL;
+    if (who->require_approval)
+        return CX_ERR_FORBIDDEN;
     rc = take_pending(cx, who, run_id, "rejected", &request);
     json_decref(request);
     if (rc)

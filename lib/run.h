@@ -56,8 +56,10 @@ enum cx_err cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who,
                           struct cx_run_request *req, int *status, json_t **out, char *msg,
                           size_t msglen) CX_MUSTCHECK;
 
-/* POST /v1/runs/{id}/approve and /reject. CX_ERR_NOT_FOUND for a run that
- * is not this user's or not pending, CX_ERR_EXPIRED when it waited too long. */
+/* POST /v1/runs/{id}/approve and /reject. CX_ERR_FORBIDDEN for a key that
+ * itself requires approval (whatever the run), CX_ERR_NOT_FOUND for a run
+ * that is not this user's or not pending, CX_ERR_EXPIRED when it waited too
+ * long. */
 enum cx_err cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
                            int *status, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
 enum cx_err cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,

@@ -12,6 +12,7 @@ Runs with Debian's /usr/bin/python3 and the standard library only.
 
 import argparse
 import filecmp
+import hashlib
 import json
 import os
 import pwd
@@ -29,7 +30,13 @@ PG_BIN = "/usr/lib/postgresql/15/bin"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_NAME = "python3-sandbox"
 TEST_KERNEL_NAME = "python3-sandbox-test"  # a kernelspec the system tests write
+# Started as root, every service runs as its own system user: codexec-fcgi
+# and nginx as codexec (storage, secret, configuration), PostgreSQL as
+# codexec-db, the Jupyter server and its kernels as codexec-kernel, which
+# can read nothing of the other two.
 RUN_USER = "codexec"
+KERNEL_USER = "codexec-kernel"
+DB_USER = "codexec-db"
 
 
 def log(msg):
@@ -71,13 +78,14 @@ def pid_alive(pid):
 class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
                  workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
-                 test_kernel=False):
+                 test_kernel=False, sandbox_extra=None):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
         self.bindir = os.path.abspath(bindir or os.path.join(REPO, "build", "fcgi"))
         self.workers = workers
         self.conf_extra = conf_extra or {}
+        self.sandbox_extra = sandbox_extra or {}
         self.fast_pg = fast_pg
         self.nginx_body = nginx_body
         self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
@@ -89,12 +97,15 @@ class Stack:
         self.kernel_cache = p("kernel-cache")
         self.logdir, self.rundir, self.bin = p("log"), p("run"), p("bin")
         self.conf, self.secret = p("codexec.conf"), p("secret")
+        self.sandbox_conf = p("sandbox.conf")
         self.socket = p("run", "codexec.sock")
         self.ports_file = p("ports.json")
         if os.geteuid() == 0:
-            self.user = RUN_USER
+            self.user, self.kernel_user, self.db_user = RUN_USER, KERNEL_USER, DB_USER
         else:
-            self.user = pwd.getpwuid(os.geteuid()).pw_name
+            self.user = self.kernel_user = self.db_user = pwd.getpwuid(os.geteuid()).pw_name
+        # The kernels' parent cgroup, one per stack directory.
+        self.cgroup = "codexec-" + hashlib.sha256(self.var.encode()).hexdigest()[:12]
 
     # --- helpers ------------------------------------------------------------
     @property
@@ -117,21 +128,22 @@ class Stack:
     def admin(self):
         return os.path.join(self.bin, "codexec-admin")
 
-    def as_user(self):
+    def as_user(self, user=None):
         if os.geteuid() != 0:
             return []
-        return ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups", "--"]
+        user = user or self.user
+        return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"]
 
-    def run(self, argv, check=True, **kw):
-        r = subprocess.run(self.as_user() + argv, stdout=subprocess.PIPE,
+    def run(self, argv, check=True, user=None, **kw):
+        r = subprocess.run(self.as_user(user) + argv, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, **kw)
         if check and r.returncode != 0:
             raise StackError(f"{os.path.basename(argv[0])} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
         return r
 
-    def spawn(self, name, argv, env=None, cwd=None):
+    def spawn(self, name, argv, env=None, cwd=None, user=None):
         logf = open(os.path.join(self.logdir, f"{name}.log"), "ab")
-        proc = subprocess.Popen(self.as_user() + argv, stdin=subprocess.DEVNULL, stdout=logf,
+        proc = subprocess.Popen(self.as_user(user) + argv, stdin=subprocess.DEVNULL, stdout=logf,
                                 stderr=logf, env=env, cwd=cwd, start_new_session=True)
         logf.close()
         with open(os.path.join(self.rundir, f"{name}.pid"), "w") as f:
@@ -156,40 +168,42 @@ class Stack:
             time.sleep(0.1)
         raise StackError(f"{what} did not come up within {timeout}s; see {self.logdir}")
 
-    def chown(self, path):
+    def chown(self, path, user=None, group=None):
         if os.geteuid() == 0:
-            pw = pwd.getpwnam(self.user)
-            os.chown(path, pw.pw_uid, pw.pw_gid)
+            pw = pwd.getpwnam(user or self.user)
+            gid = pwd.getpwnam(group).pw_gid if group else pw.pw_gid
+            os.chown(path, pw.pw_uid, gid)
 
     def chown_kernel(self, path):
         """Gives path to the user the Jupyter server and its kernels run as."""
-        self.chown(path)
+        self.chown(path, self.kernel_user)
 
     def ensure_user(self):
         if os.geteuid() != 0:
             return
-        try:
-            pwd.getpwnam(self.user)
-        except KeyError:
-            log(f"creating system user {self.user}")
-            subprocess.run(["useradd", "--system", "--home-dir", "/nonexistent", "--no-create-home",
-                            "--shell", "/usr/sbin/nologin", self.user], check=True)
+        for user in (self.user, self.kernel_user, self.db_user):
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                log(f"creating system user {user}")
+                subprocess.run(["useradd", "--system", "--user-group", "--home-dir", "/nonexistent",
+                                "--no-create-home", "--shell", "/usr/sbin/nologin", user],
+                               check=True)
 
     def ensure_traversable(self, path):
-        """The run user must reach var/: grant search (x, not read) on
+        """The stack's users must reach var/: grant search (x, not read) on
         ancestors that deny it, and say so."""
         if os.geteuid() != 0:
             return
-        uid = pwd.getpwnam(self.user).pw_uid
         d = os.path.dirname(path)
         while d and d != "/":
             st = os.stat(d)
-            if st.st_uid != uid and not st.st_mode & stat.S_IXOTH:
-                log(f"granting search permission (o+x) on {d} so {self.user} can reach {path}")
+            if not st.st_mode & stat.S_IXOTH:
+                log(f"granting search permission (o+x) on {d} so the stack's users can reach {path}")
                 os.chmod(d, st.st_mode | stat.S_IXOTH)
             d = os.path.dirname(d)
 
-    def write_file(self, path, text, mode=0o640):
+    def write_file(self, path, text, mode=0o640, owner=None):
         old = None
         try:
             with open(path) as f:
@@ -201,7 +215,7 @@ class Stack:
             with open(tmp, "w") as f:
                 f.write(text)
             os.chmod(tmp, mode)
-            self.chown(tmp)
+            self.chown(tmp, owner)
             os.replace(tmp, path)
 
     def copy_exec(self, src, name):
@@ -216,26 +230,60 @@ class Stack:
         os.replace(tmp, dst)
 
     # --- init ---------------------------------------------------------------
+    def make_dirs(self):
+        """Each directory with its owner and mode: what belongs to one
+        service is closed to the others."""
+        j = lambda *a: os.path.join(self.jdir, *a)
+        layout = [  # path, owner, group, mode
+            (self.var, self.user, None, 0o755),
+            (os.path.join(self.var, "pg"), self.db_user, None, 0o755),
+            (self.pg_data, self.db_user, None, 0o700),
+            (self.pg_run, self.db_user, self.user, 0o750),  # codexec connects, nobody else
+            (self.storage, self.user, None, 0o700),
+            (self.logdir, self.user, None, 0o755),
+            (self.rundir, self.user, None, 0o755),
+            (os.path.join(self.var, "nginx"), self.user, None, 0o755),
+            (os.path.join(self.var, "nginx", "tmp"), self.user, None, 0o700),
+            (self.bin, "root", None, 0o755),
+            (self.kernel_cache, "root", None, 0o755),
+            (self.jdir, self.kernel_user, None, 0o700),
+            (j("home"), self.kernel_user, None, 0o700),
+            (j("runtime"), self.kernel_user, None, 0o700),
+            (j("path"), "root", None, 0o755),  # the kernelspecs: not even the server changes them
+            (j("path", "kernels"), "root", None, 0o755),
+            (j("path", "kernels", KERNEL_NAME), "root", None, 0o755),
+            (self.workspaces, self.kernel_user, None, 0o700),
+        ]
+        for path, owner, group, mode in layout:
+            os.makedirs(path, exist_ok=True)
+            if os.geteuid() == 0:
+                if os.stat(path).st_uid != pwd.getpwnam(owner).pw_uid and path in (
+                        self.pg_data, self.jdir, self.workspaces):
+                    # a var/ from before the users were split: hand it over whole
+                    log(f"giving {path} to {owner}")
+                    subprocess.run(["chown", "-R", f"{owner}:{owner}", path], check=True)
+                self.chown(path, owner, group)
+            os.chmod(path, mode)
+        # PostgreSQL appends to its log as its own user.
+        pglog = os.path.join(self.logdir, "postgresql.log")
+        if not os.path.exists(pglog):
+            open(pglog, "a").close()
+        self.chown(pglog, self.db_user)
+
     def init(self):
         self.ensure_user()
         os.makedirs(self.var, exist_ok=True)
         self.ensure_traversable(self.var)
-        for d in [self.var, self.pg_data, self.pg_run, self.storage, self.workspaces, self.jdir,
-                  os.path.join(self.jdir, "home"), os.path.join(self.jdir, "runtime"),
-                  os.path.join(self.jdir, "path", "kernels", KERNEL_NAME),
-                  self.logdir, self.rundir, self.bin, os.path.join(self.var, "nginx", "tmp")]:
-            os.makedirs(d, exist_ok=True)
-            self.chown(d)
-        for d in [self.pg_data, self.workspaces, os.path.join(self.jdir, "runtime")]:
-            os.chmod(d, 0o700)
-        os.chmod(self.var, 0o750)
+        self.make_dirs()
         self.load_ports()
         self.copy_exec(os.path.join(self.bindir, "codexec-fcgi"), "codexec-fcgi")
         self.copy_exec(os.path.join(self.bindir, "codexec-admin"), "codexec-admin")
-        self.copy_exec(os.path.join(REPO, "packaging", "codexec-kernel-launcher"),
+        self.copy_exec(os.path.join(self.bindir, "codexec-kernel-launcher"),
                        "codexec-kernel-launcher")
         self.init_secret_files()
         self.build_kernel_cache()
+        self.setup_cgroups()
+        self.write_sandbox_conf()
         self.write_kernelspec()
         self.write_config()
         self.write_nginx()
@@ -255,13 +303,13 @@ class Stack:
     def init_secret_files(self):
         tok = os.path.join(self.jdir, "token")
         if not os.path.exists(tok):
-            self.write_file(tok, secrets.token_hex(24) + "\n", 0o600)
+            self.write_file(tok, secrets.token_hex(24) + "\n", 0o600, self.kernel_user)
         with open(tok) as f:
             self.gateway_token = f.read().strip()
 
     def build_kernel_cache(self):
         """matplotlib's font list, built once here and bound read-only into
-        every kernel (the launcher's CODEXEC_SANDBOX_CACHE): otherwise each
+        every kernel (sandbox.conf's cache_dir): otherwise each
         kernel start would rebuild it (seconds) in its private /tmp. Rebuilt
         when matplotlib or the fonts are newer than it."""
         mpl = os.path.join(self.kernel_cache, "matplotlib")
@@ -288,12 +336,89 @@ class Stack:
         for f in os.listdir(mpl):
             os.chmod(os.path.join(mpl, f), 0o644)
 
+    # --- the sandbox --------------------------------------------------------
+    def cgroup_mounts(self):
+        """Controller -> the directory of its hierarchy, for cgroup v1
+        mounts; {} when the controllers are not mounted as v1."""
+        found = {}
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, sup = left.split(), right.split()
+                if len(sup) >= 3 and sup[0] == "cgroup":
+                    for c in ("memory", "pids", "cpu"):
+                        if c in sup[2].split(","):
+                            found[c] = fields[4]
+        return found
+
+    def cgroup_parents(self):
+        """The kernels' parent cgroup in each hierarchy that holds memory,
+        pids or cpu (cgroup v1); [] without them."""
+        mounts = self.cgroup_mounts()
+        if set(mounts) != {"memory", "pids", "cpu"}:
+            return []
+        return sorted({os.path.join(m, self.cgroup) for m in mounts.values()})
+
+    def setup_cgroups(self):
+        """As root: the kernels' parent cgroup, which the Jupyter server's
+        user may create children in (one per kernel, made by the launcher)
+        but whose own limits, on all kernels together, it cannot change."""
+        self.cgroups_ok = False
+        if os.geteuid() != 0:
+            log("not root: kernels run without cgroup limits")
+            return
+        parents = self.cgroup_parents()
+        if not parents:
+            log("no cgroup v1 memory, pids and cpu controllers: kernels run without cgroup limits")
+            return
+        with open("/proc/meminfo") as f:
+            total = int(f.readline().split()[1]) * 1024
+        for d in parents:
+            os.makedirs(d, exist_ok=True)
+            self.chown(d, self.kernel_user)
+            limits = {"memory.limit_in_bytes": str(total * 3 // 4),  # all kernels together
+                      "pids.max": "16384"}
+            for name, value in limits.items():
+                if os.path.exists(os.path.join(d, name)):
+                    with open(os.path.join(d, name), "w") as f:
+                        f.write(value)
+        self.cgroups_ok = True
+
+    def teardown_cgroups(self):
+        if os.geteuid() != 0:
+            return
+        for d in self.cgroup_parents():
+            if not os.path.isdir(d):
+                continue
+            for child in os.listdir(d):
+                p = os.path.join(d, child)
+                if os.path.isdir(p):
+                    try:
+                        os.rmdir(p)
+                    except OSError:
+                        pass
+            try:
+                os.rmdir(d)
+            except OSError as e:
+                log(f"could not remove cgroup {d}: {e}")
+
+    def write_sandbox_conf(self):
+        lines = {
+            "cache_dir": self.kernel_cache,
+            "cgroup": self.cgroup if self.cgroups_ok else "",
+        }
+        lines.update(self.sandbox_extra)
+        text = ("# Written by packaging/stack.py: the limits of every kernel, read by\n"
+                "# codexec-kernel-launcher (see README.md, \"The sandbox\").\n")
+        text += "".join(f"{k} = {v}\n" for k, v in lines.items())
+        self.write_file(self.sandbox_conf, text, 0o644, "root")
+
     def write_kernelspec(self):
         with open(os.path.join(REPO, "packaging", "kernels", KERNEL_NAME, "kernel.json.in")) as f:
             spec = f.read().replace("@LAUNCHER@", os.path.join(self.bin, "codexec-kernel-launcher"))
-            spec = spec.replace("@CACHE@", self.kernel_cache)
+            spec = spec.replace("@SANDBOX_CONF@", self.sandbox_conf)
         self.write_file(os.path.join(self.jdir, "path", "kernels", KERNEL_NAME, "kernel.json"),
-                        spec, 0o644)
+                        spec, 0o644, "root")
 
     def write_config(self):
         lines = {
@@ -327,10 +452,11 @@ class Stack:
         self.write_file(os.path.join(ndir, "codexec-locations.conf"), locations, 0o644)
         with open(os.path.join(REPO, "nginx", "codexec-storage.conf")) as f:
             self.write_file(os.path.join(ndir, "codexec-storage.conf"), f.read(), 0o644)
-        # The snippet includes fastcgi_params relative to the config directory,
-        # as it would under /etc/nginx.
-        with open("/etc/nginx/fastcgi_params") as f:
-            self.write_file(os.path.join(ndir, "fastcgi_params"), f.read(), 0o644)
+        # The snippet includes snippets/codexec-fastcgi.conf relative to the
+        # config directory, as it would under /etc/nginx.
+        os.makedirs(os.path.join(ndir, "snippets"), exist_ok=True)
+        with open(os.path.join(REPO, "nginx", "codexec-fastcgi.conf")) as f:
+            self.write_file(os.path.join(ndir, "snippets", "codexec-fastcgi.conf"), f.read(), 0o644)
         tmp = os.path.join(ndir, "tmp")
         conf = f"""# Written by packaging/stack.py.
 daemon off;
@@ -376,17 +502,18 @@ http {{
             return
         log("initialising the PostgreSQL cluster")
         self.run([f"{PG_BIN}/initdb", "-D", self.pg_data, "-U", "codexec", "--auth=trust",
-                  "-E", "UTF8", "--locale=C.UTF-8"])
+                  "-E", "UTF8", "--locale=C.UTF-8"], user=self.db_user)
         extra = ("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
                  if self.fast_pg else "")
-        with open(os.path.join(self.pg_data, "postgresql.conf"), "a") as f:
+        with open(os.path.join(self.pg_data, "postgresql.conf"), "a") as f:  # as root
             f.write(f"\n# codexec stack\nlisten_addresses = ''\n"
                     f"unix_socket_directories = '{self.pg_run}'\nport = {self.pg_port}\n"
                     f"max_connections = 200\n{extra}")
 
     # --- services -----------------------------------------------------------
     def pg_running(self):
-        r = self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "status"], check=False)
+        r = self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "status"], check=False,
+                     user=self.db_user)
         return r.returncode == 0
 
     def start_pg(self):
@@ -394,7 +521,8 @@ http {{
             log("starting PostgreSQL")
             # A crash can leave a stale pid file behind; pg_ctl copes with it.
             self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "-l",
-                      os.path.join(self.logdir, "postgresql.log"), "-w", "-t", "60", "start"])
+                      os.path.join(self.logdir, "postgresql.log"), "-w", "-t", "60", "start"],
+                     user=self.db_user)
         r = self.run([f"{PG_BIN}/psql", "-h", self.pg_run, "-p", str(self.pg_port), "-U",
                       "codexec", "-d", "postgres", "-tAc",
                       "SELECT 1 FROM pg_database WHERE datname = 'codexec'"])
@@ -442,7 +570,7 @@ http {{
             "--ServerApp.iopub_msg_rate_limit=0",
             f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
         ] + [f"--KernelSpecManager.allowed_kernelspecs={k}" for k in self.kernelspecs],
-            env=env, cwd=self.workspaces)
+            env=env, cwd=self.workspaces, user=self.kernel_user)
         self.wait_for("the Jupyter server", self.gateway_ok, 90, proc)
 
     def fcgi_ok(self):
@@ -543,7 +671,7 @@ http {{
         self.kill_pidfile("jupyter")
         if os.path.exists(os.path.join(self.pg_data, "PG_VERSION")) and self.pg_running():
             self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "-m", "fast", "-w", "stop"],
-                     check=False)
+                     check=False, user=self.db_user)
         # pg_ctl -w returns once the pid file is gone, a moment before the
         # postmaster has exited: let stragglers finish, then kill what stays.
         self.wait_leftovers(10)
@@ -553,6 +681,7 @@ http {{
             except ProcessLookupError:
                 pass
         self.wait_leftovers(5)
+        self.teardown_cgroups()
 
     def wait_leftovers(self, timeout):
         deadline = time.monotonic() + timeout

@@ -112,7 +112,7 @@ class Bench:
 def run_overhead(b, n_runs):
     ws = "w-bench-raw"
     os.makedirs(os.path.join(b.st.workspaces, ws), exist_ok=True)
-    b.st.chown(os.path.join(b.st.workspaces, ws))
+    b.st.chown_kernel(os.path.join(b.st.workspaces, ws))
     k = b.gateway("POST", "/api/kernels", {"name": "python3-sandbox", "path": ws})["id"]
     b.raw(k, 5, "tuned")
     tuned = b.raw(k, n_runs, "tuned")

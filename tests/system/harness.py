@@ -8,6 +8,8 @@ import subprocess
 import time
 import uuid
 
+import stack
+
 
 class Response:
     def __init__(self, status, headers, body):
@@ -94,6 +96,29 @@ class Context:
                                 stderr=open(os.path.join(st.logdir, f"codexec-{name}.log"), "ab"))
         wait_until(lambda: os.path.exists(sock), 20, f"the socket of codexec-fcgi {name}")
         return sock, proc
+
+    def test_kernelspec(self, settings):
+        """The stack's second kernelspec (stack.TEST_KERNEL_NAME) with its own
+        sandbox.conf: the stack's settings with `settings` changed. Returns
+        the kernelspec's name; the next kernel started with it uses them."""
+        st = self.st
+        conf = os.path.join(st.var, "sandbox-test.conf")
+        with open(st.sandbox_conf) as f:
+            lines = [l for l in f if l.split("=")[0].strip() not in settings]
+        with open(conf, "w") as f:
+            f.writelines(lines)
+            f.writelines(f"{k} = {v}\n" for k, v in settings.items())
+        os.chmod(conf, 0o644)
+        with open(os.path.join(st.jdir, "path", "kernels", stack.KERNEL_NAME, "kernel.json")) as f:
+            spec = json.load(f)
+        spec["argv"][spec["argv"].index("--config") + 1] = conf
+        d = os.path.join(st.jdir, "path", "kernels", stack.TEST_KERNEL_NAME)
+        os.makedirs(d, exist_ok=True)
+        os.chmod(d, 0o755)
+        with open(os.path.join(d, "kernel.json"), "w") as f:
+            json.dump(spec, f)
+        os.chmod(os.path.join(d, "kernel.json"), 0o644)
+        return stack.TEST_KERNEL_NAME
 
     def log_text(self):
         out = []

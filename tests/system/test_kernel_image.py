@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 
-import stack
 from harness import check, eq, wait_until
 from test_pool import pool_rows, set_pool
 from test_runs import run
@@ -153,8 +152,8 @@ def test_preloaded_pooled_kernels(ctx):
 
 
 def test_another_python_environment_is_bound_read_only(ctx):
-    """CODEXEC_SANDBOX_PYENV: a venv of the operator's, used by the kernel,
-    never writable by it."""
+    """sandbox.conf's python_env: a venv of the operator's, used by the
+    kernel, never writable by it."""
     st = ctx.st
     env = os.path.join(st.var, "pyenv")
     shutil.rmtree(env, ignore_errors=True)
@@ -166,17 +165,11 @@ def test_another_python_environment_is_bound_read_only(ctx):
     with open(os.path.join(site, "cx_operator_mod.py"), "w") as f:
         f.write("WHERE = __file__\n")
     subprocess.run(["chmod", "-R", "a+rX", env], check=True)
-    spec_dir = os.path.join(st.jdir, "path", "kernels", stack.TEST_KERNEL_NAME)
-    with open(os.path.join(st.jdir, "path", "kernels", stack.KERNEL_NAME, "kernel.json")) as f:
-        spec = json.load(f)
-    spec["env"]["CODEXEC_SANDBOX_PYENV"] = env
-    os.makedirs(spec_dir, exist_ok=True)
-    with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
-        json.dump(spec, f)
+    name = ctx.test_kernelspec({"python_env": env})
     ws = os.path.join(st.workspaces, "pyenv-ws")
     os.makedirs(ws, exist_ok=True)
     st.chown_kernel(ws)
-    k = gateway(ctx, "POST", "/api/kernels", {"name": stack.TEST_KERNEL_NAME, "path": "pyenv-ws"})
+    k = gateway(ctx, "POST", "/api/kernels", {"name": name, "path": "pyenv-ws"})
     kc = client(ctx, k["id"])
     try:
         out = kernel_run(kc, "import sys, cx_operator_mod\nprint(sys.prefix, cx_operator_mod.WHERE)\n"

@@ -1,0 +1,340 @@
+/* codexec-kernel-launcher [--config SANDBOX_CONF] CONNECTION_FILE
+ *
+ * The sandboxed kernelspec's argv: the Jupyter server runs it, as the
+ * gateway's user, for every start and restart of a kernel. It prepares a
+ * fresh private runtime directory and a cgroup (lib/sandbox.c), starts
+ * ipykernel inside bubblewrap with a seccomp filter, waits until the kernel
+ * has bound its sockets and written its connection file, seals that
+ * directory read-only inside the sandbox, then points the server's endpoint
+ * names at it. It stays as the kernel's supervisor: signals go to bwrap,
+ * and when the kernel ends its cgroup and private directory are removed and
+ * its exit status is passed on. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "../lib/sandbox.h"
+
+#define READY_TIMEOUT_MS (120 * 1000)
+
+static void
+say(const char *what, const char *detail)
+{
+    fprintf(stderr, "codexec-kernel-launcher: %s%s%s\n", what, detail ? ": " : "",
+            detail ? detail : "");
+}
+
+static long long
+now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* What the launcher holds while the kernel runs. */
+struct launch {
+    struct cx_sandbox_conf sc;
+    struct cx_sandbox_conn conn;
+    struct cx_sandbox_cgroup cg;
+    char private_dir[CX_SANDBOX_PATH_MAX + 64];
+    int seccomp_fd, inotify_fd, signal_fd;
+    pid_t bwrap;    /* our child */
+    int sandbox;    /* the sandbox's first process (bwrap's info) */
+    unsigned ready; /* bits: sockets bound (0-4), connection file written (5) */
+    int status;     /* of bwrap, once reaped */
+    bool reaped;
+};
+
+#define READY_ALL ((1u << (CX_SANDBOX_PORTS + 1)) - 1)
+
+/* The child: into the cgroup, then bwrap. Never returns. */
+static void
+exec_bwrap(struct launch *l, int info_fd, sigset_t *old)
+{
+    char **argv = NULL;
+
+    sigprocmask(SIG_SETMASK, old, NULL);
+    if (cx_sandbox_cgroup_join(&l->cg)) {
+        say("cannot join the kernel's cgroup", NULL);
+        _exit(127);
+    }
+    if (cx_sandbox_argv(&l->sc, &l->conn, l->private_dir, l->seccomp_fd, info_fd, &argv)) {
+        say("out of memory", NULL);
+        _exit(127);
+    }
+    execv(argv[0], argv);
+    say("cannot run bubblewrap", strerror(errno));
+    _exit(127);
+}
+
+/* bwrap writes {"child-pid": N} to the info descriptor once the sandbox's
+ * first process exists. */
+static int
+read_sandbox_pid(int fd)
+{
+    char buf[1024];
+    size_t len = 0;
+    long long deadline = now_ms() + 30000;
+    json_t *root;
+    int pid = -1;
+
+    while (len < sizeof(buf) - 1 && !memchr(buf, '}', len) && now_ms() < deadline) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+
+        if (poll(&p, 1, 1000) <= 0)
+            continue;
+        n = read(fd, buf + len, sizeof(buf) - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    root = json_loadb(buf, len, JSON_DISABLE_EOF_CHECK, NULL);
+    if (json_is_integer(json_object_get(root, "child-pid")))
+        pid = (int)json_integer_value(json_object_get(root, "child-pid"));
+    json_decref(root);
+    return pid;
+}
+
+static void
+note_event(struct launch *l, const char *name, uint32_t mask)
+{
+    char want[300];
+
+    snprintf(want, sizeof(want), "%s.json", l->conn.base);
+    if ((mask & IN_CLOSE_WRITE) && !strcmp(name, want)) {
+        l->ready |= 1u << CX_SANDBOX_PORTS;
+        return;
+    }
+    for (int i = 0; i < l->conn.nports; i++) {
+        snprintf(want, sizeof(want), "%s-%d", l->conn.ip_name, l->conn.ports[i]);
+        if ((mask & (IN_CREATE | IN_MOVED_TO)) && !strcmp(name, want))
+            l->ready |= 1u << i;
+    }
+}
+
+static void
+reap(struct launch *l)
+{
+    int st;
+
+    if (!l->reaped && waitpid(l->bwrap, &st, WNOHANG) == l->bwrap) {
+        l->status = st;
+        l->reaped = true;
+    }
+}
+
+/* One signal from the signalfd: a child's exit, or one to pass on. */
+static void
+on_signal(struct launch *l)
+{
+    struct signalfd_siginfo si;
+
+    while (read(l->signal_fd, &si, sizeof(si)) == sizeof(si)) {
+        if (si.ssi_signo == SIGCHLD)
+            reap(l);
+        else if (!l->reaped)
+            kill(l->bwrap, (int)si.ssi_signo);
+    }
+}
+
+/* Waits until every socket is bound and the connection file written, the
+ * kernel dies, or the deadline passes. */
+static bool
+wait_ready(struct launch *l)
+{
+    long long deadline = now_ms() + READY_TIMEOUT_MS;
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+
+    while (l->ready != READY_ALL && !l->reaped) {
+        struct pollfd p[2] = {{.fd = l->inotify_fd, .events = POLLIN},
+                              {.fd = l->signal_fd, .events = POLLIN}};
+        long long left = deadline - now_ms();
+        ssize_t n;
+
+        if (left <= 0)
+            return false;
+        if (poll(p, 2, (int)(left > 1000 ? 1000 : left)) < 0 && errno != EINTR)
+            return false;
+        if (p[1].revents)
+            on_signal(l);
+        if (!p[0].revents)
+            continue;
+        n = read(l->inotify_fd, buf, sizeof(buf));
+        for (char *q = buf; n > 0 && q < buf + n;) {
+            struct inotify_event *e = (struct inotify_event *)q;
+            if (e->len)
+                note_event(l, e->name, e->mask);
+            q += sizeof(*e) + e->len;
+        }
+    }
+    return l->ready == READY_ALL;
+}
+
+/* Seals the private directory in a child (entering namespaces changes the
+ * process that does it). */
+static bool
+seal(struct launch *l)
+{
+    pid_t pid = fork();
+    int st;
+
+    if (pid == 0) {
+        char msg[200];
+        if (cx_sandbox_seal(l->sandbox, l->conn.runtime, msg, sizeof(msg))) {
+            say(msg, strerror(errno));
+            _exit(1);
+        }
+        _exit(0);
+    }
+    if (pid < 0)
+        return false;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return false;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static void
+supervise(struct launch *l)
+{
+    while (!l->reaped) {
+        struct pollfd p = {.fd = l->signal_fd, .events = POLLIN};
+        if (poll(&p, 1, 1000) > 0)
+            on_signal(l);
+        else
+            reap(l);
+    }
+}
+
+static void
+cleanup(struct launch *l)
+{
+    int rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+    cx_sandbox_cgroup_remove(&l->cg);
+    if (rfd >= 0 && l->private_dir[0]) {
+        if (cx_sandbox_remove_tree(rfd, strrchr(l->private_dir, '/') + 1))
+            say("could not remove the private directory", NULL);
+    }
+    if (rfd >= 0)
+        close(rfd);
+}
+
+/* Everything up to the fork. */
+static bool
+prepare(struct launch *l, const char *config, const char *conn_path, sigset_t *block)
+{
+    char msg[256], cwd[PATH_MAX];
+
+    if (cx_sandbox_conf_load(&l->sc, config, msg, sizeof(msg))) {
+        say("bad sandbox configuration", msg);
+        return false;
+    }
+    if (!getcwd(cwd, sizeof(cwd)) || cx_sandbox_conn_read(conn_path, cwd, &l->conn, msg, sizeof(msg)) ||
+        cx_sandbox_runtime_prepare(&l->conn, l->private_dir, sizeof(l->private_dir), msg,
+                                   sizeof(msg)) ||
+        cx_sandbox_cgroup_create(&l->sc, l->conn.base, &l->cg, msg, sizeof(msg)) ||
+        cx_sandbox_seccomp_fd(&l->seccomp_fd, msg, sizeof(msg))) {
+        say(msg, NULL);
+        return false;
+    }
+    l->inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (l->inotify_fd < 0 ||
+        inotify_add_watch(l->inotify_fd, l->private_dir, IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO) <
+            0) {
+        say("cannot watch the private directory", strerror(errno));
+        return false;
+    }
+    l->signal_fd = signalfd(-1, block, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (l->signal_fd < 0) {
+        say("signalfd failed", strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+static int
+exit_code(const struct launch *l)
+{
+    if (!l->reaped)
+        return 1;
+    if (WIFEXITED(l->status))
+        return WEXITSTATUS(l->status);
+    return 128 + (WIFSIGNALED(l->status) ? WTERMSIG(l->status) : 0);
+}
+
+int
+main(int argc, char **argv)
+{
+    struct launch l = {.seccomp_fd = -1, .inotify_fd = -1, .signal_fd = -1, .sandbox = -1};
+    const char *config = NULL, *conn_path;
+    sigset_t block, old;
+    int info[2], argi = 1, code = 1;
+    char msg[256];
+
+    if (argc == 4 && !strcmp(argv[1], "--config")) {
+        config = argv[2];
+        argi = 3;
+    }
+    if (argc != argi + 1) {
+        fprintf(stderr, "usage: codexec-kernel-launcher [--config SANDBOX_CONF] CONNECTION_FILE\n");
+        return 2;
+    }
+    conn_path = argv[argi];
+    sigemptyset(&block);
+    sigaddset(&block, SIGCHLD);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGQUIT);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    if (!prepare(&l, config, conn_path, &block) || pipe2(info, O_CLOEXEC) != 0)
+        goto out;
+    l.bwrap = fork();
+    if (l.bwrap == 0) {
+        /* bwrap writes to its end of the pipe: not close-on-exec there */
+        if (fcntl(info[1], F_SETFD, 0) != 0)
+            _exit(127);
+        exec_bwrap(&l, info[1], &old);
+    }
+    close(info[1]);
+    if (l.bwrap < 0) {
+        say("fork failed", strerror(errno));
+        close(info[0]);
+        goto out;
+    }
+    l.sandbox = read_sandbox_pid(info[0]);
+    close(info[0]);
+    if (l.sandbox <= 0 || !wait_ready(&l) || !seal(&l) ||
+        cx_sandbox_runtime_link(&l.conn, l.private_dir, msg, sizeof(msg))) {
+        if (!l.reaped) {
+            say("the kernel did not start in the sandbox; stopping it", NULL);
+            kill(l.bwrap, SIGKILL);
+            while (!l.reaped && waitpid(l.bwrap, &l.status, 0) == l.bwrap)
+                l.reaped = true;
+        }
+        code = l.reaped && WIFEXITED(l.status) && WEXITSTATUS(l.status) ? WEXITSTATUS(l.status) : 1;
+        goto out;
+    }
+    supervise(&l);
+    code = exit_code(&l);
+out:
+    cleanup(&l);
+    cx_sandbox_conf_cleanup(&l.sc);
+    return code;
+}

@@ -1,0 +1,1086 @@
+#include "sandbox.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <linux/nsfs.h>
+#include <seccomp.h>
+
+#include "conf.h"
+
+#define O(f)  offsetof(struct cx_sandbox_conf, f)
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+/* Defaults fit a 2-core, 24 GiB machine with 100 kernels: most idle at
+ * about 55 MiB, a busy one bounded at 2 GiB (processes and its tmpfs
+ * together) and one core; the parent cgroup bounds them all together. */
+static const struct cx_conf_key keys[] = {
+    {"python_env", CX_CONF_PATH, O(python_env), "", 0, 0},
+    {"cache_dir", CX_CONF_PATH, O(cache_dir), "", 0, 0},
+    {"cgroup", CX_CONF_STR, O(cgroup), "", 0, 0},
+    {"bwrap", CX_CONF_PATH, O(bwrap), "/usr/bin/bwrap", 0, 0},
+    {"memory", CX_CONF_SIZE, O(memory), "2G", 64ULL << 20, 1ULL << 50},
+    {"max_workspace_bytes", CX_CONF_SIZE, O(max_workspace_bytes), "1G", 1ULL << 20, 1ULL << 50},
+    {"tmp_bytes", CX_CONF_SIZE, O(tmp_bytes), "256M", 1ULL << 20, 1ULL << 50},
+    {"shm_bytes", CX_CONF_SIZE, O(shm_bytes), "64M", 1ULL << 20, 1ULL << 50},
+    {"address_space", CX_CONF_SIZE, O(address_space), "4G", 256ULL << 20, 1ULL << 50},
+    {"file_size", CX_CONF_SIZE, O(file_size), "1G", 1ULL << 20, 1ULL << 50},
+    {"pids", CX_CONF_UINT, O(pids), "256", 16, 1 << 20},
+    {"processes", CX_CONF_UINT, O(processes), "512", 16, 1 << 20},
+    {"open_files", CX_CONF_UINT, O(open_files), "1024", 64, 1 << 20},
+    {"cpu_percent", CX_CONF_UINT, O(cpu_percent), "100", 1, 100000},
+    {"cpu_weight", CX_CONF_UINT, O(cpu_weight), "100", 1, 10000},
+    {"threads", CX_CONF_UINT, O(threads), "1", 1, 1024},
+};
+
+/* ------------------------------------------------------------------------ */
+/* sandbox.conf                                                             */
+
+static bool
+cgroup_name_valid(const char *s)
+{
+    /* A relative path of [A-Za-z0-9._-] components, never "." or "..". */
+    const char *p = s;
+
+    if (strlen(s) > 255)
+        return false;
+    while (*p) {
+        const char *start = p;
+        while (*p && *p != '/') {
+            char ch = *p++;
+            if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                  ch == '.' || ch == '_' || ch == '-'))
+                return false;
+        }
+        if (p == start || (p - start == 1 && start[0] == '.') ||
+            (p - start == 2 && start[0] == '.' && start[1] == '.'))
+            return false;
+        if (*p == '/' && !*++p)
+            return false;
+    }
+    return true;
+}
+
+static enum cx_err
+check_conf(struct cx_sandbox_conf *sc, const char *name, char *errbuf, size_t errlen)
+{
+    const char *what = NULL;
+
+    if (*sc->cgroup && !cgroup_name_valid(sc->cgroup))
+        what = "cgroup: expected a relative path such as codexec-kernels";
+    else if (!*sc->bwrap)
+        what = "bwrap: expected the path of bubblewrap";
+    else if (sc->max_workspace_bytes + sc->tmp_bytes + sc->shm_bytes > sc->memory)
+        what = "max_workspace_bytes + tmp_bytes + shm_bytes are above memory";
+    if (!what)
+        return CX_OK;
+    snprintf(errbuf, errlen, "%s: %s", name, what);
+    cx_sandbox_conf_cleanup(sc);
+    return CX_ERR_INVALID;
+}
+
+enum cx_err
+cx_sandbox_conf_parse(struct cx_sandbox_conf *sc, const char *name, const char *text, char *errbuf,
+                      size_t errlen)
+{
+    enum cx_err rc;
+
+    memset(sc, 0, sizeof(*sc));
+    rc = cx_conf_parse(keys, NKEYS, sc, name, text, errbuf, errlen);
+    return rc ? rc : check_conf(sc, name, errbuf, errlen);
+}
+
+enum cx_err
+cx_sandbox_conf_load(struct cx_sandbox_conf *sc, const char *path, char *errbuf, size_t errlen)
+{
+    enum cx_err rc;
+
+    memset(sc, 0, sizeof(*sc));
+    if (!path)
+        return cx_conf_defaults(keys, NKEYS, sc);
+    rc = cx_conf_load(keys, NKEYS, sc, path, errbuf, errlen);
+    return rc ? rc : check_conf(sc, path, errbuf, errlen);
+}
+
+void
+cx_sandbox_conf_cleanup(struct cx_sandbox_conf *sc)
+{
+    cx_conf_cleanup(keys, NKEYS, sc);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The connection file                                                      */
+
+static bool
+name_valid(const char *s, size_t n)
+{
+    if (n == 0 || n >= 200 || s[0] == '.')
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return false;
+    }
+    return true;
+}
+
+/* Reads at most max bytes of a regular file, never through a symlink. */
+static enum cx_err
+read_small(int dirfd, const char *path, size_t max, char **out, size_t *len)
+{
+    int fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    char *buf = NULL;
+    size_t got = 0;
+    enum cx_err rc = CX_OK;
+
+    if (fd < 0)
+        return errno == ENOENT ? CX_ERR_NOT_FOUND : CX_ERR_IO;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        rc = CX_ERR_INVALID;
+        goto out;
+    }
+    buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            rc = CX_ERR_IO;
+            goto out;
+        }
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    *out = buf;
+    *len = got;
+    buf = NULL;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+static const char *const port_names[CX_SANDBOX_PORTS] = {"shell_port", "iopub_port", "stdin_port",
+                                                         "control_port", "hb_port"};
+
+static enum cx_err
+conn_fields(struct cx_sandbox_conn *c, json_t *root, char *msg, size_t msglen)
+{
+    const char *transport = json_string_value(json_object_get(root, "transport"));
+    const char *ip = json_string_value(json_object_get(root, "ip"));
+    const char *slash;
+    size_t rlen = strlen(c->runtime);
+
+    if (!transport || strcmp(transport, "ipc") != 0) {
+        snprintf(msg, msglen,
+                 "transport is not ipc; the sandbox has no network: run the server with "
+                 "--KernelManager.transport=ipc");
+        return CX_ERR_INVALID;
+    }
+    if (!ip)
+        ip = "";
+    if (ip[0] == '/') {
+        if (strncmp(ip, c->runtime, rlen) != 0 || ip[rlen] != '/') {
+            snprintf(msg, msglen, "ipc sockets must live in the connection file's directory");
+            return CX_ERR_INVALID;
+        }
+        ip += rlen + 1;
+    }
+    slash = strchr(ip, '/');
+    if (slash || !name_valid(ip, strlen(ip))) {
+        snprintf(msg, msglen, "the ipc endpoint name is not a plain file name");
+        return CX_ERR_INVALID;
+    }
+    snprintf(c->ip_name, sizeof(c->ip_name), "%s", ip);
+    c->nports = 0;
+    for (int i = 0; i < CX_SANDBOX_PORTS; i++) {
+        json_t *v = json_object_get(root, port_names[i]);
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65535) {
+            snprintf(msg, msglen, "%s is missing or out of range", port_names[i]);
+            return CX_ERR_INVALID;
+        }
+        c->ports[c->nports++] = (int)json_integer_value(v);
+    }
+    return CX_OK;
+}
+
+enum cx_err
+cx_sandbox_conn_read(const char *path, const char *cwd, struct cx_sandbox_conn *c, char *msg,
+                     size_t msglen)
+{
+    char *text = NULL, *slash;
+    size_t len = 0, blen;
+    json_t *root;
+    enum cx_err rc;
+    int n;
+
+    memset(c, 0, sizeof(*c));
+    n = path[0] == '/' ? snprintf(c->path, sizeof(c->path), "%s", path)
+                       : snprintf(c->path, sizeof(c->path), "%s/%s", cwd, path);
+    if (n < 0 || (size_t)n >= sizeof(c->path) || strstr(c->path, "/../") ||
+        strstr(c->path, "/./")) {
+        snprintf(msg, msglen, "the connection file's path is not usable");
+        return CX_ERR_INVALID;
+    }
+    slash = strrchr(c->path, '/');
+    snprintf(c->runtime, sizeof(c->runtime), "%.*s", (int)(slash - c->path), c->path);
+    blen = strlen(slash + 1);
+    if (blen <= 5 || strcmp(slash + 1 + blen - 5, ".json") != 0 ||
+        !name_valid(slash + 1, blen - 5) || !c->runtime[0]) {
+        snprintf(msg, msglen, "the connection file must be a plain *.json name in a directory");
+        return CX_ERR_INVALID;
+    }
+    snprintf(c->base, sizeof(c->base), "%.*s", (int)(blen - 5), slash + 1);
+    rc = read_small(AT_FDCWD, c->path, 64 * 1024, &text, &len);
+    if (rc) {
+        snprintf(msg, msglen, "cannot read the connection file (%s)", cx_strerror(rc));
+        return rc;
+    }
+    root = json_loadb(text, len, 0, NULL);
+    free(text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        snprintf(msg, msglen, "the connection file is not a JSON object");
+        return CX_ERR_INVALID;
+    }
+    rc = conn_fields(c, root, msg, msglen);
+    json_decref(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Removing what a kernel left                                              */
+
+#define REMOVE_MAX_DEPTH 64
+
+/* Opens a directory entry of dirfd without following it; a directory the
+ * kernel made unreadable to its owner (us) gets its owner bits back first,
+ * through an O_PATH descriptor, never through a name that could be swapped. */
+static int
+open_dir_nofollow(int dirfd, const char *name, dev_t dev)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+
+    if (fd < 0 && errno == EACCES) {
+        int pfd = openat(dirfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        char proc[64];
+
+        if (pfd < 0)
+            return -1;
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", pfd);
+        if (fstat(pfd, &st) == 0 && st.st_uid == geteuid())
+            (void)chmod(proc, 0700);
+        close(pfd);
+        fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    }
+    if (fd >= 0 && (fstat(fd, &st) || st.st_dev != dev)) {
+        close(fd);
+        errno = EXDEV; /* never cross into another filesystem */
+        return -1;
+    }
+    return fd;
+}
+
+static enum cx_err
+remove_in(int parent, const char *name, dev_t dev, int depth)
+{
+    struct dirent *e;
+    enum cx_err rc = CX_OK;
+    DIR *d;
+    int fd;
+
+    if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
+        return CX_OK;
+    if (errno != EISDIR && errno != EPERM)
+        return CX_ERR_IO;
+    if (depth >= REMOVE_MAX_DEPTH)
+        return CX_ERR_TOO_LARGE;
+    fd = open_dir_nofollow(parent, name, dev);
+    if (fd < 0)
+        return errno == ENOENT ? CX_OK : CX_ERR_IO;
+    d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return CX_ERR_NOMEM;
+    }
+    while (rc == CX_OK && (e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        rc = remove_in(dirfd(d), e->d_name, dev, depth + 1);
+    }
+    closedir(d);
+    if (rc == CX_OK && unlinkat(parent, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+        rc = CX_ERR_IO;
+    return rc;
+}
+
+enum cx_err
+cx_sandbox_remove_tree(int dirfd, const char *name)
+{
+    struct stat st;
+
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return errno == ENOENT ? CX_OK : CX_ERR_IO;
+    return remove_in(dirfd, name, st.st_dev, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The runtime directory                                                    */
+
+/* "sbx-<base>.XXXXXX" (or the old "sbx-<base>") -> base, in out. */
+static bool
+private_owner(const char *name, char *out, size_t outlen)
+{
+    size_t n;
+    const char *dot;
+
+    if (strncmp(name, "sbx-", 4) != 0)
+        return false;
+    name += 4;
+    n = strlen(name);
+    dot = strrchr(name, '.');
+    if (dot && strlen(dot) == 7)
+        n = (size_t)(dot - name);
+    if (n == 0 || n >= outlen)
+        return false;
+    memcpy(out, name, n);
+    out[n] = '\0';
+    return true;
+}
+
+/* Private directories of earlier launches of this kernel, and of kernels
+ * whose connection file is gone. */
+static void
+sweep_private(int rfd, const char *base)
+{
+    int fd = dup(rfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    struct dirent *e;
+    char owner[256], conn[300];
+
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if (!private_owner(e->d_name, owner, sizeof(owner)))
+            continue;
+        snprintf(conn, sizeof(conn), "%s.json", owner);
+        if (strcmp(owner, base) != 0 && fstatat(rfd, conn, &st, AT_SYMLINK_NOFOLLOW) == 0)
+            continue;
+        if (cx_sandbox_remove_tree(rfd, e->d_name))
+            fprintf(stderr, "codexec-kernel-launcher: could not remove %s\n", e->d_name);
+    }
+    closedir(d);
+}
+
+enum cx_err
+cx_sandbox_runtime_prepare(const struct cx_sandbox_conn *c, char *private_out, size_t outlen,
+                           char *msg, size_t msglen)
+{
+    char *text = NULL, name[300];
+    size_t len = 0;
+    int rfd, pfd = -1, fd = -1, n;
+    enum cx_err rc = CX_ERR_IO;
+
+    rfd = open(c->runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rfd < 0) {
+        snprintf(msg, msglen, "cannot open the runtime directory");
+        return CX_ERR_IO;
+    }
+    sweep_private(rfd, c->base);
+    n = snprintf(private_out, outlen, "%s/sbx-%s.XXXXXX", c->runtime, c->base);
+    if (n < 0 || (size_t)n >= outlen || !mkdtemp(private_out)) {
+        snprintf(msg, msglen, "cannot create a private directory");
+        goto out;
+    }
+    pfd = open(private_out, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (pfd < 0) {
+        snprintf(msg, msglen, "cannot open the private directory");
+        goto out;
+    }
+    /* The kernel rewrites (and at exit deletes) its connection file: it gets
+     * its own copy, at the path the server chose as seen inside. */
+    rc = read_small(rfd, strrchr(c->path, '/') + 1, 64 * 1024, &text, &len);
+    if (rc) {
+        snprintf(msg, msglen, "cannot read the connection file again");
+        goto out;
+    }
+    snprintf(name, sizeof(name), "%s.json", c->base);
+    fd = openat(pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len || close(fd) != 0) {
+        fd = -1;
+        rc = CX_ERR_IO;
+        snprintf(msg, msglen, "cannot write the kernel's connection file");
+        goto out;
+    }
+    fd = -1;
+    rc = CX_OK;
+out:
+    free(text);
+    if (fd >= 0)
+        close(fd);
+    if (pfd >= 0)
+        close(pfd);
+    close(rfd);
+    return rc;
+}
+
+enum cx_err
+cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir, char *msg,
+                        size_t msglen)
+{
+    const char *pname = strrchr(private_dir, '/') + 1;
+    int rfd = open(c->runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    enum cx_err rc = CX_OK;
+
+    if (rfd < 0) {
+        snprintf(msg, msglen, "cannot open the runtime directory");
+        return CX_ERR_IO;
+    }
+    for (int i = 0; i < c->nports && rc == CX_OK; i++) {
+        char name[300], target[600], tmp[320];
+
+        snprintf(name, sizeof(name), "%s-%d", c->ip_name, c->ports[i]);
+        snprintf(target, sizeof(target), "%s/%s", pname, name);
+        snprintf(tmp, sizeof(tmp), ".%s.link", name);
+        (void)unlinkat(rfd, tmp, 0);
+        /* Relative target, replaced atomically: the server's endpoint name
+         * never points anywhere else, even for a moment. */
+        if (symlinkat(target, rfd, tmp) != 0 || renameat(rfd, tmp, rfd, name) != 0) {
+            snprintf(msg, msglen, "cannot link the kernel's endpoint %s", name);
+            rc = CX_ERR_IO;
+        }
+    }
+    close(rfd);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sealing: the private directory becomes read-only inside the sandbox      */
+
+enum cx_err
+cx_sandbox_seal(int pid, const char *runtime, char *msg, size_t msglen)
+{
+    char path[64];
+    int mnt = -1, user = -1;
+    struct statvfs sv;
+    unsigned long flags;
+    enum cx_err rc = CX_ERR_IO;
+
+    snprintf(path, sizeof(path), "/proc/%d/ns/mnt", pid);
+    mnt = open(path, O_RDONLY | O_CLOEXEC);
+    if (mnt < 0) {
+        snprintf(msg, msglen, "cannot open the sandbox's mount namespace");
+        goto out;
+    }
+    /* The user namespace that owns the mounts: bwrap may nest another one
+     * below it (--disable-userns), which would hold no power over them. */
+    user = ioctl(mnt, NS_GET_USERNS);
+    if (user < 0 || setns(user, CLONE_NEWUSER) != 0 || setns(mnt, CLONE_NEWNS) != 0) {
+        snprintf(msg, msglen, "cannot enter the sandbox's namespaces");
+        goto out;
+    }
+    if (statvfs(runtime, &sv) != 0) {
+        snprintf(msg, msglen, "cannot find the runtime mount inside the sandbox");
+        goto out;
+    }
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
+    if (sv.f_flag & ST_NOSUID)
+        flags |= MS_NOSUID;
+    if (sv.f_flag & ST_NODEV)
+        flags |= MS_NODEV;
+    if (sv.f_flag & ST_NOEXEC)
+        flags |= MS_NOEXEC;
+    if (sv.f_flag & ST_NOATIME)
+        flags |= MS_NOATIME;
+    if (sv.f_flag & ST_NODIRATIME)
+        flags |= MS_NODIRATIME;
+    if (sv.f_flag & ST_RELATIME)
+        flags |= MS_RELATIME;
+    if (mount(NULL, runtime, NULL, flags, NULL) != 0) {
+        snprintf(msg, msglen, "cannot make the runtime directory read-only inside the sandbox");
+        goto out;
+    }
+    rc = CX_OK;
+out:
+    if (user >= 0)
+        close(user);
+    if (mnt >= 0)
+        close(mnt);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* cgroups                                                                  */
+
+static const char *const controllers[] = {"memory", "pids", "cpu"};
+#define NCTRL 3
+
+struct hierarchy {
+    char mount[CX_SANDBOX_PATH_MAX];
+    bool v2;
+};
+
+/* Whether a comma-separated option list holds word. */
+static bool
+has_option(const char *opts, const char *word)
+{
+    size_t wl = strlen(word);
+
+    for (const char *o = opts; o; o = strchr(o, ',') ? strchr(o, ',') + 1 : NULL)
+        if (!strncmp(o, word, wl) && (o[wl] == ',' || o[wl] == '\0'))
+            return true;
+    return false;
+}
+
+/* One line of /proc/self/mountinfo: "id parent maj:min root mountpoint
+ * options [optional fields] - fstype source superoptions". */
+static void
+mountinfo_line(char *line, struct hierarchy h[NCTRL], char *v2mount, size_t v2len)
+{
+    char *f[64], *save = NULL;
+    int nf = 0, dash = -1;
+
+    for (char *t = strtok_r(line, " \n", &save); t && nf < 64; t = strtok_r(NULL, " \n", &save)) {
+        if (dash < 0 && nf >= 6 && !strcmp(t, "-"))
+            dash = nf;
+        f[nf++] = t;
+    }
+    if (dash < 0 || dash + 3 >= nf || strchr(f[4], '\\'))
+        return; /* malformed, or a mount point with escaped characters */
+    if (!strcmp(f[dash + 1], "cgroup2")) {
+        snprintf(v2mount, v2len, "%s", f[4]);
+        return;
+    }
+    if (strcmp(f[dash + 1], "cgroup") != 0)
+        return;
+    for (int k = 0; k < NCTRL; k++)
+        if (has_option(f[dash + 3], controllers[k]))
+            snprintf(h[k].mount, sizeof(h[k].mount), "%s", f[4]);
+}
+
+/* Finds where each controller lives: a cgroup (v1) mount naming it, else
+ * the cgroup2 mount. */
+static enum cx_err
+find_hierarchies(struct hierarchy h[NCTRL])
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[4096], v2mount[CX_SANDBOX_PATH_MAX] = "";
+
+    if (!f)
+        return CX_ERR_IO;
+    memset(h, 0, sizeof(*h) * NCTRL);
+    while (fgets(line, sizeof(line), f))
+        mountinfo_line(line, h, v2mount, sizeof(v2mount));
+    fclose(f);
+    for (int i = 0; i < NCTRL; i++)
+        if (!h[i].mount[0] && v2mount[0]) {
+            snprintf(h[i].mount, sizeof(h[i].mount), "%s", v2mount);
+            h[i].v2 = true;
+        }
+    return CX_OK;
+}
+
+static enum cx_err
+write_value(const char *dir, const char *file, const char *value, bool optional)
+{
+    char path[CX_SANDBOX_PATH_MAX + 64];
+    size_t len = strlen(value);
+    ssize_t n;
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, file);
+    fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return optional && errno == ENOENT ? CX_OK : CX_ERR_IO;
+    n = write(fd, value, len);
+    if (close(fd) != 0 || n != (ssize_t)len)
+        return CX_ERR_IO;
+    return CX_OK;
+}
+
+/* The limits of one kernel, written into its cgroup directory dir, which
+ * holds the controllers in mask (bits of controllers[]). */
+static enum cx_err
+write_limits(const struct cx_sandbox_conf *sc, const char *dir, bool v2, unsigned mask)
+{
+    char v[64];
+    enum cx_err rc = CX_OK;
+    unsigned shares = sc->cpu_weight * 1024u / 100u;
+
+    if (mask & 1u) {
+        snprintf(v, sizeof(v), "%llu", (unsigned long long)sc->memory);
+        rc = write_value(dir, v2 ? "memory.max" : "memory.limit_in_bytes", v, false);
+        /* no swap beyond the limit, where swap accounting exists */
+        if (rc == CX_OK)
+            rc = v2 ? write_value(dir, "memory.swap.max", "0", true)
+                    : write_value(dir, "memory.memsw.limit_in_bytes", v, true);
+    }
+    if (rc == CX_OK && (mask & 2u)) {
+        snprintf(v, sizeof(v), "%u", sc->pids);
+        rc = write_value(dir, "pids.max", v, false);
+    }
+    if (rc == CX_OK && (mask & 4u)) {
+        if (v2) {
+            snprintf(v, sizeof(v), "%u 100000", sc->cpu_percent * 1000u);
+            rc = write_value(dir, "cpu.max", v, false);
+            snprintf(v, sizeof(v), "%u", sc->cpu_weight);
+            if (rc == CX_OK)
+                rc = write_value(dir, "cpu.weight", v, false);
+        } else {
+            rc = write_value(dir, "cpu.cfs_period_us", "100000", false);
+            snprintf(v, sizeof(v), "%u", sc->cpu_percent * 1000u);
+            if (rc == CX_OK)
+                rc = write_value(dir, "cpu.cfs_quota_us", v, false);
+            snprintf(v, sizeof(v), "%u", shares < 2 ? 2 : shares);
+            if (rc == CX_OK)
+                rc = write_value(dir, "cpu.shares", v, false);
+        }
+    }
+    return rc;
+}
+
+/* Removes the empty "k-*" cgroups of kernels that ended. */
+static void
+sweep_cgroups(const char *parent)
+{
+    DIR *d = opendir(parent);
+    struct dirent *e;
+    int fd;
+
+    if (!d)
+        return;
+    fd = dirfd(d);
+    while ((e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, "k-", 2) && e->d_type == DT_DIR)
+            (void)unlinkat(fd, e->d_name, AT_REMOVEDIR); /* EBUSY while in use */
+    closedir(d);
+}
+
+/* In v2, the parent must pass the controllers down. */
+static bool
+v2_enabled(const char *parent)
+{
+    char *text = NULL;
+    size_t len;
+    bool ok;
+    int dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+    if (dfd < 0 || read_small(dfd, "cgroup.subtree_control", 4096, &text, &len)) {
+        if (dfd >= 0)
+            close(dfd);
+        return false;
+    }
+    close(dfd);
+    ok = true;
+    for (int k = 0; k < NCTRL; k++) {
+        bool found = false;
+        for (char *w = text; *w;) {
+            size_t n = strcspn(w, " \n");
+            found = found || (n == strlen(controllers[k]) && !strncmp(w, controllers[k], n));
+            w += n;
+            w += strspn(w, " \n");
+        }
+        ok = ok && found;
+    }
+    free(text);
+    return ok;
+}
+
+enum cx_err
+cx_sandbox_cgroup_create(const struct cx_sandbox_conf *sc, const char *name,
+                         struct cx_sandbox_cgroup *cg, char *msg, size_t msglen)
+{
+    struct hierarchy h[NCTRL];
+    char suffix[16] = "";
+
+    memset(cg, 0, sizeof(*cg));
+    if (!*sc->cgroup)
+        return CX_OK;
+    if (find_hierarchies(h)) {
+        snprintf(msg, msglen, "cannot read /proc/self/mountinfo");
+        return CX_ERR_IO;
+    }
+    for (int k = 0; k < NCTRL; k++) {
+        char parent[CX_SANDBOX_PATH_MAX + 260];
+        unsigned mask = 1u << k;
+        int j;
+        struct stat st;
+
+        if (!h[k].mount[0]) {
+            snprintf(msg, msglen, "no cgroup hierarchy has the %s controller", controllers[k]);
+            goto fail;
+        }
+        /* Controllers sharing a hierarchy share one directory. */
+        for (j = 0; j < k && strcmp(h[j].mount, h[k].mount) != 0; j++)
+            ;
+        if (j < k) {
+            for (int i = 0; i < cg->n; i++)
+                if (!strncmp(cg->dirs[i], h[k].mount, strlen(h[k].mount)))
+                    cg->mask[i] |= mask;
+            continue;
+        }
+        if ((size_t)snprintf(parent, sizeof(parent), "%s/%s", h[k].mount, sc->cgroup) >=
+                sizeof(parent) ||
+            stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            snprintf(msg, msglen, "the parent cgroup %s does not exist", parent);
+            goto fail;
+        }
+        if (h[k].v2 && !v2_enabled(parent)) {
+            snprintf(msg, msglen, "%s does not enable memory, pids and cpu for its children",
+                     parent);
+            goto fail;
+        }
+        sweep_cgroups(parent);
+        if (!suffix[0]) {
+            snprintf(cg->dirs[cg->n], sizeof(cg->dirs[0]), "%s/k-%s-XXXXXX", parent, name);
+            if (!mkdtemp(cg->dirs[cg->n])) {
+                snprintf(msg, msglen, "cannot create a cgroup below %s", parent);
+                goto fail;
+            }
+            snprintf(suffix, sizeof(suffix), "%s", strrchr(cg->dirs[cg->n], '-') + 1);
+        } else {
+            snprintf(cg->dirs[cg->n], sizeof(cg->dirs[0]), "%s/k-%s-%s", parent, name, suffix);
+            if (mkdir(cg->dirs[cg->n], 0755) != 0) {
+                snprintf(msg, msglen, "cannot create a cgroup below %s", parent);
+                goto fail;
+            }
+        }
+        cg->v2[cg->n] = h[k].v2;
+        cg->mask[cg->n++] = h[k].v2 ? 7u : mask;
+    }
+    for (int i = 0; i < cg->n; i++)
+        if (write_limits(sc, cg->dirs[i], cg->v2[i], cg->mask[i])) {
+            snprintf(msg, msglen, "cannot write the limits of %s", cg->dirs[i]);
+            goto fail;
+        }
+    return CX_OK;
+fail:
+    cx_sandbox_cgroup_remove(cg);
+    return CX_ERR_IO;
+}
+
+enum cx_err
+cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg)
+{
+    char pid[32];
+
+    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    for (int i = 0; i < cg->n; i++)
+        if (write_value(cg->dirs[i], "cgroup.procs", pid, false))
+            return CX_ERR_IO;
+    return CX_OK;
+}
+
+void
+cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg)
+{
+    for (int i = 0; i < cg->n; i++)
+        for (int tries = 0; rmdir(cg->dirs[i]) != 0 && errno == EBUSY && tries < 50; tries++)
+            usleep(20000); /* the sandbox's last processes are still exiting */
+    cg->n = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* seccomp                                                                  */
+
+/* Refused with EPERM: what a tenant's code never needs and what kernel
+ * exploits and escapes are made of (Docker's default profile refuses the
+ * same families). */
+static const int denied[] = {
+    SCMP_SYS(unshare),           SCMP_SYS(setns),
+    SCMP_SYS(mount),             SCMP_SYS(umount2),
+    SCMP_SYS(pivot_root),        SCMP_SYS(chroot),
+    SCMP_SYS(move_mount),        SCMP_SYS(open_tree),
+    SCMP_SYS(fsopen),            SCMP_SYS(fsconfig),
+    SCMP_SYS(fsmount),           SCMP_SYS(fspick),
+    SCMP_SYS(mount_setattr),     SCMP_SYS(ptrace),
+    SCMP_SYS(process_vm_readv),  SCMP_SYS(process_vm_writev),
+    SCMP_SYS(pidfd_getfd),       SCMP_SYS(kcmp),
+    SCMP_SYS(bpf),               SCMP_SYS(perf_event_open),
+    SCMP_SYS(keyctl),            SCMP_SYS(add_key),
+    SCMP_SYS(request_key),       SCMP_SYS(userfaultfd),
+    SCMP_SYS(io_uring_setup),    SCMP_SYS(io_uring_enter),
+    SCMP_SYS(io_uring_register), SCMP_SYS(init_module),
+    SCMP_SYS(finit_module),      SCMP_SYS(delete_module),
+    SCMP_SYS(kexec_load),        SCMP_SYS(kexec_file_load),
+    SCMP_SYS(reboot),            SCMP_SYS(swapon),
+    SCMP_SYS(swapoff),           SCMP_SYS(acct),
+    SCMP_SYS(quotactl),          SCMP_SYS(open_by_handle_at),
+    SCMP_SYS(name_to_handle_at), SCMP_SYS(syslog),
+    SCMP_SYS(lookup_dcookie),    SCMP_SYS(fanotify_init),
+    SCMP_SYS(iopl),              SCMP_SYS(ioperm),
+    SCMP_SYS(settimeofday),      SCMP_SYS(clock_settime),
+    SCMP_SYS(clock_adjtime),     SCMP_SYS(adjtimex),
+    SCMP_SYS(sethostname),       SCMP_SYS(setdomainname),
+    SCMP_SYS(uselib),            SCMP_SYS(ustat),
+    SCMP_SYS(sysfs),             SCMP_SYS(vhangup),
+    SCMP_SYS(nfsservctl),
+};
+
+/* clone() flags that make namespaces. */
+static const unsigned long ns_flags[] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,   CLONE_NEWNET,
+                                         CLONE_NEWUTS,  CLONE_NEWIPC, CLONE_NEWCGROUP};
+
+static int
+build_filter(scmp_filter_ctx ctx)
+{
+    int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+
+    for (size_t i = 0; rc == 0 && i < sizeof(denied) / sizeof(denied[0]); i++)
+        if (denied[i] >= 0) /* a call this architecture lacks is negative */
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), denied[i], 0);
+    for (size_t i = 0; rc == 0 && i < sizeof(ns_flags) / sizeof(ns_flags[0]); i++)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                              SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+    /* clone3 takes its flags in memory, out of a filter's reach: ENOSYS
+     * makes the C library fall back to clone, filtered above. */
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    /* Pushing bytes into a terminal's input (TIOCSTI, TIOCLINUX). */
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, 0x5412u));
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, 0x541cu));
+    return rc;
+}
+
+enum cx_err
+cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen)
+{
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    int fd = -1;
+
+    if (!ctx) {
+        snprintf(msg, msglen, "seccomp_init failed");
+        return CX_ERR_NOMEM;
+    }
+    fd = memfd_create("codexec-seccomp", 0); /* inherited by bwrap */
+    if (fd < 0 || build_filter(ctx) != 0 || seccomp_export_bpf(ctx, fd) != 0 ||
+        lseek(fd, 0, SEEK_SET) != 0) {
+        snprintf(msg, msglen, "cannot build the seccomp filter");
+        if (fd >= 0)
+            close(fd);
+        seccomp_release(ctx);
+        return CX_ERR_INTERNAL;
+    }
+    seccomp_release(ctx);
+    *fd_out = fd;
+    return CX_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The bwrap command line                                                   */
+
+struct argv {
+    char **v;
+    size_t n, alloc;
+    bool failed;
+};
+
+static void
+add(struct argv *a, const char *s)
+{
+    if (a->failed)
+        return;
+    if (a->n + 2 > a->alloc) {
+        size_t na = a->alloc ? a->alloc * 2 : 128;
+        char **nv = realloc(a->v, na * sizeof(*nv));
+        if (!nv) {
+            a->failed = true;
+            return;
+        }
+        a->v = nv;
+        a->alloc = na;
+    }
+    a->v[a->n] = strdup(s);
+    if (!a->v[a->n]) {
+        a->failed = true;
+        return;
+    }
+    a->v[++a->n] = NULL;
+}
+
+/* prefix followed by a number: "--as=" 4294967296 */
+static void
+addn(struct argv *a, const char *prefix, unsigned long long v)
+{
+    char buf[64];
+
+    snprintf(buf, sizeof(buf), "%s%llu", prefix, v);
+    add(a, buf);
+}
+
+static void
+add3(struct argv *a, const char *x, const char *y, const char *z)
+{
+    add(a, x);
+    add(a, y);
+    if (z)
+        add(a, z);
+}
+
+/* Directories under /etc that hold secrets of other services; each is
+ * covered by an empty tmpfs when it exists. */
+static const char *const masked[] = {"/etc/codexec", "/etc/ssl/private", "/etc/postgresql"};
+
+static void
+add_env(struct argv *a, const struct cx_sandbox_conf *sc)
+{
+    static const char *const thread_vars[] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                              "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                                              "NUMEXPR_MAX_THREADS"};
+    char threads[16];
+
+    snprintf(threads, sizeof(threads), "%u", sc->threads);
+    add(a, "--clearenv");
+    add3(a, "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin");
+    add3(a, "--setenv", "HOME", "/tmp");
+    add3(a, "--setenv", "LANG", "C.UTF-8");
+    add3(a, "--setenv", "IPYTHONDIR", "/tmp/.ipython");
+    add3(a, "--setenv", "MPLCONFIGDIR", "/tmp/.matplotlib");
+    add3(a, "--setenv", "PYTHONNOUSERSITE", "1");
+    for (size_t i = 0; i < sizeof(thread_vars) / sizeof(thread_vars[0]); i++)
+        add3(a, "--setenv", thread_vars[i], threads);
+}
+
+/* Read-only caches: matplotlib's font list, bound into its directory. */
+static void
+add_caches(struct argv *a, const struct cx_sandbox_conf *sc)
+{
+    char dir[CX_SANDBOX_PATH_MAX + 16], src[CX_SANDBOX_PATH_MAX * 2], dst[320];
+    struct dirent *e;
+    DIR *d;
+
+    if (!*sc->cache_dir)
+        return;
+    snprintf(dir, sizeof(dir), "%s/matplotlib", sc->cache_dir);
+    d = opendir(dir);
+    if (!d)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (strncmp(e->d_name, "fontlist-", 9) != 0 || n < 6 ||
+            strcmp(e->d_name + n - 5, ".json") != 0 || !name_valid(e->d_name, n))
+            continue;
+        snprintf(src, sizeof(src), "%s/%s", dir, e->d_name);
+        snprintf(dst, sizeof(dst), "/tmp/.matplotlib/%s", e->d_name);
+        add3(a, "--ro-bind", src, dst);
+    }
+    closedir(d);
+}
+
+static void
+add_tmpfs(struct argv *a, uint64_t size, const char *where)
+{
+    add(a, "--size");
+    addn(a, "", (unsigned long long)size);
+    add3(a, "--tmpfs", where, NULL);
+}
+
+enum cx_err
+cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
+                const char *private_dir, int seccomp_fd, int info_fd, char ***argv_out)
+{
+    struct argv a = {0};
+    char python[CX_SANDBOX_PATH_MAX + 16];
+    struct stat st;
+
+    add(&a, sc->bwrap);
+    add(&a, "--unshare-all");
+    add(&a, "--unshare-user");
+    add(&a, "--disable-userns");
+    add3(&a, "--uid", "65534", NULL);
+    add3(&a, "--gid", "65534", NULL);
+    add(&a, "--die-with-parent");
+    add(&a, "--new-session");
+    add3(&a, "--cap-drop", "ALL", NULL);
+    add_env(&a, sc);
+    add3(&a, "--ro-bind", "/usr", "/usr");
+    add3(&a, "--ro-bind", "/etc", "/etc");
+    for (size_t i = 0; i < sizeof(masked) / sizeof(masked[0]); i++)
+        if (stat(masked[i], &st) == 0 && S_ISDIR(st.st_mode))
+            add3(&a, "--tmpfs", masked[i], NULL);
+    add3(&a, "--symlink", "usr/bin", "/bin");
+    add3(&a, "--symlink", "usr/sbin", "/sbin");
+    add3(&a, "--symlink", "usr/lib", "/lib");
+    add3(&a, "--symlink", "usr/lib64", "/lib64");
+    add3(&a, "--proc", "/proc", NULL);
+    add3(&a, "--dev", "/dev", NULL);
+    /* Every place a kernel can write is memory of its own cgroup, sized:
+     * nothing it writes reaches a disk. */
+    add_tmpfs(&a, sc->shm_bytes, "/dev/shm");
+    add_tmpfs(&a, sc->tmp_bytes, "/tmp");
+    add3(&a, "--dir", "/tmp/.matplotlib", NULL);
+    add_caches(&a, sc);
+    add_tmpfs(&a, sc->max_workspace_bytes, "/workspace");
+    if (*sc->python_env && strncmp(sc->python_env, "/usr/", 5) != 0)
+        add3(&a, "--ro-bind", sc->python_env, sc->python_env);
+    /* Its sockets and connection file: the private directory, sealed
+     * read-only by the launcher once the kernel has bound them. */
+    add3(&a, "--bind", private_dir, c->runtime);
+    add3(&a, "--chdir", "/workspace", NULL);
+    if (seccomp_fd >= 0) {
+        add(&a, "--seccomp");
+        addn(&a, "", (unsigned long long)seccomp_fd);
+    }
+    if (info_fd >= 0) {
+        add(&a, "--info-fd");
+        addn(&a, "", (unsigned long long)info_fd);
+    }
+    /* The rlimits apply inside the user namespace, so RLIMIT_NPROC counts
+     * this sandbox's processes only. */
+    add(&a, "--");
+    add(&a, "/usr/bin/prlimit");
+    addn(&a, "--as=", (unsigned long long)sc->address_space);
+    addn(&a, "--nproc=", sc->processes);
+    addn(&a, "--fsize=", (unsigned long long)sc->file_size);
+    addn(&a, "--nofile=", sc->open_files);
+    add(&a, "--");
+    snprintf(python, sizeof(python), "%s/bin/python3",
+             *sc->python_env ? sc->python_env : "/usr");
+    add(&a, python);
+    add3(&a, "-m", "ipykernel_launcher", NULL);
+    add3(&a, "-f", c->path, NULL);
+    if (a.failed) {
+        cx_sandbox_argv_free(a.v);
+        return CX_ERR_NOMEM;
+    }
+    *argv_out = a.v;
+    return CX_OK;
+}
+
+void
+cx_sandbox_argv_free(char **argv)
+{
+    if (!argv)
+        return;
+    for (char **p = argv; *p; p++)
+        free(*p);
+    free(argv);
+}

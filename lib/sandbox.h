@@ -1,0 +1,129 @@
+/* codexec: the kernel sandbox, as codexec-kernel-launcher builds it.
+ *
+ * The Jupyter server runs the launcher (the sandboxed kernelspec's argv) as
+ * the gateway's user, once per kernel start and again at every restart.
+ * Everything the previous kernel of that connection file could write is
+ * hostile: the launcher never writes, creates or deletes through a path the
+ * kernel could have changed. Each launch gets a fresh private directory
+ * (mkdtemp, never reused) for the kernel's sockets and its copy of the
+ * connection file, a fresh cgroup per controller with the limits of
+ * sandbox.conf, and a seccomp filter; then it execs bubblewrap.
+ *
+ * See docs/internals/sandbox.md for every boundary and limit. */
+#ifndef CX_SANDBOX_H
+#define CX_SANDBOX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+#define CX_SANDBOX_PATH_MAX 1024
+#define CX_SANDBOX_PORTS    5
+
+/* sandbox.conf: the limits of one kernel. */
+struct cx_sandbox_conf {
+    char *python_env; /* "" = /usr/bin/python3; else a venv/prefix bound read-only */
+    char *cache_dir;  /* read-only caches built at install time ("" = none) */
+    char *cgroup;     /* parent cgroup below each controller's hierarchy ("" = none) */
+    char *bwrap;      /* bubblewrap's path */
+    uint64_t memory;  /* bytes: processes and tmpfs pages together */
+    uint64_t max_workspace_bytes;
+    uint64_t tmp_bytes, shm_bytes;
+    uint64_t address_space, file_size; /* rlimits per process */
+    unsigned pids;                     /* processes and threads (cgroup) */
+    unsigned processes;                /* RLIMIT_NPROC */
+    unsigned open_files;               /* RLIMIT_NOFILE */
+    unsigned cpu_percent;              /* CPU time, percent of one core */
+    unsigned cpu_weight;               /* share against other kernels, 1-10000 */
+    unsigned threads;                  /* OpenBLAS / OpenMP / numexpr threads */
+};
+
+/* Defaults over which path is read (NULL: defaults only). On failure the
+ * struct is cleaned up and errbuf says "path:line: message". */
+enum cx_err cx_sandbox_conf_load(struct cx_sandbox_conf *sc, const char *path, char *errbuf,
+                                 size_t errlen) CX_MUSTCHECK;
+enum cx_err cx_sandbox_conf_parse(struct cx_sandbox_conf *sc, const char *name, const char *text,
+                                  char *errbuf, size_t errlen) CX_MUSTCHECK;
+void cx_sandbox_conf_cleanup(struct cx_sandbox_conf *sc);
+
+/* What the launcher needs of Jupyter's connection file. */
+struct cx_sandbox_conn {
+    char path[CX_SANDBOX_PATH_MAX];    /* absolute */
+    char runtime[CX_SANDBOX_PATH_MAX]; /* its directory */
+    char base[256];                    /* file name without ".json" */
+    char ip_name[256];                 /* the ipc endpoints' file-name prefix */
+    int ports[CX_SANDBOX_PORTS];
+    int nports;
+};
+
+/* Reads the connection file (a regular file, never through a symlink):
+ * transport must be "ipc" and the endpoints must live in its directory.
+ * cwd makes a relative path absolute. */
+enum cx_err cx_sandbox_conn_read(const char *path, const char *cwd, struct cx_sandbox_conn *c,
+                                 char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* In the runtime directory: removes private directories of earlier
+ * launches of this connection file and of kernels whose connection file is
+ * gone (without following anything inside), creates a fresh one (0700,
+ * "sbx-<base>.XXXXXX", never reused) and writes the kernel's copy of the
+ * connection file into it (O_EXCL). private_out receives its path. */
+enum cx_err cx_sandbox_runtime_prepare(const struct cx_sandbox_conn *c, char *private_out,
+                                       size_t outlen, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* Points the server's endpoint names (runtime/<ip>-<port>) at the sockets
+ * in the private directory: relative symlinks, each replaced atomically. */
+enum cx_err cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir,
+                                    char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* Makes the runtime directory read-only inside the sandbox whose first
+ * process is pid: enters its mount namespace (through the user namespace
+ * that owns it) and remounts the bind read-only, keeping its other flags.
+ * Changes the calling process's namespaces: call it in a child that exits. */
+enum cx_err cx_sandbox_seal(int pid, const char *runtime, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* Removes a directory tree made by a kernel: never follows a symlink,
+ * restores the owner's permissions on directories the kernel locked, stays
+ * on one filesystem, at most 64 levels deep. A missing path is not an
+ * error. */
+enum cx_err cx_sandbox_remove_tree(int dirfd, const char *name) CX_MUSTCHECK;
+
+/* One kernel's cgroup: a directory per hierarchy holding memory, pids or
+ * cpu (one in all for cgroup v2). */
+struct cx_sandbox_cgroup {
+    char dirs[3][CX_SANDBOX_PATH_MAX + 320];
+    bool v2[3];
+    unsigned mask[3]; /* bit 0 memory, 1 pids, 2 cpu */
+    int n;
+};
+
+/* Creates "<cgroup>/k-<name>-XXXXXX" in the hierarchies of the memory, pids
+ * and cpu controllers (cgroup v1 mounts, or the v2 mount, where the parent
+ * must enable them for its children) and writes the limits; empty
+ * leftovers of ended kernels are removed first. With an empty sc->cgroup it
+ * does nothing. Fails (closed) when the parent is missing or a limit can't
+ * be written; nothing is left behind then. */
+enum cx_err cx_sandbox_cgroup_create(const struct cx_sandbox_conf *sc, const char *name,
+                                     struct cx_sandbox_cgroup *cg, char *msg,
+                                     size_t msglen) CX_MUSTCHECK;
+/* Moves the calling process into the cgroup (before exec). */
+enum cx_err cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg) CX_MUSTCHECK;
+/* Removes the directories once the kernel's processes are gone. */
+void cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg);
+
+/* A file descriptor holding the seccomp filter as a BPF program, for
+ * bwrap --seccomp (not close-on-exec): namespace creation, mount, ptrace,
+ * bpf, perf_event_open, keyctl, userfaultfd, io_uring, kernel modules,
+ * kexec and the like fail with EPERM; other architectures' system calls
+ * kill the process. */
+enum cx_err cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* The bwrap command line (NULL-terminated; cx_sandbox_argv_free). A
+ * descriptor < 0 leaves its option out. */
+enum cx_err cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
+                            const char *private_dir, int seccomp_fd, int info_fd,
+                            char ***argv_out) CX_MUSTCHECK;
+void cx_sandbox_argv_free(char **argv);
+
+#endif
