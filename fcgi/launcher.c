@@ -245,7 +245,8 @@ prepare(struct launch *l, const char *config, const char *conn_path, sigset_t *b
         say("bad sandbox configuration", msg);
         return false;
     }
-    if (!getcwd(cwd, sizeof(cwd)) || cx_sandbox_conn_read(conn_path, cwd, &l->conn, msg, sizeof(msg)) ||
+    if (!getcwd(cwd, sizeof(cwd)) ||
+        cx_sandbox_conn_read(conn_path, cwd, &l->conn, msg, sizeof(msg)) ||
         cx_sandbox_runtime_prepare(&l->conn, l->private_dir, sizeof(l->private_dir), msg,
                                    sizeof(msg)) ||
         cx_sandbox_cgroup_create(&l->sc, l->conn.base, &l->cg, msg, sizeof(msg)) ||
@@ -254,9 +255,8 @@ prepare(struct launch *l, const char *config, const char *conn_path, sigset_t *b
         return false;
     }
     l->inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    if (l->inotify_fd < 0 ||
-        inotify_add_watch(l->inotify_fd, l->private_dir, IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO) <
-            0) {
+    if (l->inotify_fd < 0 || inotify_add_watch(l->inotify_fd, l->private_dir,
+                                               IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
         say("cannot watch the private directory", strerror(errno));
         return false;
     }

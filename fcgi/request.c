@@ -206,7 +206,8 @@ cx_req_json_type(struct cx_req *r)
      * without a preflight only with a "simple" type or none (sendBeacon). */
     if (is_json_type(cx_req_param(r, "CONTENT_TYPE")))
         return true;
-    cx_req_send_error(r, 415, "unsupported_media_type", "the request body must be application/json");
+    cx_req_send_error(r, 415, "unsupported_media_type",
+                      "the request body must be application/json");
     return false;
 }
 
@@ -259,8 +260,7 @@ cx_req_remote_user(struct cx_req *r)
             seen++;
         }
     if (seen > 1)
-        cx_log_warn(0, "REMOTE_USER sent %d times: ignored (check the web server's config)",
-                    seen);
+        cx_log_warn(0, "REMOTE_USER sent %d times: ignored (check the web server's config)", seen);
     return seen == 1 && *user ? user : NULL;
 }
 

@@ -271,16 +271,20 @@ cx_run_get(struct cx_db *db, const char *user, const char *run_id, json_t **out)
  * sandbox but its init (pid 1) and the kernel ends with the run, so a fork
  * bomb, a runaway child or a writer that outlives its cell holds nothing
  * (pids, memory, CPU, files being written) past the run. The kernel's own
- * children are reaped, within 200 ms. Defined once per kernel process. */
+ * children are reaped, within 200 ms. Only inside codexec's sandbox (its
+ * launcher's CODEXEC_SANDBOX, and the kernel a child of the sandbox's own
+ * pid 1): a kernel started without the sandbox shares the host's
+ * processes. Defined once per kernel process. */
 #define REAP_EXPR                                                                                  \
     "(lambda s: s.__dict__.get('_codexec_reap') or (exec('"                                        \
     "def _codexec_reap():\\n"                                                                      \
     " import os, time\\n"                                                                          \
     " me, mine = os.getpid(), []\\n"                                                               \
+    " if os.environ.get(\"CODEXEC_SANDBOX\") != \"1\" or os.getppid() != 1: return\\n"             \
     " for d in os.listdir(\"/proc\"):\\n"                                                          \
     "  if d.isdigit() and int(d) not in (1, me):\\n"                                               \
     "   try:\\n"                                                                                   \
-    "    child = open(f\"/proc/{d}/stat\").read().rsplit(\")\", 1)[1].split()[1] == str(me)\\n"     \
+    "    child = open(f\"/proc/{d}/stat\").read().rsplit(\")\", 1)[1].split()[1] == str(me)\\n"    \
     "    os.kill(int(d), 9)\\n"                                                                    \
     "    if child: mine.append(int(d))\\n"                                                         \
     "   except (OSError, IndexError):\\n"                                                          \

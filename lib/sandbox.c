@@ -61,8 +61,8 @@ cgroup_name_valid(const char *s)
         const char *start = p;
         while (*p && *p != '/') {
             char ch = *p++;
-            if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                  ch == '.' || ch == '_' || ch == '-'))
+            if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
                 return false;
         }
         if (p == start || (p - start == 1 && start[0] == '.') ||
@@ -811,33 +811,60 @@ cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg)
  * exploits and escapes are made of (Docker's default profile refuses the
  * same families). */
 static const int denied[] = {
-    SCMP_SYS(unshare),           SCMP_SYS(setns),
-    SCMP_SYS(mount),             SCMP_SYS(umount2),
-    SCMP_SYS(pivot_root),        SCMP_SYS(chroot),
-    SCMP_SYS(move_mount),        SCMP_SYS(open_tree),
-    SCMP_SYS(fsopen),            SCMP_SYS(fsconfig),
-    SCMP_SYS(fsmount),           SCMP_SYS(fspick),
-    SCMP_SYS(mount_setattr),     SCMP_SYS(ptrace),
-    SCMP_SYS(process_vm_readv),  SCMP_SYS(process_vm_writev),
-    SCMP_SYS(pidfd_getfd),       SCMP_SYS(kcmp),
-    SCMP_SYS(bpf),               SCMP_SYS(perf_event_open),
-    SCMP_SYS(keyctl),            SCMP_SYS(add_key),
-    SCMP_SYS(request_key),       SCMP_SYS(userfaultfd),
-    SCMP_SYS(io_uring_setup),    SCMP_SYS(io_uring_enter),
-    SCMP_SYS(io_uring_register), SCMP_SYS(init_module),
-    SCMP_SYS(finit_module),      SCMP_SYS(delete_module),
-    SCMP_SYS(kexec_load),        SCMP_SYS(kexec_file_load),
-    SCMP_SYS(reboot),            SCMP_SYS(swapon),
-    SCMP_SYS(swapoff),           SCMP_SYS(acct),
-    SCMP_SYS(quotactl),          SCMP_SYS(open_by_handle_at),
-    SCMP_SYS(name_to_handle_at), SCMP_SYS(syslog),
-    SCMP_SYS(lookup_dcookie),    SCMP_SYS(fanotify_init),
-    SCMP_SYS(iopl),              SCMP_SYS(ioperm),
-    SCMP_SYS(settimeofday),      SCMP_SYS(clock_settime),
-    SCMP_SYS(clock_adjtime),     SCMP_SYS(adjtimex),
-    SCMP_SYS(sethostname),       SCMP_SYS(setdomainname),
-    SCMP_SYS(uselib),            SCMP_SYS(ustat),
-    SCMP_SYS(sysfs),             SCMP_SYS(vhangup),
+    SCMP_SYS(unshare),
+    SCMP_SYS(setns),
+    SCMP_SYS(mount),
+    SCMP_SYS(umount2),
+    SCMP_SYS(pivot_root),
+    SCMP_SYS(chroot),
+    SCMP_SYS(move_mount),
+    SCMP_SYS(open_tree),
+    SCMP_SYS(fsopen),
+    SCMP_SYS(fsconfig),
+    SCMP_SYS(fsmount),
+    SCMP_SYS(fspick),
+    SCMP_SYS(mount_setattr),
+    SCMP_SYS(ptrace),
+    SCMP_SYS(process_vm_readv),
+    SCMP_SYS(process_vm_writev),
+    SCMP_SYS(pidfd_getfd),
+    SCMP_SYS(kcmp),
+    SCMP_SYS(bpf),
+    SCMP_SYS(perf_event_open),
+    SCMP_SYS(keyctl),
+    SCMP_SYS(add_key),
+    SCMP_SYS(request_key),
+    SCMP_SYS(userfaultfd),
+    SCMP_SYS(io_uring_setup),
+    SCMP_SYS(io_uring_enter),
+    SCMP_SYS(io_uring_register),
+    SCMP_SYS(init_module),
+    SCMP_SYS(finit_module),
+    SCMP_SYS(delete_module),
+    SCMP_SYS(kexec_load),
+    SCMP_SYS(kexec_file_load),
+    SCMP_SYS(reboot),
+    SCMP_SYS(swapon),
+    SCMP_SYS(swapoff),
+    SCMP_SYS(acct),
+    SCMP_SYS(quotactl),
+    SCMP_SYS(open_by_handle_at),
+    SCMP_SYS(name_to_handle_at),
+    SCMP_SYS(syslog),
+    SCMP_SYS(lookup_dcookie),
+    SCMP_SYS(fanotify_init),
+    SCMP_SYS(iopl),
+    SCMP_SYS(ioperm),
+    SCMP_SYS(settimeofday),
+    SCMP_SYS(clock_settime),
+    SCMP_SYS(clock_adjtime),
+    SCMP_SYS(adjtimex),
+    SCMP_SYS(sethostname),
+    SCMP_SYS(setdomainname),
+    SCMP_SYS(uselib),
+    SCMP_SYS(ustat),
+    SCMP_SYS(sysfs),
+    SCMP_SYS(vhangup),
     SCMP_SYS(nfsservctl),
 };
 
@@ -965,6 +992,7 @@ add_env(struct argv *a, const struct cx_sandbox_conf *sc)
     add3(a, "--setenv", "IPYTHONDIR", "/tmp/.ipython");
     add3(a, "--setenv", "MPLCONFIGDIR", "/tmp/.matplotlib");
     add3(a, "--setenv", "PYTHONNOUSERSITE", "1");
+    add3(a, "--setenv", "CODEXEC_SANDBOX", "1");
     for (size_t i = 0; i < sizeof(thread_vars) / sizeof(thread_vars[0]); i++)
         add3(a, "--setenv", thread_vars[i], threads);
 }
@@ -1062,8 +1090,7 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
     addn(&a, "--fsize=", (unsigned long long)sc->file_size);
     addn(&a, "--nofile=", sc->open_files);
     add(&a, "--");
-    snprintf(python, sizeof(python), "%s/bin/python3",
-             *sc->python_env ? sc->python_env : "/usr");
+    snprintf(python, sizeof(python), "%s/bin/python3", *sc->python_env ? sc->python_env : "/usr");
     add(&a, python);
     add3(&a, "-m", "ipykernel_launcher", NULL);
     add3(&a, "-f", c->path, NULL);

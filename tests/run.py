@@ -150,7 +150,10 @@ def main():
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,
-                     nginx_body="8m", test_kernel=True)
+                     nginx_body="8m", test_kernel=True,
+                     # smaller than the defaults, so the limits are reached quickly
+                     sandbox_extra={"memory": "1G", "max_workspace_bytes": "512M",
+                                    "tmp_bytes": "128M", "shm_bytes": "32M", "pids": "128"})
     if a.flavour == "sanitizers":
         os.environ["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:log_path=" + os.path.join(
             var, "log", "codexec-asan")

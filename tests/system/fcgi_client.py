@@ -39,10 +39,12 @@ class Request:
         p = {"REQUEST_METHOD": method, "REQUEST_URI": uri, "CONTENT_LENGTH": str(body_length),
              "QUERY_STRING": uri.split("?", 1)[1] if "?" in uri else "",
              "CONTENT_TYPE": "application/json", "SERVER_PROTOCOL": "HTTP/1.1"}
-        p.update(params or {})
+        # params: a dict, or a list of pairs (a name may then repeat)
+        pairs = list(params.items()) if isinstance(params, dict) else list(params or [])
+        p = [(k, v) for k, v in p.items() if k not in {n for n, _ in pairs}] + pairs
         # flags bit 0: FCGI_KEEP_CONN, what nginx sends with fastcgi_keep_conn on
         self.sock.sendall(_record(BEGIN_REQUEST, 1, struct.pack(">HB5x", 1, 1 if keep_conn else 0)))
-        self.sock.sendall(_record(PARAMS, 1, b"".join(_nv(k, v) for k, v in p.items())))
+        self.sock.sendall(_record(PARAMS, 1, b"".join(_nv(k, v) for k, v in p)))
         self.sock.sendall(_record(PARAMS, 1, b""))
 
     def send_body(self, data):

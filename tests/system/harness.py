@@ -89,6 +89,7 @@ class Context:
         with open(st.conf) as f, open(conf, "w") as out:
             out.writelines(l for l in f if l.split("=")[0].strip() not in settings)
             out.writelines(f"{k} = {v}\n" for k, v in settings.items())
+        os.chmod(conf, 0o640)  # it holds the gateway's token, as codexec.conf does
         st.chown(conf)
         proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
                                                 conf, "--workers", str(workers)],

@@ -22,6 +22,7 @@ def start_apache(ctx):
         text = "".join(l for l in f if not l.startswith(("listen ", "delivery ")))
     with open(conf, "w") as f:
         f.write(text + f"listen = unix:{sock}\ndelivery = x-sendfile\n")
+    os.chmod(conf, 0o640)
     st.chown(conf)
     fcgi = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config", conf,
                                             "--workers", "4"],

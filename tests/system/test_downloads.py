@@ -294,16 +294,20 @@ def test_remote_user_is_trusted_only_when_configured(ctx):
     a = produce(ctx, user, "c1", {"r.txt": b"remote"})["r.txt"]
     uri = f"/v1/artifacts/{a['artifact_id']}/content"
     # the stack's own process does not trust it
-    status, _, _ = fcgi_client.request(st.socket, "GET", uri, params={"REMOTE_USER": user})
+    authed = {"AUTH_TYPE": "Basic"}  # what a web server that authenticated adds
+    status, _, _ = fcgi_client.request(st.socket, "GET", uri, params={"REMOTE_USER": user, **authed})
     eq(status, 401, "REMOTE_USER ignored when not trusted")
     path, proc = ctx.spawn_fcgi("remote", {"delivery": "direct", "trust_remote_user": "true"})
     try:
-        status, _, body = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": user})
+        status, _, body = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": user, **authed})
         eq((status, body), (200, b"remote"), "the trusted user downloads")
-        status, _, _ = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": "d-intruder"})
+        status, _, _ = fcgi_client.request(path, "GET", uri, params={"REMOTE_USER": user})
+        eq(status, 401, "not without AUTH_TYPE: nginx fills REMOTE_USER from any Basic header")
+        status, _, _ = fcgi_client.request(path, "GET", uri,
+                                           params={"REMOTE_USER": "d-intruder", **authed})
         eq(status, 404, "another trusted user does not")
         status, _, _ = fcgi_client.request(path, "GET", uri,
-                                           params={"REMOTE_USER": "bad\u0001name"})
+                                           params={"REMOTE_USER": "bad\u0001name", **authed})
         eq(status, 401, "a REMOTE_USER with control characters is refused")
         status, _, body = fcgi_client.request(
             path, "GET", uri, params={"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}"})

@@ -220,7 +220,7 @@ def test_postgresql_restart_needs_no_codexec_restart(ctx):
         eq(r.status, 404, f"after the cut {r!r}")
     st = ctx.st
     st.run(["/usr/lib/postgresql/15/bin/pg_ctl", "-D", st.pg_data, "-m", "fast", "-w", "restart",
-            "-l", os.path.join(st.logdir, "postgresql.log")])
+            "-l", os.path.join(st.logdir, "postgresql.log")], user=st.db_user)
     for _ in range(10):
         r = ctx.get(f"/v1/runs/{ZERO}", key=key)
         eq(r.status, 404, f"after a restart {r!r}")
@@ -242,6 +242,7 @@ def test_health_names_what_failed(ctx):
         st.start_jupyter()
     eq(ctx.get("/v1/health").status, 200, "health back")
     # Storage that cannot take writes.
+    mode = os.stat(st.storage).st_mode & 0o7777
     os.chmod(st.storage, 0o500)
     try:
         if os.geteuid() == 0 and st.user == "root":
@@ -250,7 +251,7 @@ def test_health_names_what_failed(ctx):
         body = expect_error(r, 503, "unavailable")
         check(body["checks"]["storage"].startswith("failed"), f"storage named: {body['checks']}")
     finally:
-        os.chmod(st.storage, 0o755)
+        os.chmod(st.storage, mode)
 
 
 def test_graceful_stop_finishes_requests_in_flight(ctx):
@@ -288,6 +289,7 @@ def test_listens_on_fd0_when_spawned(ctx):
     conf = os.path.join(st.var, "fd0.conf")
     with open(st.conf) as f, open(conf, "w") as out:
         out.writelines(l for l in f if not l.startswith("listen "))
+    os.chmod(conf, 0o640)  # it holds the gateway's token, as codexec.conf does
     st.chown(conf)
     proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
                                             conf, "--workers", "2"],

@@ -343,6 +343,7 @@ def test_reaper_closes_expired_sessions(ctx):
 
 def test_approval_gating(ctx):
     key = ctx.key("u-approve", approval=True)
+    approver = ctx.key("u-approve")  # the same user's key without the gate
     r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "print('approved')"}, key=key)
     eq(r.status, 202, f"pending {r!r}")
     body = r.json()
@@ -353,27 +354,27 @@ def test_approval_gating(ctx):
        "nothing ran yet")
     other = ctx.key("u-approve-other")
     expect_error(ctx.post(f"/v1/runs/{run_id}/approve", key=other), 404, "not_found")
-    r = ctx.post(f"/v1/runs/{run_id}/approve", key=key, timeout=120)
+    r = ctx.post(f"/v1/runs/{run_id}/approve", key=approver, timeout=120)
     eq(r.status, 200, f"approved {r!r}")
     eq(r.json()["stdout_tail"], "approved\n", "ran")
     eq(r.json()["run_id"], run_id, "same run id")
-    expect_error(ctx.post(f"/v1/runs/{run_id}/approve", key=key), 404, "not_found")
+    expect_error(ctx.post(f"/v1/runs/{run_id}/approve", key=approver), 404, "not_found")
     eq(ctx.get(f"/v1/runs/{run_id}", key=key).json()["status"], "ok", "record updated")
     # reject
     r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "print('no')"}, key=key)
     rid = r.json()["run_id"]
-    r = ctx.post(f"/v1/runs/{rid}/reject", key=key)
+    r = ctx.post(f"/v1/runs/{rid}/reject", key=approver)
     eq(r.status, 200, "rejected")
     eq(r.json()["status"], "rejected", "status")
-    expect_error(ctx.post(f"/v1/runs/{rid}/approve", key=key), 404, "not_found")
+    expect_error(ctx.post(f"/v1/runs/{rid}/approve", key=approver), 404, "not_found")
     eq(ctx.psql("SELECT count(*) FROM pending_runs"), "0", "pending requests are not kept")
     # expiry
     r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "print(1)"}, key=key)
     rid = r.json()["run_id"]
     ctx.psql(f"UPDATE pending_runs SET expires_at = now() - interval '1 second' WHERE run_id = '{rid}'")
-    expect_error(ctx.post(f"/v1/runs/{rid}/approve", key=key), 410, "expired")
+    expect_error(ctx.post(f"/v1/runs/{rid}/approve", key=approver), 410, "expired")
     eq(ctx.get(f"/v1/runs/{rid}", key=key).json()["status"], "expired", "record says expired")
-    expect_error(ctx.post("/v1/runs/not-a-uuid/approve", key=key), 404)
+    expect_error(ctx.post("/v1/runs/not-a-uuid/approve", key=approver), 404)
 
 
 def test_pending_code_is_not_kept_after_the_decision(ctx):
@@ -381,7 +382,7 @@ def test_pending_code_is_not_kept_after_the_decision(ctx):
     r = ctx.post("/v1/runs", {"conversation_id": "c9", "code": "print('PENDING_MARKER')"}, key=key)
     rid = r.json()["run_id"]
     check("PENDING_MARKER" in ctx.psql("SELECT request::text FROM pending_runs"), "kept while pending")
-    ctx.post(f"/v1/runs/{rid}/reject", key=key)
+    eq(ctx.post(f"/v1/runs/{rid}/reject", key=ctx.key("u-approve")).status, 200, "rejected")
     check("PENDING_MARKER" not in ctx.psql("SELECT coalesce(string_agg(request::text, ''), '') FROM pending_runs"),
           "gone after the decision")
 
