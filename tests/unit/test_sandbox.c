@@ -1,0 +1,294 @@
+/* lib/sandbox.c: sandbox.conf, the connection file, removing what a kernel
+ * left (never following it), the bwrap command line, the seccomp filter. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+
+#include "../../lib/sandbox.h"
+#include "tap.h"
+
+static const struct {
+    const char *text;
+    int rc;
+    const char *err;
+} conf_cases[] = {
+    {"", CX_OK, NULL},
+    {"memory = 1G\nmax_workspace_bytes = 512M\n", CX_OK, NULL},
+    {"memory = 1G\nmax_workspace_bytes = 1G\n", CX_ERR_INVALID, "above memory"},
+    {"cgroup = ../escape\n", CX_ERR_INVALID, "cgroup"},
+    {"cgroup = a/../b\n", CX_ERR_INVALID, "cgroup"},
+    {"cgroup = /abs\n", CX_ERR_INVALID, "cgroup"},
+    {"cgroup = codexec-kernels/sub\n", CX_OK, NULL},
+    {"python_env = relative/env\n", CX_ERR_INVALID, "absolute path"},
+    {"python_env = /opt/../etc\n", CX_ERR_INVALID, "absolute path"},
+    {"python_env = /opt/env\n", CX_OK, NULL},
+    {"cache_dir = /var/cache/x\n\x01", CX_ERR_INVALID, NULL},
+    {"pids = 1\n", CX_ERR_INVALID, "out of range"},
+    {"cpu_weight = 0\n", CX_ERR_INVALID, "out of range"},
+    {"bogus = 1\n", CX_ERR_INVALID, "unknown key"},
+};
+
+static void
+test_conf(void)
+{
+    struct cx_sandbox_conf sc;
+    char err[256];
+
+    ok(cx_sandbox_conf_load(&sc, NULL, err, sizeof(err)) == CX_OK, "defaults");
+    is_int(sc.memory, 2ULL << 30, "memory 2 GiB by default");
+    is_int(sc.max_workspace_bytes, 1ULL << 30, "workspace 1 GiB by default");
+    is_int(sc.pids, 256, "256 processes by default");
+    is_int(sc.cpu_percent, 100, "one core by default");
+    is_str(sc.bwrap, "/usr/bin/bwrap", "bwrap's path");
+    cx_sandbox_conf_cleanup(&sc);
+    for (size_t i = 0; i < sizeof(conf_cases) / sizeof(conf_cases[0]); i++) {
+        err[0] = '\0';
+        int rc = cx_sandbox_conf_parse(&sc, "s.conf", conf_cases[i].text, err, sizeof(err));
+        is_int(rc, conf_cases[i].rc, "conf case %zu", i);
+        if (conf_cases[i].err && !strstr(err, conf_cases[i].err))
+            ok(0, "conf case %zu names the problem (%s)", i, err);
+        if (rc == CX_OK)
+            cx_sandbox_conf_cleanup(&sc);
+    }
+}
+
+static char dir[64];
+
+static void
+write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static const char conn_json[] =
+    "{\"transport\": \"ipc\", \"ip\": \"%s/kernel-abc-ipc\", \"shell_port\": 1, "
+    "\"iopub_port\": 2, \"stdin_port\": 3, \"control_port\": 4, \"hb_port\": 5, \"key\": \"k\"}";
+
+static void
+test_conn(void)
+{
+    struct cx_sandbox_conn c;
+    char path[256], text[512], msg[256], private_dir[512], link[600];
+    struct stat st;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "%s/kernel-abc.json", dir);
+    snprintf(text, sizeof(text), conn_json, dir);
+    write_text(path, text);
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_OK, "a connection file reads");
+    is_str(c.base, "kernel-abc", "its name");
+    is_str(c.ip_name, "kernel-abc-ipc", "the endpoints' name");
+    is_int(c.nports, 5, "five ports");
+    ok(cx_sandbox_conn_read("kernel-abc.json", dir, &c, msg, sizeof(msg)) == CX_OK,
+       "a relative path is taken from the working directory");
+
+    /* A symlink where the file should be is never followed. */
+    snprintf(path, sizeof(path), "%s/kernel-lnk.json", dir);
+    snprintf(text, sizeof(text), "%s/kernel-abc.json", dir);
+    ok(symlink(text, path) == 0, "planted a symlink");
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) != CX_OK, "a symlink is refused");
+
+    snprintf(path, sizeof(path), "%s/kernel-tcp.json", dir);
+    write_text(path, "{\"transport\": \"tcp\", \"ip\": \"127.0.0.1\", \"shell_port\": 1}");
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_ERR_INVALID && strstr(msg, "ipc"),
+       "tcp is refused: the sandbox has no network");
+    snprintf(path, sizeof(path), "%s/kernel-far.json", dir);
+    write_text(path, "{\"transport\": \"ipc\", \"ip\": \"/elsewhere/k-ipc\", \"shell_port\": 1, "
+                     "\"iopub_port\": 2, \"stdin_port\": 3, \"control_port\": 4, \"hb_port\": 5}");
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_ERR_INVALID,
+       "endpoints outside the runtime directory are refused");
+    snprintf(path, sizeof(path), "%s/kernel-port.json", dir);
+    write_text(path, "{\"transport\": \"ipc\", \"ip\": \"k-ipc\", \"shell_port\": 0}");
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_ERR_INVALID,
+       "a missing or zero port is refused");
+    ok(cx_sandbox_conn_read("/a/../b/k.json", "/", &c, msg, sizeof(msg)) == CX_ERR_INVALID,
+       "a path with .. is refused");
+    ok(cx_sandbox_conn_read("/tmp/x.txt", "/", &c, msg, sizeof(msg)) == CX_ERR_INVALID,
+       "a name without .json is refused");
+
+    /* A fresh private directory each time, and the kernel's copy in it. */
+    snprintf(path, sizeof(path), "%s/kernel-abc.json", dir);
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_OK, "read again");
+    ok(cx_sandbox_runtime_prepare(&c, private_dir, sizeof(private_dir), msg, sizeof(msg)) == CX_OK,
+       "a private directory");
+    ok(stat(private_dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700,
+       "0700");
+    snprintf(link, sizeof(link), "%s/kernel-abc.json", private_dir);
+    ok(stat(link, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600,
+       "the kernel's copy of the connection file");
+    /* The previous kernel replaced its copy with a symlink: the next launch
+     * makes a new directory and removes the old one without following. */
+    unlink(link);
+    snprintf(text, sizeof(text), "%s/victim", dir);
+    write_text(text, "victim");
+    ok(symlink(text, link) == 0, "planted a symlink in the private directory");
+    {
+        char second[512];
+        ok(cx_sandbox_runtime_prepare(&c, second, sizeof(second), msg, sizeof(msg)) == CX_OK,
+           "a second launch");
+        ok(strcmp(second, private_dir) != 0, "gets a new directory");
+        ok(stat(private_dir, &st) != 0, "the old one is gone");
+        ok(stat(text, &st) == 0 && st.st_size == 6, "the victim is untouched");
+        ok(cx_sandbox_runtime_link(&c, second, msg, sizeof(msg)) == CX_OK, "endpoints linked");
+        snprintf(path, sizeof(path), "%s/kernel-abc-ipc-3", dir);
+        n = readlink(path, link, sizeof(link) - 1);
+        link[n > 0 ? n : 0] = '\0';
+        ok(n > 0 && !strncmp(link, strrchr(second, '/') + 1, strlen(strrchr(second, '/') + 1)),
+           "an endpoint points into the new private directory (%s)", link);
+    }
+}
+
+static void
+test_remove_tree(void)
+{
+    char p[512], victim[256];
+    struct stat st;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+
+    snprintf(victim, sizeof(victim), "%s/outside", dir);
+    mkdir(victim, 0700);
+    snprintf(p, sizeof(p), "%s/outside/keep", dir);
+    write_text(p, "keep");
+    snprintf(p, sizeof(p), "%s/t", dir);
+    mkdir(p, 0700);
+    snprintf(p, sizeof(p), "%s/t/link", dir);
+    ok(symlink(victim, p) == 0, "a symlink to a directory outside");
+    snprintf(p, sizeof(p), "%s/t/locked", dir);
+    mkdir(p, 0700);
+    snprintf(p, sizeof(p), "%s/t/locked/f", dir);
+    write_text(p, "f");
+    snprintf(p, sizeof(p), "%s/t/locked", dir);
+    chmod(p, 0); /* os.chmod('d', 0), as a kernel would */
+    snprintf(p, sizeof(p), "%s/t/fifo", dir);
+    mkfifo(p, 0600);
+    ok(cx_sandbox_remove_tree(dfd, "t") == CX_OK, "the tree is removed");
+    snprintf(p, sizeof(p), "%s/t", dir);
+    ok(lstat(p, &st) != 0, "nothing of it is left");
+    snprintf(p, sizeof(p), "%s/outside/keep", dir);
+    ok(stat(p, &st) == 0, "what the symlink named is untouched");
+    ok(cx_sandbox_remove_tree(dfd, "missing") == CX_OK, "a missing tree is not an error");
+
+    /* deeper than the cap: refused, not a stack or descriptor overflow */
+    snprintf(p, sizeof(p), "%s/deep", dir);
+    mkdir(p, 0700);
+    {
+        int fd = open(p, O_RDONLY | O_DIRECTORY);
+        for (int i = 0; i < 80 && fd >= 0; i++) {
+            int next;
+            mkdirat(fd, "d", 0700);
+            next = openat(fd, "d", O_RDONLY | O_DIRECTORY);
+            close(fd);
+            fd = next;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    ok(cx_sandbox_remove_tree(dfd, "deep") == CX_ERR_TOO_LARGE, "80 levels: refused at 64");
+    close(dfd);
+}
+
+static void
+test_argv(void)
+{
+    struct cx_sandbox_conf sc;
+    struct cx_sandbox_conn c;
+    char path[256], text[512], msg[256], err[256], joined[8192] = "";
+    char **argv = NULL;
+
+    snprintf(path, sizeof(path), "%s/kernel-abc.json", dir);
+    snprintf(text, sizeof(text), conn_json, dir);
+    write_text(path, text);
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_OK, "conn for argv");
+    ok(cx_sandbox_conf_parse(&sc, "s", "max_workspace_bytes = 300M\npython_env = /opt/env\n", err,
+                             sizeof(err)) == CX_OK,
+       "conf for argv");
+    ok(cx_sandbox_argv(&sc, &c, "/run/x/sbx-kernel-abc.123456", 7, 9, &argv) == CX_OK, "argv");
+    for (char **a = argv; a && *a; a++) {
+        strncat(joined, *a, sizeof(joined) - strlen(joined) - 2);
+        strncat(joined, " ", sizeof(joined) - strlen(joined) - 1);
+    }
+    ok(strstr(joined, "--unshare-all --unshare-user --disable-userns") != NULL, "namespaces");
+    ok(strstr(joined, "--cap-drop ALL") != NULL, "no capabilities");
+    ok(strstr(joined, "--size 314572800 --tmpfs /workspace") != NULL, "a sized workspace");
+    ok(strstr(joined, "--tmpfs /tmp") && strstr(joined, "--tmpfs /dev/shm"), "sized /tmp and /dev/shm");
+    ok(strstr(joined, "--seccomp 7") && strstr(joined, "--info-fd 9"), "seccomp and info fds");
+    ok(strstr(joined, "--ro-bind /opt/env /opt/env") != NULL, "the Python environment read-only");
+    ok(strstr(joined, "/opt/env/bin/python3 -m ipykernel_launcher -f") != NULL, "its python");
+    snprintf(text, sizeof(text), "--bind /run/x/sbx-kernel-abc.123456 %s ", dir);
+    ok(strstr(joined, text) != NULL, "the private directory over the runtime directory");
+    ok(strstr(joined, "--setenv CODEXEC_SANDBOX 1") != NULL, "the sandbox marker");
+    ok(strstr(joined, "--bind /") == strstr(joined, "--bind /run/x"), "no other writable bind");
+    cx_sandbox_argv_free(argv);
+    cx_sandbox_conf_cleanup(&sc);
+}
+
+/* Loads the filter into a child and tries what it must refuse. */
+static void
+test_seccomp(void)
+{
+    char msg[128];
+    int fd = -1, status = 0;
+    pid_t pid;
+
+    ok(cx_sandbox_seccomp_fd(&fd, msg, sizeof(msg)) == CX_OK, "a filter is built");
+    pid = fork();
+    if (pid == 0) {
+        static unsigned char buf[65536];
+        ssize_t n = read(fd, buf, sizeof(buf));
+        struct sock_fprog prog = {.len = (unsigned short)(n / 8),
+                                  .filter = (struct sock_filter *)buf};
+        int bad = 0;
+
+        if (n <= 0 || n % 8 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+            prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+            _exit(100);
+        bad |= (unshare(CLONE_NEWUSER) == 0 || errno != EPERM) << 0;
+        bad |= (syscall(SYS_ptrace, 0, 0, 0, 0) == 0 || errno != EPERM) << 1;
+        bad |= (syscall(SYS_bpf, 0, 0, 0) >= 0 || errno != EPERM) << 2;
+        bad |= (syscall(SYS_clone3, NULL, 0) >= 0 || errno != ENOSYS) << 3;
+        bad |= (syscall(SYS_io_uring_setup, 1, NULL) >= 0 || errno != EPERM) << 4;
+        bad |= (getpid() <= 0) << 5; /* ordinary calls still work */
+        _exit(bad);
+    }
+    waitpid(pid, &status, 0);
+    ok(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+       "unshare, ptrace, bpf, io_uring refused, clone3 ENOSYS, getpid fine (status %d)",
+       WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    if (fd >= 0)
+        close(fd);
+}
+
+int
+main(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/cx-sandbox-XXXXXX");
+    if (!mkdtemp(dir))
+        return 1;
+    test_conf();
+    test_conn();
+    test_remove_tree();
+    test_argv();
+    test_seccomp();
+    {
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            printf("# could not remove %s\n", dir);
+    }
+    return tap_done();
+}
