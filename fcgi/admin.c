@@ -13,6 +13,7 @@
 #include "../lib/db.h"
 #include "../lib/gateway.h"
 #include "../lib/log.h"
+#include "../lib/maint.h"
 #include "../lib/run.h"
 #include "../lib/prestart.h"
 #include "../lib/session.h"
@@ -101,35 +102,52 @@ cmd_key_create(const struct cx_config *cfg, struct cx_db *db, int argc, char **a
     return 0;
 }
 
-CX_SQL(q_key_list, 1,
-       "SELECT id, user_id, coalesce(label, ''), key_prefix, require_approval,"
-       " to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
-       " coalesce(to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), '-')"
-       " FROM api_keys WHERE $1::text IS NULL OR user_id = $1 ORDER BY created_at");
+/* Prints rows (objects) as tab-separated columns under a header; null as "-". */
+static void
+print_rows(json_t *rows, const char *const *names)
+{
+    size_t i;
+    json_t *row;
+
+    for (int c = 0; names[c]; c++)
+        printf("%s%s", c ? "\t" : "", names[c]);
+    printf("\n");
+    json_array_foreach(rows, i, row)
+    {
+        for (int c = 0; names[c]; c++) {
+            const char *v = json_string_value(json_object_get(row, names[c]));
+            printf("%s%s", c ? "\t" : "", v ? v : "-");
+        }
+        printf("\n");
+    }
+}
+
+/* "--user NAME" as the only options, or none: *user NULL. */
+static bool
+user_filter(int argc, char **argv, const char **user)
+{
+    *user = argc == 3 && !strcmp(argv[1], "--user") ? argv[2] : NULL;
+    return argc == 1 || *user;
+}
 
 static int
 cmd_key_list(struct cx_db *db, int argc, char **argv)
 {
-    const char *params[1] = {NULL};
-    PGresult *r = NULL;
+    static const char *const names[] = {"id",       "user",    "label",   "prefix",
+                                        "approval", "created", "revoked", NULL};
+    const char *user;
+    json_t *rows = NULL;
 
-    if (argc == 3 && strcmp(argv[1], "--user") == 0)
-        params[0] = argv[2];
-    else if (argc != 1) {
+    if (!user_filter(argc, argv, &user)) {
         usage(stderr);
         return 2;
     }
-    if (cx_db_exec(db, &q_key_list, params, &r)) {
+    if (cx_auth_key_list(db, user, &rows)) {
         fprintf(stderr, "codexec-admin: key list failed\n");
         return 1;
     }
-    printf("id\tuser\tlabel\tprefix\tapproval\tcreated\trevoked\n");
-    for (int i = 0; i < PQntuples(r); i++)
-        printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
-               PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
-               PQgetvalue(r, i, 4)[0] == 't' ? "yes" : "no", PQgetvalue(r, i, 5),
-               PQgetvalue(r, i, 6));
-    PQclear(r);
+    print_rows(rows, names);
+    json_decref(rows);
     return 0;
 }
 
@@ -154,47 +172,39 @@ cmd_fsck(struct cx_ctx *cx, int argc, char **argv)
 static int
 cmd_gc(struct cx_ctx *cx)
 {
-    int sessions = 0, n, runs, tombs = 0;
+    struct cx_maint total = {0}, one;
+    enum cx_err rc;
 
-    while ((n = cx_session_reap(cx, 64)) > 0)
-        sessions += n;
-    runs = cx_run_expire(cx);
-    if (n < 0 || runs < 0 || cx_artifact_gc(cx, &tombs)) {
-        fprintf(stderr, "codexec-admin: gc failed\n");
+    do {
+        rc = cx_maint_sweep(cx, 64, total.sessions == 0, &one);
+        total.sessions += one.sessions;
+        total.runs += one.runs;
+        total.artifacts += one.artifacts;
+    } while (rc == CX_OK && one.sessions == 64);
+    if (rc) {
+        fprintf(stderr, "codexec-admin: gc failed: %s\n", cx_strerror(rc));
         return 1;
     }
     printf("closed %d expired session(s), expired %d run(s), removed %d deleted artifact(s)\n",
-           sessions, runs, tombs);
+           total.sessions, total.runs, total.artifacts);
     return 0;
 }
-
-CX_SQL(q_sessions, 1,
-       "SELECT id, user_id, conversation_id, coalesce(kernel_id, '-'), workspace,"
-       " to_char(last_used_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),"
-       " to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
-       " FROM sessions WHERE $1::text IS NULL OR user_id = $1 ORDER BY last_used_at DESC");
 
 static int
 cmd_sessions(struct cx_ctx *cx, int argc, char **argv)
 {
-    if (argc >= 1 && !strcmp(argv[0], "list")) {
-        const char *p[1] = {argc == 3 && !strcmp(argv[1], "--user") ? argv[2] : NULL};
-        PGresult *r = NULL;
+    static const char *const names[] = {"id",        "user",      "conversation", "kernel",
+                                        "workspace", "last_used", "expires",      NULL};
+    const char *user;
 
-        if (argc != 1 && !p[0]) {
-            usage(stderr);
-            return 2;
-        }
-        if (cx_db_exec(cx->db, &q_sessions, p, &r)) {
+    if (argc >= 1 && !strcmp(argv[0], "list") && user_filter(argc, argv, &user)) {
+        json_t *rows = NULL;
+        if (cx_session_list(cx, user, &rows)) {
             fprintf(stderr, "codexec-admin: sessions list failed\n");
             return 1;
         }
-        printf("id\tuser\tconversation\tkernel\tworkspace\tlast_used\texpires\n");
-        for (int i = 0; i < PQntuples(r); i++)
-            printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", PQgetvalue(r, i, 0), PQgetvalue(r, i, 1),
-                   PQgetvalue(r, i, 2), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4),
-                   PQgetvalue(r, i, 5), PQgetvalue(r, i, 6));
-        PQclear(r);
+        print_rows(rows, names);
+        json_decref(rows);
         return 0;
     }
     if (argc == 5 && !strcmp(argv[0], "close") && !strcmp(argv[1], "--user") &&
@@ -219,8 +229,8 @@ static int
 cmd_pool(struct cx_ctx *cx, int argc, char **argv)
 {
     if (argc == 1 && !strcmp(argv[0], "drain")) {
-        int n = cx_prestart_drain(cx);
-        if (n < 0) {
+        int n = 0;
+        if (cx_prestart_drain(cx, &n)) {
             fprintf(stderr, "codexec-admin: pool drain failed\n");
             return 1;
         }

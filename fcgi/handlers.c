@@ -1,22 +1,36 @@
-#include <errno.h>
-#include <fcntl.h>
+/* The route handlers: each authenticates, parses what the request carries,
+ * makes one library call and answers. Decisions (who may read what, which
+ * error it is) are the library's; the answer's status comes from one table
+ * (cx_req_send_lib_error). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../lib/artifact.h"
 #include "../lib/config.h"
 #include "../lib/download.h"
-#include "../lib/page.h"
-#include "../lib/storage.h"
 #include "../lib/health.h"
-#include "../lib/log.h"
-#include "../lib/metrics.h"
 #include "../lib/http.h"
+#include "../lib/metrics.h"
+#include "../lib/page.h"
 #include "../lib/run.h"
 #include "../lib/session.h"
+#include "../lib/storage.h"
 #include "handlers.h"
+
+/* Answers a library call: status (201, 204, ...) with out on CX_OK, else
+ * the error, with what for a plain "not found". */
+static void
+answer(struct cx_req *r, enum cx_err rc, int status, json_t *out, const char *msg, const char *what)
+{
+    if (rc == CX_OK && status == 204)
+        cx_req_send_empty(r, 204);
+    else if (rc == CX_OK)
+        cx_req_send_json(r, status, out);
+    else
+        cx_req_send_lib_error(r, rc, msg && *msg ? msg : rc == CX_ERR_NOT_FOUND ? what : NULL);
+    json_decref(out);
+}
 
 void
 cx_h_health(struct cx_req *r)
@@ -43,7 +57,7 @@ cx_h_metrics(struct cx_req *r)
     cx_buf_init(&b, 4 * 1024 * 1024);
     cx_metrics_render(&b);
     if (cx_buf_err(&b))
-        cx_req_send_lib_error(r, cx_buf_err(&b));
+        cx_req_send_lib_error(r, cx_buf_err(&b), NULL);
     else
         cx_req_send_text(r, 200, "text/plain; version=0.0.4", b.data ? b.data : "", b.len);
     cx_buf_cleanup(&b);
@@ -58,54 +72,16 @@ cx_h_runs_get(struct cx_req *r)
     if (!cx_req_authenticate(r))
         return;
     rc = cx_run_get(r->w->db, r->who.user, r->captures[0], &out);
-    if (rc == CX_ERR_NOT_FOUND) {
-        cx_req_send_error(r, 404, "not_found", "no such run");
-        return;
-    }
-    if (rc) {
-        cx_req_send_lib_error(r, rc);
-        return;
-    }
-    cx_req_send_json(r, 200, out);
-    json_decref(out);
-}
-
-static void
-send_run_result(struct cx_req *r, enum cx_err rc, int status, json_t *out, const char *msg)
-{
-    if (rc == CX_OK) {
-        cx_req_send_json(r, status, out);
-        return;
-    }
-    switch (status) {
-    case 400: cx_req_send_error(r, 400, "invalid_request", msg); break;
-    case 403:
-        cx_req_send_error(r, 403, "forbidden",
-                          "a key that requires approval can't approve or reject runs");
-        break;
-    case 404:
-        if (!strncmp(msg, "input artifact ", 15))
-            cx_req_send_error(r, 404, "input_not_found", msg);
-        else
-            cx_req_send_error(r, 404, "not_found", "no such pending run");
-        break;
-    case 409: cx_req_send_error(r, 409, "conversation_busy", msg); break;
-    case 410: cx_req_send_error(r, 410, "expired", "the run waited too long for approval"); break;
-    case 429: cx_req_send_error(r, 429, "quota_exceeded", msg); break;
-    case 502:
-        cx_req_send_error(r, 502, "gateway_error", msg[0] ? msg : "the gateway failed");
-        break;
-    default: cx_req_send_lib_error(r, rc); break;
-    }
+    answer(r, rc, 200, out, NULL, "no such run");
 }
 
 void
 cx_h_runs_create(struct cx_req *r)
 {
     struct cx_run_request req;
-    char msg[256] = "";
+    char msg[CX_MSG_MAX] = "";
     json_t *body, *out = NULL;
-    int status = 500;
+    bool pending = false;
     enum cx_err rc;
 
     if (!cx_req_authenticate(r))
@@ -115,92 +91,65 @@ cx_h_runs_create(struct cx_req *r)
         return;
     rc = cx_run_request_parse(r->w->cfg, body, &req, msg, sizeof(msg));
     json_decref(body);
-    if (rc == CX_ERR_TOO_LARGE) {
-        cx_req_send_error(r, 413, "payload_too_large", msg);
-        return;
+    if (rc == CX_OK) {
+        rc = cx_run_submit(r->w, &r->who, &req, &out, &pending, msg, sizeof(msg));
+        cx_run_request_cleanup(&req);
     }
-    if (rc) {
-        cx_req_send_error(r, 400, "invalid_request", msg);
-        return;
-    }
-    rc = cx_run_submit(r->w, &r->who, &req, &status, &out, msg, sizeof(msg));
-    send_run_result(r, rc, status, out, msg);
-    json_decref(out);
-    cx_run_request_cleanup(&req);
+    answer(r, rc, pending ? 202 : 200, out, msg, NULL);
 }
 
 void
 cx_h_runs_approve(struct cx_req *r)
 {
-    char msg[256] = "";
+    char msg[CX_MSG_MAX] = "";
     json_t *out = NULL;
-    int status = 500;
     enum cx_err rc;
 
     if (!cx_req_authenticate(r))
         return;
-    rc = cx_run_approve(r->w, &r->who, r->captures[0], &status, &out, msg, sizeof(msg));
-    send_run_result(r, rc, status, out, msg);
-    json_decref(out);
+    rc = cx_run_approve(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
+    answer(r, rc, 200, out, msg, NULL);
 }
 
 void
 cx_h_runs_reject(struct cx_req *r)
 {
+    char msg[CX_MSG_MAX] = "";
     json_t *out = NULL;
     enum cx_err rc;
 
     if (!cx_req_authenticate(r))
         return;
-    rc = cx_run_reject(r->w, &r->who, r->captures[0], &out);
-    send_run_result(r, rc, cx_http_status_for(rc), out, "");
-    json_decref(out);
+    rc = cx_run_reject(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
+    answer(r, rc, 200, out, msg, NULL);
 }
 
 void
 cx_h_session_delete(struct cx_req *r)
 {
-    enum cx_err rc;
-
     if (!cx_req_authenticate(r))
         return;
-    if (!cx_run_conversation_id_valid(r->captures[0])) {
-        cx_req_send_error(r, 404, "not_found", "no such session");
-        return;
-    }
-    rc = cx_session_close(r->w, r->who.user, r->captures[0]);
-    if (rc == CX_OK)
-        cx_req_send_empty(r, 204);
-    else if (rc == CX_ERR_NOT_FOUND)
-        cx_req_send_error(r, 404, "not_found", "no such session");
-    else if (rc == CX_ERR_CONFLICT)
-        cx_req_send_error(r, 409, "conversation_busy", "a run holds this conversation");
-    else
-        cx_req_send_lib_error(r, rc);
+    answer(r, cx_session_close(r->w, r->who.user, r->captures[0]), 204, NULL, NULL,
+           "no such session");
 }
 
 void
 cx_h_artifacts_list(struct cx_req *r)
 {
-    char cid[CX_CONVERSATION_MAX + 2];
+    char cid[CX_CONVERSATION_MAX + 2] = "";
     json_t *out = NULL;
     enum cx_err rc;
 
     if (!cx_req_authenticate(r))
         return;
-    if (cx_http_query_get(r->query, "conversation_id", cid, sizeof(cid)) ||
-        !cx_run_conversation_id_valid(cid)) {
-        cx_req_send_error(
-            r, 400, "invalid_request",
-            "conversation_id is required: 1 to 128 characters of A-Z a-z 0-9 . _ : -");
-        return;
-    }
+    if (cx_http_query_get(r->query, "conversation_id", cid, sizeof(cid)))
+        cid[0] = '\0'; /* missing or malformed: the library says so */
     rc = cx_artifact_list(r->w, r->who.user, cid, &out);
-    if (rc)
-        cx_req_send_lib_error(r, rc);
-    else
-        cx_req_send_json(r, 200, out);
-    json_decref(out);
+    answer(r, rc, 200, out,
+           rc == CX_ERR_INVALID
+               ? "conversation_id is required: 1 to 128 characters of A-Z a-z 0-9 . _ : -"
+               : NULL,
+           NULL);
 }
 
 void
@@ -212,35 +161,22 @@ cx_h_artifacts_get(struct cx_req *r)
     if (!cx_req_authenticate(r))
         return;
     rc = cx_artifact_get(r->w, r->who.user, r->captures[0], &out);
-    if (rc == CX_ERR_NOT_FOUND)
-        cx_req_send_error(r, 404, "not_found", "no such artifact");
-    else if (rc)
-        cx_req_send_lib_error(r, rc);
-    else
-        cx_req_send_json(r, 200, out);
-    json_decref(out);
+    answer(r, rc, 200, out, NULL, "no such artifact");
 }
 
 void
 cx_h_artifacts_delete(struct cx_req *r)
 {
-    enum cx_err rc;
-
     if (!cx_req_authenticate(r))
         return;
-    rc = cx_artifact_delete(r->w, r->who.user, r->captures[0]);
-    if (rc == CX_OK)
-        cx_req_send_empty(r, 204);
-    else if (rc == CX_ERR_NOT_FOUND)
-        cx_req_send_error(r, 404, "not_found", "no such artifact");
-    else
-        cx_req_send_lib_error(r, rc);
+    answer(r, cx_artifact_delete(r->w, r->who.user, r->captures[0]), 204, NULL, NULL,
+           "no such artifact");
 }
 
 void
 cx_h_artifacts_upload(struct cx_req *r)
 {
-    char msg[200] = "";
+    char msg[CX_MSG_MAX] = "";
     json_t *out = NULL;
     enum cx_err rc;
 
@@ -249,91 +185,7 @@ cx_h_artifacts_upload(struct cx_req *r)
     rc = cx_artifact_upload(r->w, r->who.user, r->query, cx_req_param(r, "CONTENT_TYPE"),
                             cx_req_param(r, "CONTENT_LENGTH"), cx_req_read, r->fr->in, &out, msg,
                             sizeof(msg));
-    if (rc == CX_OK)
-        cx_req_send_json(r, 201, out);
-    else if (rc == CX_ERR_INVALID)
-        cx_req_send_error(r, 400, "invalid_request", msg);
-    else if (rc == CX_ERR_TOO_LARGE)
-        cx_req_send_error(r, 413, "payload_too_large", msg);
-    else if (rc == CX_ERR_QUOTA)
-        cx_req_send_error(r, 429, "quota_exceeded", msg);
-    else
-        cx_req_send_lib_error(r, rc);
-    json_decref(out);
-}
-
-static bool
-query_version(struct cx_req *r, int *version)
-{
-    char v[16], *end;
-    long n;
-
-    *version = 0;
-    switch (cx_http_query_get(r->query, "version", v, sizeof(v))) {
-    case CX_ERR_NOT_FOUND: return true;
-    case CX_OK: break;
-    default: return false;
-    }
-    errno = 0;
-    n = strtol(v, &end, 10);
-    if (errno || *end || n < 1 || n > 1000000000)
-        return false;
-    *version = (int)n;
-    return true;
-}
-
-/* Who may read what: a valid signed link, else REMOTE_USER, else a key, the
- * key checked in the same statement that finds the artifact (one round trip
- * per download). Sends the error itself and returns false when no one may. */
-static bool
-content_resolve(struct cx_req *r, struct cx_download *d)
-{
-    char user[CX_USER_MAX + 1];
-    const char *remote = cx_req_remote_user(r), *key;
-    int version = 0;
-    size_t len;
-    enum cx_err rc = cx_link_verify(r->w, r->query, r->captures[0], user, &version);
-
-    if (rc == CX_ERR_FORBIDDEN) {
-        cx_req_send_error(r, 403, "forbidden", "this link is not valid");
-        return false;
-    }
-    if (rc == CX_ERR_EXPIRED) {
-        cx_req_send_error(r, 410, "expired", "this link has expired");
-        return false;
-    }
-    if (rc != CX_OK && rc != CX_ERR_NOT_FOUND) {
-        cx_req_send_lib_error(r, rc);
-        return false;
-    }
-    if (rc == CX_ERR_NOT_FOUND && !query_version(r, &version)) {
-        /* Credentials first: a 401 must not depend on the query. */
-        if (cx_req_authenticate(r))
-            cx_req_send_error(r, 400, "invalid_request", "version must be a positive integer");
-        return false;
-    }
-    if (rc == CX_OK) {
-        rc = cx_download_resolve(r->w, user, r->captures[0], version, d);
-    } else if (remote) {
-        if (!cx_req_authenticate(r))
-            return false;
-        rc = cx_download_resolve(r->w, r->who.user, r->captures[0], version, d);
-    } else {
-        rc = cx_auth_parse_bearer(cx_req_param(r, "HTTP_AUTHORIZATION"), &key, &len);
-        if (rc == CX_OK)
-            rc = cx_download_resolve_for_key(r->w, key, len, r->captures[0], version, &r->who, d);
-        if (rc == CX_ERR_UNAUTHORIZED)
-            return cx_req_auth_result(r, rc);
-    }
-    if (rc == CX_ERR_NOT_FOUND) {
-        cx_req_send_error(r, 404, "not_found", "no such artifact");
-        return false;
-    }
-    if (rc) {
-        cx_req_send_lib_error(r, rc);
-        return false;
-    }
-    return true;
+    answer(r, rc, 201, out, msg, NULL);
 }
 
 static void
@@ -351,7 +203,7 @@ send_redirect(struct cx_req *r, const char *prefix, const char *key, const char 
 }
 
 static void
-send_direct(struct cx_req *r, const struct cx_download *d, const char *path)
+send_direct(struct cx_req *r, const struct cx_download *d)
 {
     uint64_t first = 0, last = d->size ? d->size - 1 : 0;
     enum cx_range range = cx_http_range(cx_req_param(r, "HTTP_RANGE"), d->size, &first, &last);
@@ -364,10 +216,8 @@ send_direct(struct cx_req *r, const struct cx_download *d, const char *path)
         cx_req_send_error(r, 416, "range_not_satisfiable", "the range is outside the file");
         return;
     }
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        cx_log_err(errno, "open() of artifact %s version %d failed", d->artifact_id, d->version);
-        cx_req_send_error(r, 500, "internal_error", "the artifact's bytes are missing");
+    if (cx_download_open(r->w, d, &fd)) {
+        cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
         return;
     }
     if (range == CX_RANGE_ONE) {
@@ -383,50 +233,59 @@ send_direct(struct cx_req *r, const struct cx_download *d, const char *path)
     close(fd);
 }
 
-void
-cx_h_artifacts_content(struct cx_req *r)
+static void
+download_headers(struct cx_req *r, const struct cx_download *d)
 {
-    const struct cx_config *cfg = r->w->cfg;
-    struct cx_download d;
-    char disp[1400], etag[70], date[32], path[4096];
+    char disp[1400], etag[70], date[32];
 
-    if (!content_resolve(r, &d))
-        return;
-    snprintf(etag, sizeof(etag), "\"%s\"", d.sha256);
-    cx_http_date(d.created, date);
-    cx_http_content_disposition(d.filename, disp, sizeof(disp));
+    snprintf(etag, sizeof(etag), "\"%s\"", d->sha256);
+    cx_http_date(d->created, date);
+    cx_http_content_disposition(d->filename, disp, sizeof(disp));
     cx_req_header(r, "ETag", etag);
     cx_req_header(r, "Last-Modified", date);
-    if (cfg->delivery != CX_DELIVERY_X_ACCEL)
+    if (r->w->cfg->delivery != CX_DELIVERY_X_ACCEL)
         cx_req_header(r, "Accept-Ranges", "bytes"); /* nginx adds its own */
     cx_req_header(r, "Content-Disposition", disp);
     cx_req_header(r, "Content-Security-Policy", "sandbox; default-src 'none'");
     cx_req_header(r, "Cache-Control", "private");
-    if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256)) {
+}
+
+void
+cx_h_artifacts_content(struct cx_req *r)
+{
+    const struct cx_config *cfg = r->w->cfg;
+    struct cx_download_request q = {.id = r->captures[0],
+                                    .query = r->query,
+                                    .remote_user = cx_req_remote_user(r),
+                                    .authorization = cx_req_param(r, "HTTP_AUTHORIZATION")};
+    struct cx_download d;
+    char msg[CX_MSG_MAX] = "", path[4096];
+    enum cx_err rc = cx_download_authorize(r->w, &q, &r->who, &d, msg, sizeof(msg));
+
+    if (rc) {
+        cx_req_send_lib_error(r, rc, msg);
+        return;
+    }
+    download_headers(r, &d);
+    if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256))
         cx_req_send_empty(r, 304);
-        return;
-    }
-    if (cfg->delivery == CX_DELIVERY_X_ACCEL) {
+    else if (cfg->delivery == CX_DELIVERY_X_ACCEL)
         send_redirect(r, cfg->x_accel_prefix, d.key, d.mime); /* nginx sends it */
-        return;
-    }
-    if (cx_storage_path(cfg->storage_dir, d.key, path, sizeof(path))) {
-        cx_req_send_lib_error(r, CX_ERR_INTERNAL);
-        return;
-    }
-    if (cfg->delivery == CX_DELIVERY_X_SENDFILE) {
+    else if (cfg->delivery == CX_DELIVERY_DIRECT)
+        send_direct(r, &d);
+    else if (cx_storage_path(cfg->storage_dir, d.key, path, sizeof(path)))
+        cx_req_send_lib_error(r, CX_ERR_INTERNAL, NULL);
+    else {
         cx_req_header(r, "X-Sendfile", path); /* Apache mod_xsendfile, lighttpd */
         cx_req_send_head(r, 200, d.mime, -1);
-        return;
     }
-    send_direct(r, &d, path);
 }
 
 void
 cx_h_artifacts_links(struct cx_req *r)
 {
     const char *cl = cx_req_param(r, "CONTENT_LENGTH");
-    char msg[160] = "";
+    char msg[CX_MSG_MAX] = "";
     json_t *body = NULL, *out = NULL;
     enum cx_err rc;
 
@@ -441,15 +300,7 @@ cx_h_artifacts_links(struct cx_req *r)
     }
     rc = cx_link_create(r->w, &r->who, r->captures[0], body, &out, msg, sizeof(msg));
     json_decref(body);
-    if (rc == CX_OK)
-        cx_req_send_json(r, 201, out);
-    else if (rc == CX_ERR_INVALID)
-        cx_req_send_error(r, 400, "invalid_request", msg);
-    else if (rc == CX_ERR_NOT_FOUND)
-        cx_req_send_error(r, 404, "not_found", "no such artifact");
-    else
-        cx_req_send_lib_error(r, rc);
-    json_decref(out);
+    answer(r, rc, 201, out, msg, "no such artifact");
 }
 
 void
@@ -460,14 +311,10 @@ cx_h_artifacts_page(struct cx_req *r)
 
     if (!cx_req_authenticate(r))
         return;
-    if (!cx_run_conversation_id_valid(r->captures[0])) {
-        cx_req_send_error(r, 404, "not_found", "no such conversation");
-        return;
-    }
     cx_buf_init(&b, 16u << 20);
     rc = cx_page_artifacts(r->w, &r->who, r->captures[0], &b);
     if (rc) {
-        cx_req_send_lib_error(r, rc);
+        cx_req_send_lib_error(r, rc, rc == CX_ERR_NOT_FOUND ? "no such conversation" : NULL);
     } else {
         cx_req_header(r, "Content-Security-Policy", CX_PAGE_CSP);
         cx_req_header(r, "Referrer-Policy", "no-referrer");

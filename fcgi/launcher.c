@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,8 +53,10 @@ struct launch {
     struct cx_sandbox_cgroup cg;
     char private_dir[CX_SANDBOX_PATH_MAX + 64];
     int seccomp_fd, inotify_fd, signal_fd;
-    pid_t bwrap;    /* our child */
-    int sandbox;    /* the sandbox's first process (bwrap's info) */
+    pid_t bwrap; /* our child */
+    int sandbox; /* the sandbox's first process (bwrap's info) */
+    int out_fd;  /* the read end of the kernel's stdout and stderr */
+    size_t out_logged;
     unsigned ready; /* bits: sockets bound (0-4), connection file written (5) */
     int status;     /* of bwrap, once reaped */
     bool reaped;
@@ -61,13 +64,18 @@ struct launch {
 
 #define READY_ALL ((1u << (CX_SANDBOX_PORTS + 1)) - 1)
 
-/* The child: into the cgroup, then bwrap. Never returns. */
+/* The child: into the cgroup, then bwrap, with /dev/null as stdin and a
+ * pipe to the launcher as stdout and stderr (never the server's log: that
+ * would let a kernel read and truncate it). Never returns. */
 static void
-exec_bwrap(struct launch *l, int info_fd, sigset_t *old)
+exec_bwrap(struct launch *l, int info_fd, int out_fd, sigset_t *old)
 {
     char **argv = NULL;
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
     sigprocmask(SIG_SETMASK, old, NULL);
+    if (null < 0 || dup2(null, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
+        _exit(127);
     if (cx_sandbox_cgroup_join(&l->cg)) {
         say("cannot join the kernel's cgroup", NULL);
         _exit(127);
@@ -127,6 +135,26 @@ note_event(struct launch *l, const char *name, uint32_t mask)
     }
 }
 
+/* The kernel's own stdout and stderr: until the kernel is sealed (ipykernel
+ * starting, no tenant code yet) up to 16 KiB of it go to the server's log,
+ * for diagnosing a start that fails; after that it is tenant output, read
+ * and dropped. */
+static void
+pump_output(struct launch *l, bool log)
+{
+    char buf[4096];
+    ssize_t n;
+
+    while ((n = read(l->out_fd, buf, sizeof(buf))) > 0) {
+        if (!log || l->out_logged >= 16384)
+            continue;
+        size_t keep = (size_t)n < 16384 - l->out_logged ? (size_t)n : 16384 - l->out_logged;
+        if (write(2, buf, keep) < 0)
+            break;
+        l->out_logged += keep;
+    }
+}
+
 static void
 reap(struct launch *l)
 {
@@ -161,15 +189,18 @@ wait_ready(struct launch *l)
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 
     while (l->ready != READY_ALL && !l->reaped) {
-        struct pollfd p[2] = {{.fd = l->inotify_fd, .events = POLLIN},
-                              {.fd = l->signal_fd, .events = POLLIN}};
+        struct pollfd p[3] = {{.fd = l->inotify_fd, .events = POLLIN},
+                              {.fd = l->signal_fd, .events = POLLIN},
+                              {.fd = l->out_fd, .events = POLLIN}};
         long long left = deadline - now_ms();
         ssize_t n;
 
         if (left <= 0)
             return false;
-        if (poll(p, 2, (int)(left > 1000 ? 1000 : left)) < 0 && errno != EINTR)
+        if (poll(p, 3, (int)(left > 1000 ? 1000 : left)) < 0 && errno != EINTR)
             return false;
+        if (p[2].revents)
+            pump_output(l, true);
         if (p[1].revents)
             on_signal(l);
         if (!p[0].revents)
@@ -190,12 +221,16 @@ wait_ready(struct launch *l)
 static bool
 seal(struct launch *l)
 {
-    pid_t pid = fork();
+    struct stat expect;
+    pid_t pid;
     int st;
 
+    if (stat(l->private_dir, &expect) != 0)
+        return false;
+    pid = fork();
     if (pid == 0) {
         char msg[200];
-        if (cx_sandbox_seal(l->sandbox, l->conn.runtime, msg, sizeof(msg))) {
+        if (cx_sandbox_seal(l->sandbox, l->conn.runtime, &expect, msg, sizeof(msg))) {
             say(msg, strerror(errno));
             _exit(1);
         }
@@ -213,8 +248,17 @@ static void
 supervise(struct launch *l)
 {
     while (!l->reaped) {
-        struct pollfd p = {.fd = l->signal_fd, .events = POLLIN};
-        if (poll(&p, 1, 1000) > 0)
+        struct pollfd p[2] = {{.fd = l->signal_fd, .events = POLLIN},
+                              {.fd = l->out_fd, .events = POLLIN}};
+        int n = poll(p, l->out_fd >= 0 ? 2 : 1, 1000);
+
+        if (n > 0 && p[1].revents & (POLLIN | POLLHUP))
+            pump_output(l, false);
+        if (n > 0 && p[1].revents & POLLHUP && !(p[1].revents & POLLIN)) {
+            close(l->out_fd); /* every writer is gone */
+            l->out_fd = -1;
+        }
+        if (n > 0 && p[0].revents)
             on_signal(l);
         else
             reap(l);
@@ -281,10 +325,11 @@ exit_code(const struct launch *l)
 int
 main(int argc, char **argv)
 {
-    struct launch l = {.seccomp_fd = -1, .inotify_fd = -1, .signal_fd = -1, .sandbox = -1};
+    struct launch l = {
+        .seccomp_fd = -1, .inotify_fd = -1, .signal_fd = -1, .sandbox = -1, .out_fd = -1};
     const char *config = NULL, *conn_path;
     sigset_t block, old;
-    int info[2], argi = 1, code = 1;
+    int info[2], out[2], argi = 1, code = 1;
     char msg[256];
 
     if (argc == 4 && !strcmp(argv[1], "--config")) {
@@ -305,14 +350,22 @@ main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &block, &old);
     if (!prepare(&l, config, conn_path, &block) || pipe2(info, O_CLOEXEC) != 0)
         goto out;
+    if (pipe2(out, O_CLOEXEC) != 0) {
+        close(info[0]);
+        close(info[1]);
+        goto out;
+    }
     l.bwrap = fork();
     if (l.bwrap == 0) {
         /* bwrap writes to its end of the pipe: not close-on-exec there */
         if (fcntl(info[1], F_SETFD, 0) != 0)
             _exit(127);
-        exec_bwrap(&l, info[1], &old);
+        exec_bwrap(&l, info[1], out[1], &old);
     }
     close(info[1]);
+    close(out[1]);
+    l.out_fd = out[0];
+    (void)fcntl(l.out_fd, F_SETFL, O_NONBLOCK);
     if (l.bwrap < 0) {
         say("fork failed", strerror(errno));
         close(info[0]);

@@ -28,6 +28,7 @@
 #include "../lib/gateway.h"
 #include "../lib/kernel.h"
 #include "../lib/log.h"
+#include "../lib/maint.h"
 #include "../lib/metrics.h"
 #include "../lib/prestart.h"
 #include "../lib/run.h"
@@ -249,12 +250,16 @@ reaper_main(void *arg)
         pthread_mutex_unlock(&reaper_lock);
         cx_kernel_pool_drain_idle(); /* every second */
         if (now >= next_reap) {
-            int n = cx_session_reap(&cx, 16), m = cx_run_expire(&cx);
+            struct cx_maint done;
+            enum cx_err rc = cx_maint_sweep(&cx, 16, false, &done);
 
-            if (n > 0 || m > 0)
-                cx_log_info("reaper: %d session(s) closed, %d run(s) expired", n, m);
+            if (rc)
+                cx_log_warn(0, "reaper: sweep failed: %s", cx_strerror(rc));
+            if (done.sessions > 0 || done.runs > 0)
+                cx_log_info("reaper: %d session(s) closed, %d run(s) expired", done.sessions,
+                            done.runs);
             /* more to do: come back soon */
-            next_reap = now + (n == 16 ? 1 : (int64_t)cfg.reaper_interval) * 1000000;
+            next_reap = now + (done.sessions == 16 ? 1 : (int64_t)cfg.reaper_interval) * 1000000;
         }
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
@@ -279,7 +284,8 @@ prestart_main(void *arg)
     if (!ctx_open(&cx, "kernel pool"))
         goto out;
     do {
-        if (cx_prestart_fill(&cx) < 0)
+        int started;
+        if (cx_prestart_fill(&cx, &started))
             cx_log_warn(0, "kernel pool: refill failed; retrying in %us", cfg.reaper_interval);
     } while (cx_prestart_wait(cfg.reaper_interval));
 out:
@@ -376,7 +382,9 @@ main(int argc, char **argv)
     }
     if (cx_auth_new(cfg.secret_file, &auth))
         goto out;
+#ifdef CX_TEST_HOOKS
     cx_artifact_test_hooks();
+#endif
     if (FCGX_Init() != 0) {
         cx_log_err(0, "FCGX_Init() failed");
         goto out;

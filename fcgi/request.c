@@ -151,32 +151,50 @@ cx_req_send_error(struct cx_req *r, int status, const char *code, const char *me
 {
     json_t *j = cx_http_error_json(code, message);
 
-    if (status == 503)
+    if (status == 503 && (!r->headers.data || !strstr(r->headers.data, "Retry-After:")))
         cx_req_header(r, "Retry-After", "5");
     cx_req_send_json(r, status, j);
     json_decref(j);
 }
 
-void
-cx_req_send_lib_error(struct cx_req *r, enum cx_err err)
-{
-    int status = cx_http_status_for(err);
+/* The one table from a library error to an answer (SPEC §3). */
+static const struct answer {
+    int status;
+    const char *code;
+    const char *message; /* when the library said nothing more precise */
+} answers[CX_ERR__COUNT] = {
+    [CX_ERR_NOMEM] = {500, "internal_error", "internal error"},
+    [CX_ERR_INVALID] = {400, "invalid_request", "the request is invalid"},
+    [CX_ERR_TOO_LARGE] = {413, "payload_too_large", "the request is too large"},
+    [CX_ERR_NOT_FOUND] = {404, "not_found", "no such resource"},
+    [CX_ERR_INPUT_NOT_FOUND] = {404, "input_not_found", "an input artifact was not found"},
+    [CX_ERR_UNAUTHORIZED] = {401, "unauthorized", "a valid API key is required"},
+    [CX_ERR_FORBIDDEN] = {403, "forbidden", "this is not allowed"},
+    [CX_ERR_EXPIRED] = {410, "expired", "this has expired"},
+    [CX_ERR_CONFLICT] = {409, "conversation_busy", "a run holds this conversation"},
+    [CX_ERR_QUOTA] = {429, "quota_exceeded", "a quota was exceeded"},
+    [CX_ERR_CAPACITY] = {503, "capacity_exhausted", "no sandbox is free; retry later"},
+    [CX_ERR_IO] = {500, "internal_error", "a storage operation failed"},
+    [CX_ERR_DB] = {503, "unavailable", "the database is unavailable; retry later"},
+    [CX_ERR_GATEWAY] = {502, "gateway_error", "the Jupyter gateway failed"},
+    [CX_ERR_TIMEOUT] = {503, "unavailable", "a backing service timed out; retry later"},
+    [CX_ERR_PROTOCOL] = {502, "gateway_error", "the gateway broke its protocol"},
+    [CX_ERR_KERNEL_DIED] = {502, "gateway_error", "the kernel died"},
+    [CX_ERR_INTERNAL] = {500, "internal_error", "internal error"},
+};
 
-    switch (status) {
-    case 400: cx_req_send_error(r, 400, "invalid_request", "the request is invalid"); break;
-    case 401: cx_req_send_error(r, 401, "unauthorized", "a valid API key is required"); break;
-    case 403: cx_req_send_error(r, 403, "forbidden", "this link is not valid"); break;
-    case 404: cx_req_send_error(r, 404, "not_found", "no such resource"); break;
-    case 409: cx_req_send_error(r, 409, "conflict", "the resource is busy"); break;
-    case 410: cx_req_send_error(r, 410, "expired", "this link has expired"); break;
-    case 413: cx_req_send_error(r, 413, "payload_too_large", "the request is too large"); break;
-    case 429: cx_req_send_error(r, 429, "quota_exceeded", "a quota was exceeded"); break;
-    case 502: cx_req_send_error(r, 502, "gateway_error", "the Jupyter gateway failed"); break;
-    case 503:
-        cx_req_send_error(r, 503, "unavailable", "a backing service is unavailable; retry later");
-        break;
-    default: cx_req_send_error(r, 500, "internal_error", "internal error"); break;
-    }
+void
+cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
+{
+    const struct answer *a = &answers[CX_ERR_INTERNAL];
+
+    if ((unsigned)err < CX_ERR__COUNT && answers[err].status)
+        a = &answers[err];
+    if (a->status == 401)
+        cx_req_header(r, "WWW-Authenticate", "Bearer");
+    if (a->status == 503 && err != CX_ERR_DB && err != CX_ERR_TIMEOUT)
+        cx_req_header(r, "Retry-After", "1"); /* capacity frees up quickly */
+    cx_req_send_error(r, a->status, a->code, msg && *msg ? msg : a->message);
 }
 
 ssize_t
@@ -327,11 +345,6 @@ cx_req_auth_result(struct cx_req *r, enum cx_err rc)
 {
     if (rc == CX_OK)
         return true;
-    if (rc == CX_ERR_UNAUTHORIZED) {
-        cx_req_header(r, "WWW-Authenticate", "Bearer");
-        cx_req_send_error(r, 401, "unauthorized", "a valid API key is required");
-    } else {
-        cx_req_send_lib_error(r, rc);
-    }
+    cx_req_send_lib_error(r, rc, NULL);
     return false;
 }

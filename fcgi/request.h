@@ -51,8 +51,10 @@ bool cx_req_send_file(struct cx_req *r, int fd, uint64_t first, uint64_t last);
 /* 204 or another status without a body. */
 void cx_req_send_empty(struct cx_req *r, int status);
 
-/* Maps a library error to the standard status and error code. */
-void cx_req_send_lib_error(struct cx_req *r, enum cx_err err);
+/* Answers a library error: the one table of status, error code and default
+ * message (SPEC §3); msg (NULL or "" for the default) is the library's
+ * sentence for the client. */
+void cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg);
 
 /* True for a Content-Type of application/json; else sends 415. */
 bool cx_req_json_type(struct cx_req *r);

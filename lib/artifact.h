@@ -33,7 +33,8 @@ enum cx_err cx_artifact_upload(struct cx_ctx *cx, const char *user, const char *
                                ssize_t (*read_fn)(void *, void *, size_t), void *read_ctx,
                                json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
 
-/* GET /v1/artifacts?conversation_id=: *out = {"artifacts": [...]}. */
+/* GET /v1/artifacts?conversation_id=: *out = {"conversation_id",
+ * "artifacts": [...]}. CX_ERR_INVALID for a malformed conversation id. */
 enum cx_err cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid,
                              json_t **out) CX_MUSTCHECK;
 
@@ -55,9 +56,21 @@ enum cx_err cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report,
 /* codexec-admin gc: removes tombstones of deleted artifacts. *removed counts. */
 enum cx_err cx_artifact_gc(struct cx_ctx *cx, int *removed) CX_MUSTCHECK;
 
-/* Test hook, a stand-in for a crash that cannot be produced on demand: when
- * the environment has CODEXEC_TEST_CRASH_BEFORE_COMMIT=1, the process exits
- * after renaming files into place and before COMMIT. */
+/* The current version of the artifact at path in the conversation, as an
+ * upload answers it. CX_ERR_NOT_FOUND when there is none. */
+enum cx_err cx_artifact_current(struct cx_ctx *cx, const char *user, const char *cid,
+                                const char *path, json_t **out) CX_MUSTCHECK;
+
+/* "/v1/artifacts/<id>/content?version=<n>", the download URL in answers. */
+#define CX_CONTENT_URL_MAX 96
+void cx_artifact_content_url(const char *id, int version, char out[CX_CONTENT_URL_MAX]);
+
+#ifdef CX_TEST_HOOKS
+/* Test builds only (configure --enable-test-hooks), a stand-in for a crash
+ * that cannot be produced on demand: when the environment has
+ * CODEXEC_TEST_CRASH_BEFORE_COMMIT=1, the process exits after renaming
+ * files into place and before COMMIT. */
 void cx_artifact_test_hooks(void);
+#endif
 
 #endif

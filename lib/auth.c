@@ -316,3 +316,19 @@ cx_auth_key_revoke(struct cx_db *db, const char *id)
     PQclear(r);
     return rc;
 }
+
+CX_SQL(q_key_list, 1,
+       "SELECT id, user_id, coalesce(label, ''), key_prefix,"
+       " CASE WHEN require_approval THEN 'yes' ELSE 'no' END, " CX_SQL_UTC(
+           "created_at") ", " CX_SQL_UTC("revoked_at") " FROM api_keys WHERE $1::text IS NULL OR "
+                                                       "user_id = $1 ORDER BY created_at");
+
+enum cx_err
+cx_auth_key_list(struct cx_db *db, const char *user, json_t **out)
+{
+    static const char *const names[] = {"id",       "user",    "label",   "prefix",
+                                        "approval", "created", "revoked", NULL};
+    const char *p[1] = {user};
+
+    return cx_db_rows(db, &q_key_list, p, names, out);
+}

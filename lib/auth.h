@@ -8,6 +8,7 @@
 #ifndef CX_AUTH_H
 #define CX_AUTH_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -83,5 +84,10 @@ enum cx_err cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const 
 
 /* Revokes by row id. CX_ERR_NOT_FOUND if no active key has that id. */
 enum cx_err cx_auth_key_revoke(struct cx_db *db, const char *id) CX_MUSTCHECK;
+
+/* The keys (of user, or all with NULL), oldest first, as objects with
+ * "id", "user", "label", "prefix", "approval" ("yes"/"no"), "created",
+ * "revoked" (null while valid); never a key or its hash. */
+enum cx_err cx_auth_key_list(struct cx_db *db, const char *user, json_t **out) CX_MUSTCHECK;
 
 #endif

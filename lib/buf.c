@@ -128,3 +128,13 @@ cx_buf_take(struct cx_buf *b, size_t *len)
     b->len = b->alloc = 0;
     return p;
 }
+
+void
+cx_buf_keep_tail(struct cx_buf *b, size_t keep)
+{
+    if (b->len <= keep)
+        return;
+    memmove(b->data, b->data + (b->len - keep), keep);
+    b->len = keep;
+    b->data[b->len] = '\0';
+}

@@ -29,6 +29,8 @@ void cx_buf_addf(struct cx_buf *b, const char *fmt, ...) CX_PRINTF(2, 3);
 void cx_buf_vaddf(struct cx_buf *b, const char *fmt, va_list ap) CX_PRINTF(2, 0);
 /* CX_OK, CX_ERR_NOMEM or CX_ERR_TOO_LARGE: the first failure, sticky. */
 enum cx_err cx_buf_err(const struct cx_buf *b);
+/* Drops all but the last keep bytes (a no-op when it holds no more). */
+void cx_buf_keep_tail(struct cx_buf *b, size_t keep);
 /* Hands the data to the caller (free() it); the buffer is left empty. */
 char *cx_buf_take(struct cx_buf *b, size_t *len);
 

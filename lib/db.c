@@ -338,3 +338,31 @@ fail:
     cx_db_rollback(db);
     return rc;
 }
+
+enum cx_err
+cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const char *const *names,
+           json_t **out)
+{
+    PGresult *r = NULL;
+    json_t *rows;
+    enum cx_err rc = cx_db_exec(db, q, params, &r);
+
+    *out = NULL;
+    if (rc)
+        return rc;
+    rows = json_array();
+    for (int i = 0; rows && i < PQntuples(r); i++) {
+        json_t *row = json_object();
+        for (int c = 0; row && names[c] && c < PQnfields(r); c++)
+            json_object_set_new(row, names[c],
+                                PQgetisnull(r, i, c) ? json_null()
+                                                     : json_string(PQgetvalue(r, i, c)));
+        if (!row || json_array_append_new(rows, row)) {
+            json_decref(rows);
+            rows = NULL;
+        }
+    }
+    PQclear(r);
+    *out = rows;
+    return rows ? CX_OK : CX_ERR_NOMEM;
+}

@@ -10,6 +10,7 @@
 #ifndef CX_DB_H
 #define CX_DB_H
 
+#include <jansson.h>
 #include <libpq-fe.h>
 #include <stdbool.h>
 
@@ -25,6 +26,12 @@ struct cx_sql {
 
 #define CX_SQL(var, nparams_, text_) static struct cx_sql var = {(text_), (nparams_), 0}
 
+/* A timestamp column as the API writes it: "2026-11-29T15:10:00Z", and
+ * with milliseconds. */
+#define CX_SQL_UTC(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+#define CX_SQL_UTC_MS(col)                                                                         \
+    "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+
 /* Creates a handle; connects on first use. Free with cx_db_free(). */
 enum cx_err cx_db_new(const char *conninfo, struct cx_db **out) CX_MUSTCHECK;
 void cx_db_free(struct cx_db *db);
@@ -34,6 +41,11 @@ void cx_db_free(struct cx_db *db);
  * CX_ERR_CONFLICT for a unique violation, CX_ERR_DB otherwise. */
 enum cx_err cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params,
                        PGresult **res) CX_MUSTCHECK;
+
+/* Runs q and turns its rows into objects {names[i]: text or null} (names:
+ * one per column, NULL-terminated). *out: new reference to the array. */
+enum cx_err cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params,
+                       const char *const *names, json_t **out) CX_MUSTCHECK;
 
 /* Plain SQL without parameters (DDL, BEGIN, migrations). */
 enum cx_err cx_db_run(struct cx_db *db, const char *sql) CX_MUSTCHECK;

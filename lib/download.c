@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <fcntl.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "download.h"
 #include "http.h"
 #include "log.h"
+#include "storage.h"
 #include "util.h"
 
 #define VERSION_COLS                                                                               \
@@ -238,5 +240,83 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
             return CX_ERR_FORBIDDEN; /* the key that made it was revoked */
     }
     *version = (int)v;
+    return CX_OK;
+}
+
+/* ?version=N: 0 when absent. */
+static bool
+query_version(const char *query, int *version)
+{
+    char v[16], *end;
+    long n;
+
+    *version = 0;
+    switch (cx_http_query_get(query, "version", v, sizeof(v))) {
+    case CX_ERR_NOT_FOUND: return true;
+    case CX_OK: break;
+    default: return false;
+    }
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (errno || *end || n < 1 || n > 1000000000)
+        return false;
+    *version = (int)n;
+    return true;
+}
+
+/* REMOTE_USER, else a key: the principal, or CX_ERR_UNAUTHORIZED. */
+static enum cx_err
+credentials(struct cx_ctx *cx, const struct cx_download_request *q, struct cx_principal *who)
+{
+    return cx_auth_request(cx->auth, cx->db, q->remote_user != NULL, q->remote_user,
+                           q->authorization, who);
+}
+
+enum cx_err
+cx_download_authorize(struct cx_ctx *cx, const struct cx_download_request *q,
+                      struct cx_principal *who, struct cx_download *d, char *msg, size_t msglen)
+{
+    char user[CX_USER_MAX + 1];
+    const char *key;
+    size_t len;
+    int version = 0;
+    enum cx_err rc = cx_link_verify(cx, q->query, q->id, user, &version);
+
+    memset(who, 0, sizeof(*who));
+    snprintf(msg, msglen, "%s",
+             rc == CX_ERR_FORBIDDEN ? "this link is not valid"
+             : rc == CX_ERR_EXPIRED ? "this link has expired"
+                                    : "no such artifact");
+    if (rc == CX_OK)
+        return cx_download_resolve(cx, user, q->id, version, d);
+    if (rc != CX_ERR_NOT_FOUND)
+        return rc;
+    if (!query_version(q->query, &version)) {
+        rc = credentials(cx, q, who);
+        snprintf(msg, msglen, "version must be a positive integer");
+        return rc ? rc : CX_ERR_INVALID;
+    }
+    if (q->remote_user) {
+        rc = credentials(cx, q, who);
+        return rc ? rc : cx_download_resolve(cx, who->user, q->id, version, d);
+    }
+    rc = cx_auth_parse_bearer(q->authorization, &key, &len);
+    return rc ? rc : cx_download_resolve_for_key(cx, key, len, q->id, version, who, d);
+}
+
+enum cx_err
+cx_download_open(struct cx_ctx *cx, const struct cx_download *d, int *fd)
+{
+    char path[4096];
+    enum cx_err rc = cx_storage_path(cx->cfg->storage_dir, d->key, path, sizeof(path));
+
+    *fd = -1;
+    if (rc)
+        return rc;
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (*fd < 0) {
+        cx_log_err(errno, "open() of artifact %s version %d failed", d->artifact_id, d->version);
+        return CX_ERR_IO;
+    }
     return CX_OK;
 }

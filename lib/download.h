@@ -32,6 +32,29 @@ enum cx_err cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size
                                         const char *id, int version, struct cx_principal *who,
                                         struct cx_download *d) CX_MUSTCHECK;
 
+/* A download request's credentials, as the web server passed them. */
+struct cx_download_request {
+    const char *id;            /* the artifact id from the path */
+    const char *query;         /* the query string, "" when absent */
+    const char *remote_user;   /* REMOTE_USER when the web server authenticated, else NULL */
+    const char *authorization; /* the Authorization header, or NULL */
+};
+
+/* GET /v1/artifacts/{id}/content: who may read what. A valid signed link
+ * names the user and version; else REMOTE_USER; else an API key, checked in
+ * the same statement that finds the artifact (one round trip). *who is the
+ * principal (empty for a link). CX_ERR_FORBIDDEN for a tampered or moved
+ * link, CX_ERR_EXPIRED for an old one, CX_ERR_UNAUTHORIZED without valid
+ * credentials (also before a bad ?version: a 401 never depends on the
+ * query), CX_ERR_INVALID for a bad ?version, CX_ERR_NOT_FOUND alike for a
+ * missing and a foreign artifact. msg says which. */
+enum cx_err cx_download_authorize(struct cx_ctx *cx, const struct cx_download_request *q,
+                                  struct cx_principal *who, struct cx_download *d, char *msg,
+                                  size_t msglen) CX_MUSTCHECK;
+
+/* Opens the version's bytes for reading (never through a symlink). */
+enum cx_err cx_download_open(struct cx_ctx *cx, const struct cx_download *d, int *fd) CX_MUSTCHECK;
+
 /* POST /v1/artifacts/{id}/links: body {"version"?, "expires_in"?} (borrowed,
  * may be NULL). *out = {"url", "expires_at", "version"}. The link is bound
  * to the user, the artifact, the version, the expiry and the key that made

@@ -5,20 +5,26 @@
 #define CX_MUSTCHECK    __attribute__((warn_unused_result))
 #define CX_PRINTF(a, b) __attribute__((format(printf, a, b)))
 
+/* The size of every message buffer that goes with an error: a sentence for
+ * the client, never user content beyond ids. */
+#define CX_MSG_MAX 256
+
 enum cx_err {
     CX_OK = 0,
-    CX_ERR_NOMEM,     /* allocation failed or a buffer hit its cap */
-    CX_ERR_INVALID,   /* bad input from a caller or a file */
-    CX_ERR_TOO_LARGE, /* input exceeds a configured limit */
-    CX_ERR_NOT_FOUND, /* no such row, file or route */
+    CX_ERR_NOMEM,           /* allocation failed or a buffer hit its cap */
+    CX_ERR_INVALID,         /* bad input from a caller or a file */
+    CX_ERR_TOO_LARGE,       /* input exceeds a configured limit */
+    CX_ERR_NOT_FOUND,       /* no such row, file or route */
+    CX_ERR_INPUT_NOT_FOUND, /* a run's input is not the caller's in its conversation */
     CX_ERR_UNAUTHORIZED,
     CX_ERR_FORBIDDEN,
     CX_ERR_EXPIRED,
     CX_ERR_CONFLICT, /* busy, already exists */
-    CX_ERR_QUOTA,
-    CX_ERR_IO,      /* read/write/fsync on local storage or a stream */
-    CX_ERR_DB,      /* PostgreSQL failed */
-    CX_ERR_GATEWAY, /* the Jupyter gateway failed or answered badly */
+    CX_ERR_QUOTA,    /* a per-user limit (sessions, bytes, artifacts) */
+    CX_ERR_CAPACITY, /* no kernel can be had now: every gateway is full */
+    CX_ERR_IO,       /* read/write/fsync on local storage or a stream */
+    CX_ERR_DB,       /* PostgreSQL failed */
+    CX_ERR_GATEWAY,  /* the Jupyter gateway failed or answered badly */
     CX_ERR_TIMEOUT,
     CX_ERR_PROTOCOL,    /* a peer broke its protocol (WebSocket, Jupyter) */
     CX_ERR_KERNEL_DIED, /* the kernel exited or was restarted during a run */

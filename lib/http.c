@@ -40,27 +40,6 @@ cx_http_reason(int status)
     }
 }
 
-int
-cx_http_status_for(enum cx_err err)
-{
-    switch (err) {
-    case CX_OK: return 200;
-    case CX_ERR_INVALID: return 400;
-    case CX_ERR_UNAUTHORIZED: return 401;
-    case CX_ERR_FORBIDDEN: return 403;
-    case CX_ERR_NOT_FOUND: return 404;
-    case CX_ERR_CONFLICT: return 409;
-    case CX_ERR_EXPIRED: return 410;
-    case CX_ERR_TOO_LARGE: return 413;
-    case CX_ERR_QUOTA: return 429;
-    case CX_ERR_GATEWAY:
-    case CX_ERR_PROTOCOL: return 502;
-    case CX_ERR_DB:
-    case CX_ERR_TIMEOUT: return 503;
-    default: return 500;
-    }
-}
-
 json_t *
 cx_http_error_json(const char *code, const char *message)
 {

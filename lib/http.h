@@ -16,9 +16,6 @@
 /* Reason phrase of a status ("Not Found"); "Unknown" for others. */
 const char *cx_http_reason(int status);
 
-/* The status that an error code maps to when a handler has no better one. */
-int cx_http_status_for(enum cx_err err);
-
 /* New reference: {"error": {"code": code, "message": message}}. NULL on OOM. */
 json_t *cx_http_error_json(const char *code, const char *message);
 

@@ -5,6 +5,7 @@
 #include "config.h"
 #include "download.h"
 #include "page.h"
+#include "util.h"
 
 void
 cx_page_escape(struct cx_buf *b, const char *s)
@@ -58,6 +59,8 @@ cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char 
     size_t i;
     enum cx_err rc;
 
+    if (!cx_conversation_id_valid(cid))
+        return CX_ERR_NOT_FOUND;
     rc = cx_artifact_list(cx, who->user, cid, &list);
     if (rc)
         return rc;

@@ -277,53 +277,53 @@ start_one(struct cx_ctx *cx)
     return CX_OK;
 }
 
-int
-cx_prestart_fill(struct cx_ctx *cx)
+enum cx_err
+cx_prestart_fill(struct cx_ctx *cx, int *started)
 {
     const char *p[1] = {cx_gateway_url(cx->gw)};
     PGresult *r = NULL;
-    int have, started = 0;
+    enum cx_err rc;
+    int have;
     bool got;
 
-    if (cx_db_exec(cx->db, &q_fill_lock, p, &r))
-        return -1;
+    *started = 0;
+    rc = cx_db_exec(cx->db, &q_fill_lock, p, &r);
+    if (rc)
+        return rc;
     got = PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
     if (!got)
-        return 0; /* another process is refilling */
+        return CX_OK; /* another process is refilling */
     have = prune(cx);
-    while (have >= 0 && (unsigned)have < cx->cfg->kernel_pool_size && !shutting_down()) {
-        if (start_one(cx)) {
-            cx_log_warn(0, "could not start a pooled kernel");
-            started = -1;
+    rc = have < 0 ? CX_ERR_DB : CX_OK;
+    while (rc == CX_OK && (unsigned)have < cx->cfg->kernel_pool_size && !shutting_down()) {
+        rc = start_one(cx);
+        if (rc) {
+            cx_log_warn(0, "could not start a pooled kernel: %s", cx_strerror(rc));
             break;
         }
         have++;
-        started++;
+        (*started)++;
     }
-    if (have < 0)
-        started = -1;
     if (cx_db_exec(cx->db, &q_fill_unlock, p, NULL))
         cx_log_warn(0, "pool advisory unlock failed; the lock ends with the connection");
-    return started;
+    return rc;
 }
 
-int
-cx_prestart_drain(struct cx_ctx *cx)
+enum cx_err
+cx_prestart_drain(struct cx_ctx *cx, int *deleted)
 {
     const char *p[1] = {cx_gateway_url(cx->gw)};
     PGresult *r = NULL;
-    int n = 0;
+    enum cx_err rc;
 
-    if (cx_db_exec(cx->db, &q_list, p, &r))
-        return -1;
-    for (int i = 0; i < PQntuples(r); i++) {
-        if (take(cx, PQgetvalue(r, i, 0))) {
-            n = -1;
-            break;
-        }
-        n++;
+    *deleted = 0;
+    rc = cx_db_exec(cx->db, &q_list, p, &r);
+    for (int i = 0; rc == CX_OK && i < PQntuples(r); i++) {
+        rc = take(cx, PQgetvalue(r, i, 0));
+        if (rc == CX_OK)
+            (*deleted)++;
     }
     PQclear(r);
-    return n;
+    return rc;
 }

@@ -31,13 +31,13 @@ bool cx_prestart_wait(unsigned seconds);
 void cx_prestart_shutdown(void);
 
 /* Drops pooled kernels the gateway no longer knows and any above
- * kernel_pool_size, then starts kernels (each warmed with an empty execute)
- * until the pool is full or shutdown. Does nothing when another process is
- * refilling. Returns the number of kernels started, or -1 on an error. */
-int cx_prestart_fill(struct cx_ctx *cx);
+ * kernel_pool_size, then starts kernels (each warmed with the preload and
+ * the capture) until the pool is full or shutdown. Does nothing when
+ * another process is refilling. *started counts new kernels. */
+enum cx_err cx_prestart_fill(struct cx_ctx *cx, int *started) CX_MUSTCHECK;
 
-/* Deletes every pooled kernel of this gateway (codexec-admin pool drain).
- * Returns how many, or -1 on an error. */
-int cx_prestart_drain(struct cx_ctx *cx);
+/* Deletes every pooled kernel of this gateway (codexec-admin pool drain);
+ * *deleted counts them. */
+enum cx_err cx_prestart_drain(struct cx_ctx *cx, int *deleted) CX_MUSTCHECK;
 
 #endif

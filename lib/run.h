@@ -7,11 +7,10 @@
 #include <stddef.h>
 
 #include "err.h"
+#include "util.h"
 
 struct cx_config;
 struct cx_db;
-
-#define CX_CONVERSATION_MAX 128
 
 /* A validated POST /v1/runs body. Strings and arrays are borrowed from
  * root, which the struct holds a reference to: cx_run_request_cleanup(). */
@@ -27,9 +26,6 @@ struct cx_run_request {
     unsigned ttl;      /* seconds, clamped to [1, max_ttl] */
     json_t *arguments; /* object, or NULL */
 };
-
-/* 1–128 of [A-Za-z0-9._:-]. */
-bool cx_run_conversation_id_valid(const char *s);
 
 /* Validates body (a JSON object) against SPEC §3 and the limits in cfg.
  * On failure returns CX_ERR_INVALID or CX_ERR_TOO_LARGE and msg holds a
@@ -48,12 +44,14 @@ struct cx_ctx;
 struct cx_principal;
 
 /* POST /v1/runs: runs the request in the caller's conversation, or, when
- * approval is required (config or key), records it as pending. On CX_OK
- * *status is 200 or 202 and *out the payload (new reference). On failure
- * *status and msg describe the request-level error (409 busy, 429 at the
- * session cap, 502 gateway, 503 database). */
+ * approval is required (config or key), records it as pending (*pending).
+ * On CX_OK *out is the payload (new reference): the run's answer, also
+ * when its code raised or timed out. Request-level failures:
+ * CX_ERR_INPUT_NOT_FOUND, CX_ERR_CONFLICT (the conversation is busy),
+ * CX_ERR_QUOTA (at the session cap, all busy), CX_ERR_GATEWAY, CX_ERR_DB;
+ * msg says what failed. */
 enum cx_err cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who,
-                          struct cx_run_request *req, int *status, json_t **out, char *msg,
+                          struct cx_run_request *req, json_t **out, bool *pending, char *msg,
                           size_t msglen) CX_MUSTCHECK;
 
 /* POST /v1/runs/{id}/approve and /reject. CX_ERR_FORBIDDEN for a key that
@@ -61,13 +59,13 @@ enum cx_err cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who,
  * that is not this user's or not pending, CX_ERR_EXPIRED when it waited too
  * long. */
 enum cx_err cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
-                           int *status, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+                           json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
 enum cx_err cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
-                          json_t **out) CX_MUSTCHECK;
+                          json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
 
 /* Marks pending runs past approval_ttl expired and runs left "running" by a
- * crashed process failed. Returns rows changed, -1 on a database error. */
-int cx_run_expire(struct cx_ctx *cx);
+ * crashed process failed; *changed counts them. */
+enum cx_err cx_run_expire(struct cx_ctx *cx, int *changed) CX_MUSTCHECK;
 
 /* Strips ANSI escape sequences (CSI and OSC) in place. */
 void cx_run_strip_ansi(char *s);

@@ -11,8 +11,10 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -150,24 +152,31 @@ read_small(int dirfd, const char *path, size_t max, char **out, size_t *len)
 
     if (fd < 0)
         return errno == ENOENT ? CX_ERR_NOT_FOUND : CX_ERR_IO;
+    /* Up to EOF, not st_size: cgroupfs and procfs files say 0. */
     if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
         rc = CX_ERR_INVALID;
         goto out;
     }
-    buf = malloc((size_t)st.st_size + 1);
+    buf = malloc(max + 1);
     if (!buf) {
         rc = CX_ERR_NOMEM;
         goto out;
     }
-    while (got < (size_t)st.st_size) {
-        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+    for (;;) {
+        ssize_t n = read(fd, buf + got, max + 1 - got);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n <= 0) {
+        if (n < 0) {
             rc = CX_ERR_IO;
             goto out;
         }
+        if (n == 0)
+            break;
         got += (size_t)n;
+        if (got > max) {
+            rc = CX_ERR_INVALID;
+            goto out;
+        }
     }
     buf[got] = '\0';
     *out = buf;
@@ -311,6 +320,13 @@ remove_in(int parent, const char *name, dev_t dev, int depth)
 
     if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
         return CX_OK;
+    if (errno == EACCES) {
+        /* the kernel took write permission from the directory (ours) */
+        if (fchmod(parent, 0700) != 0)
+            return CX_ERR_IO;
+        if (unlinkat(parent, name, 0) == 0 || errno == ENOENT)
+            return CX_OK;
+    }
     if (errno != EISDIR && errno != EPERM)
         return CX_ERR_IO;
     if (depth >= REMOVE_MAX_DEPTH)
@@ -454,16 +470,29 @@ cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir
 {
     const char *pname = strrchr(private_dir, '/') + 1;
     int rfd = open(c->runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int pfd = open(private_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     enum cx_err rc = CX_OK;
 
-    if (rfd < 0) {
+    if (rfd < 0 || pfd < 0) {
         snprintf(msg, msglen, "cannot open the runtime directory");
+        if (rfd >= 0)
+            close(rfd);
+        if (pfd >= 0)
+            close(pfd);
         return CX_ERR_IO;
     }
     for (int i = 0; i < c->nports && rc == CX_OK; i++) {
         char name[300], target[600], tmp[320];
+        struct stat st;
 
         snprintf(name, sizeof(name), "%s-%d", c->ip_name, c->ports[i]);
+        /* What the server will connect to must be the kernel's socket, not
+         * a link it made before the seal. */
+        if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISSOCK(st.st_mode)) {
+            snprintf(msg, msglen, "the kernel's endpoint %s is not a socket", name);
+            rc = CX_ERR_INVALID;
+            break;
+        }
         snprintf(target, sizeof(target), "%s/%s", pname, name);
         snprintf(tmp, sizeof(tmp), ".%s.link", name);
         (void)unlinkat(rfd, tmp, 0);
@@ -474,6 +503,7 @@ cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir
             rc = CX_ERR_IO;
         }
     }
+    close(pfd);
     close(rfd);
     return rc;
 }
@@ -482,11 +512,12 @@ cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir
 /* Sealing: the private directory becomes read-only inside the sandbox      */
 
 enum cx_err
-cx_sandbox_seal(int pid, const char *runtime, char *msg, size_t msglen)
+cx_sandbox_seal(int pid, const char *runtime, const struct stat *expect, char *msg, size_t msglen)
 {
     char path[64];
     int mnt = -1, user = -1;
     struct statvfs sv;
+    struct stat st;
     unsigned long flags;
     enum cx_err rc = CX_ERR_IO;
 
@@ -503,8 +534,10 @@ cx_sandbox_seal(int pid, const char *runtime, char *msg, size_t msglen)
         snprintf(msg, msglen, "cannot enter the sandbox's namespaces");
         goto out;
     }
-    if (statvfs(runtime, &sv) != 0) {
-        snprintf(msg, msglen, "cannot find the runtime mount inside the sandbox");
+    /* The pid could have been reused by now: the directory must be ours. */
+    if (stat(runtime, &st) != 0 || st.st_dev != expect->st_dev || st.st_ino != expect->st_ino ||
+        statvfs(runtime, &sv) != 0) {
+        snprintf(msg, msglen, "the sandbox's runtime directory is not this kernel's");
         goto out;
     }
     flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
@@ -663,20 +696,26 @@ write_limits(const struct cx_sandbox_conf *sc, const char *dir, bool v2, unsigne
     return rc;
 }
 
-/* Removes the empty "k-*" cgroups of kernels that ended. */
+/* Removes the empty "k-*" cgroups of kernels that ended: those older than
+ * a minute, so that another launcher's cgroup, made but not yet joined, is
+ * left alone. */
 static void
 sweep_cgroups(const char *parent)
 {
     DIR *d = opendir(parent);
     struct dirent *e;
+    time_t now = time(NULL);
     int fd;
 
     if (!d)
         return;
     fd = dirfd(d);
-    while ((e = readdir(d)) != NULL)
-        if (!strncmp(e->d_name, "k-", 2) && e->d_type == DT_DIR)
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        if (!strncmp(e->d_name, "k-", 2) && e->d_type == DT_DIR &&
+            fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && now - st.st_mtime > 60)
             (void)unlinkat(fd, e->d_name, AT_REMOVEDIR); /* EBUSY while in use */
+    }
     closedir(d);
 }
 
@@ -883,6 +922,16 @@ build_filter(scmp_filter_ctx ctx)
     for (size_t i = 0; rc == 0 && i < sizeof(ns_flags) / sizeof(ns_flags[0]); i++)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                               SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+    /* Sockets of the families a kernel may use (unix; inet, inet6 and
+     * netlink, all confined to its empty network namespace); vsock, for
+     * one, reaches the host of a virtual machine past any namespace. */
+    for (int fam = 0; rc == 0 && fam <= AF_NETLINK; fam++)
+        if (fam != AF_UNIX && fam != AF_INET && fam != AF_INET6 && fam != AF_NETLINK)
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                                  SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fam));
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
+                              SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)AF_NETLINK));
     /* clone3 takes its flags in memory, out of a filter's reach: ENOSYS
      * makes the C library fall back to clone, filtered above. */
     if (rc == 0)
@@ -972,9 +1021,16 @@ add3(struct argv *a, const char *x, const char *y, const char *z)
         add(a, z);
 }
 
-/* Directories under /etc that hold secrets of other services; each is
- * covered by an empty tmpfs when it exists. */
-static const char *const masked[] = {"/etc/codexec", "/etc/ssl/private", "/etc/postgresql"};
+/* What of /etc a kernel sees: what the C library, Python and the kernel
+ * image read, nothing of other services' configuration or secrets. */
+static const char *const etc_files[] = {
+    "ld.so.cache",    "ld.so.conf",   "ld.so.conf.d",    "nsswitch.conf",
+    "passwd",         "group",        "hosts",           "host.conf",
+    "gai.conf",       "localtime",    "timezone",        "os-release",
+    "debian_version", "ssl/certs",    "ca-certificates", "fonts",
+    "mime.types",     "mailcap",      "magic",           "magic.mime",
+    "protocols",      "services",     "python3",         "python3.11",
+    "alternatives",   "matplotlibrc", "locale.alias",    NULL};
 
 static void
 add_env(struct argv *a, const struct cx_sandbox_conf *sc)
@@ -1037,7 +1093,6 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
 {
     struct argv a = {0};
     char python[CX_SANDBOX_PATH_MAX + 16];
-    struct stat st;
 
     add(&a, sc->bwrap);
     add(&a, "--unshare-all");
@@ -1050,10 +1105,11 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
     add3(&a, "--cap-drop", "ALL", NULL);
     add_env(&a, sc);
     add3(&a, "--ro-bind", "/usr", "/usr");
-    add3(&a, "--ro-bind", "/etc", "/etc");
-    for (size_t i = 0; i < sizeof(masked) / sizeof(masked[0]); i++)
-        if (stat(masked[i], &st) == 0 && S_ISDIR(st.st_mode))
-            add3(&a, "--tmpfs", masked[i], NULL);
+    for (size_t i = 0; etc_files[i]; i++) {
+        char etc[128];
+        snprintf(etc, sizeof(etc), "/etc/%s", etc_files[i]);
+        add3(&a, "--ro-bind-try", etc, etc);
+    }
     add3(&a, "--symlink", "usr/bin", "/bin");
     add3(&a, "--symlink", "usr/sbin", "/sbin");
     add3(&a, "--symlink", "usr/lib", "/lib");
@@ -1072,6 +1128,9 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
     /* Its sockets and connection file: the private directory, sealed
      * read-only by the launcher once the kernel has bound them. */
     add3(&a, "--bind", private_dir, c->runtime);
+    /* The sandbox's root and /dev are unsized tmpfs: read-only once built. */
+    add3(&a, "--remount-ro", "/dev", NULL);
+    add3(&a, "--remount-ro", "/", NULL);
     add3(&a, "--chdir", "/workspace", NULL);
     if (seccomp_fd >= 0) {
         add(&a, "--seccomp");

@@ -79,9 +79,13 @@ enum cx_err cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char 
 
 /* Makes the runtime directory read-only inside the sandbox whose first
  * process is pid: enters its mount namespace (through the user namespace
- * that owns it) and remounts the bind read-only, keeping its other flags.
+ * that owns it), checks that the directory there is the private one
+ * (expect: its stat on the host; a reused pid would name another sandbox)
+ * and remounts the bind read-only, keeping its other flags.
  * Changes the calling process's namespaces: call it in a child that exits. */
-enum cx_err cx_sandbox_seal(int pid, const char *runtime, char *msg, size_t msglen) CX_MUSTCHECK;
+struct stat;
+enum cx_err cx_sandbox_seal(int pid, const char *runtime, const struct stat *expect, char *msg,
+                            size_t msglen) CX_MUSTCHECK;
 
 /* Removes a directory tree made by a kernel: never follows a symlink,
  * restores the owner's permissions on directories the kernel locked, stays

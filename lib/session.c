@@ -25,7 +25,7 @@ CX_SQL(q_unlock, 2, "SELECT pg_advisory_unlock(" CONV_KEY ")");
 CX_SQL(q_user_lock, 1, "SELECT pg_advisory_lock(" USER_KEY ")");
 CX_SQL(q_user_unlock, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
 
-#define EXPIRES "to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+#define EXPIRES CX_SQL_UTC("expires_at")
 
 CX_SQL(q_touch, 3,
        "UPDATE sessions SET last_used_at = now(),"
@@ -475,6 +475,8 @@ cx_session_close(struct cx_ctx *cx, const char *user, const char *cid)
     bool got;
     enum cx_err rc;
 
+    if (!cx_conversation_id_valid(cid))
+        return CX_ERR_NOT_FOUND;
     rc = lock_conversation(cx, user, cid, &got);
     if (rc)
         return rc;
@@ -485,20 +487,23 @@ cx_session_close(struct cx_ctx *cx, const char *user, const char *cid)
     return rc;
 }
 
-int
-cx_session_reap(struct cx_ctx *cx, int limit)
+enum cx_err
+cx_session_reap(struct cx_ctx *cx, int limit, int *closed)
 {
     char lim[16];
     const char *p[1] = {lim};
     PGresult *r = NULL;
-    int closed = 0;
+    enum cx_err rc;
 
+    *closed = 0;
     snprintf(lim, sizeof(lim), "%d", limit);
-    if (cx_db_begin(cx->db))
-        return -1;
-    if (cx_db_exec(cx->db, &q_expired, p, &r)) {
+    rc = cx_db_begin(cx->db);
+    if (rc)
+        return rc;
+    rc = cx_db_exec(cx->db, &q_expired, p, &r);
+    if (rc) {
         cx_db_rollback(cx->db);
-        return -1;
+        return rc;
     }
     for (int i = 0; i < PQntuples(r); i++) {
         const char *who[2] = {PQgetvalue(r, i, 1), PQgetvalue(r, i, 2)};
@@ -510,11 +515,24 @@ cx_session_reap(struct cx_ctx *cx, int limit)
             continue; /* a run is using it; it extended the expiry anyway */
         if (close_locked(cx, PQgetvalue(r, i, 0), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4),
                          false) == CX_OK)
-            closed++;
+            (*closed)++;
         unlock_conversation(cx, who[0], who[1]);
     }
     PQclear(r);
-    if (cx_db_commit(cx->db))
-        return -1;
-    return closed;
+    return cx_db_commit(cx->db);
+}
+
+CX_SQL(q_list, 1,
+       "SELECT id, user_id, conversation_id, kernel_id, workspace, " CX_SQL_UTC(
+           "last_used_at") ", " EXPIRES " FROM sessions WHERE $1::text IS NULL OR user_id = $1"
+                           " ORDER BY last_used_at DESC");
+
+enum cx_err
+cx_session_list(struct cx_ctx *cx, const char *user, json_t **out)
+{
+    static const char *const names[] = {"id",        "user",      "conversation", "kernel",
+                                        "workspace", "last_used", "expires",      NULL};
+    const char *p[1] = {user};
+
+    return cx_db_rows(cx->db, &q_list, p, names, out);
 }

@@ -6,12 +6,13 @@
 #ifndef CX_SESSION_H
 #define CX_SESSION_H
 
+#include <jansson.h>
 #include <stdbool.h>
 
 #include "auth.h"
 #include "ctx.h"
 #include "err.h"
-#include "run.h"
+#include "util.h"
 
 struct cx_session {
     char id[37];
@@ -53,7 +54,12 @@ enum cx_err cx_session_close(struct cx_ctx *cx, const char *user,
                              const char *conversation_id) CX_MUSTCHECK;
 
 /* Closes up to limit expired sessions that no run holds; safe with several
- * processes. Returns how many were closed (or -1 on a database error). */
-int cx_session_reap(struct cx_ctx *cx, int limit);
+ * processes. *closed counts them. */
+enum cx_err cx_session_reap(struct cx_ctx *cx, int limit, int *closed) CX_MUSTCHECK;
+
+/* The sessions (of user, or all with NULL), most recently used first, as
+ * objects with "id", "user", "conversation", "kernel" (null without one),
+ * "workspace", "last_used", "expires". */
+enum cx_err cx_session_list(struct cx_ctx *cx, const char *user, json_t **out) CX_MUSTCHECK;
 
 #endif

@@ -1,3 +1,4 @@
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sodium.h>
@@ -5,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -298,5 +300,106 @@ cx_storage_remove(const char *root, const char *key)
         if (rmdir(path) != 0)
             break;
     }
+    return CX_OK;
+}
+
+static enum cx_err
+walk_dir(const char *root, const char *rel, bool prune, cx_storage_walk_fn fn, void *ctx)
+{
+    char dir[4096];
+    DIR *d;
+    struct dirent *e;
+    enum cx_err rc = CX_OK;
+
+    snprintf(dir, sizeof(dir), "%s/%s", root, rel);
+    d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? CX_OK : CX_ERR_IO;
+    while (rc == CX_OK && (e = readdir(d))) {
+        char key[4096];
+        struct stat st;
+
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if ((size_t)snprintf(key, sizeof(key), "%s/%s", rel, e->d_name) >= sizeof(key) ||
+            fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            rc = walk_dir(root, key, prune, fn, ctx);
+            if (prune)
+                (void)unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR); /* empty ones only */
+        } else {
+            rc = fn(ctx, key, false);
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+static enum cx_err
+walk_staging(const char *root, long stale_seconds, cx_storage_walk_fn fn, void *ctx)
+{
+    char dir[4096];
+    DIR *d;
+    struct dirent *e;
+    time_t now = time(NULL);
+    enum cx_err rc = CX_OK;
+
+    snprintf(dir, sizeof(dir), "%s/.staging", root);
+    d = opendir(dir);
+    if (!d)
+        return CX_OK;
+    while (rc == CX_OK && (e = readdir(d))) {
+        char key[300];
+        struct stat st;
+
+        if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            now - st.st_mtime < stale_seconds)
+            continue; /* a write in progress */
+        snprintf(key, sizeof(key), ".staging/%s", e->d_name);
+        rc = fn(ctx, key, true);
+    }
+    closedir(d);
+    return rc;
+}
+
+enum cx_err
+cx_storage_walk(const char *root, long stale_seconds, bool prune, cx_storage_walk_fn fn, void *ctx)
+{
+    enum cx_err rc = walk_dir(root, "artifacts", prune, fn, ctx);
+
+    if (rc == CX_OK && stale_seconds > 0)
+        rc = walk_staging(root, stale_seconds, fn, ctx);
+    return rc;
+}
+
+enum cx_err
+cx_storage_digest(const char *root, const char *key, uint64_t *size, char sha256[65])
+{
+    unsigned char buf[65536], h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256_state s;
+    char path[4096];
+    struct stat st;
+    ssize_t n;
+    int fd;
+
+    if (cx_storage_path(root, key, path, sizeof(path)))
+        return CX_ERR_INVALID;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return errno == ENOENT || errno == ELOOP ? CX_ERR_NOT_FOUND : CX_ERR_IO;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return CX_ERR_NOT_FOUND;
+    }
+    crypto_hash_sha256_init(&s);
+    while ((n = read(fd, buf, sizeof(buf))) > 0)
+        crypto_hash_sha256_update(&s, buf, (size_t)n);
+    close(fd);
+    if (n < 0)
+        return CX_ERR_IO;
+    crypto_hash_sha256_final(&s, h);
+    sodium_bin2hex(sha256, 65, h, sizeof(h));
+    *size = (uint64_t)st.st_size;
     return CX_OK;
 }

@@ -10,6 +10,7 @@
 #ifndef CX_STORAGE_H
 #define CX_STORAGE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,6 +49,20 @@ void cx_storage_writer_abort(struct cx_storage_writer *w);
 
 /* Removes an object (missing is fine) and its now empty directories. */
 enum cx_err cx_storage_remove(const char *root, const char *key) CX_MUSTCHECK;
+
+/* Calls fn with the key of every object under root (and, with
+ * stale_seconds > 0, of every staging file older than that, as
+ * ".staging/<name>" with staging true; younger ones are writes in
+ * progress). fn may remove what it is given. Empty directories left behind
+ * are removed when prune is set. A non-OK return of fn stops the walk. */
+typedef enum cx_err (*cx_storage_walk_fn)(void *ctx, const char *key, bool staging);
+enum cx_err cx_storage_walk(const char *root, long stale_seconds, bool prune, cx_storage_walk_fn fn,
+                            void *ctx) CX_MUSTCHECK;
+
+/* Reads an object through: its size and hex sha256 (65 bytes).
+ * CX_ERR_NOT_FOUND when missing or not a regular file. */
+enum cx_err cx_storage_digest(const char *root, const char *key, uint64_t *size,
+                              char sha256[65]) CX_MUSTCHECK;
 
 /* The object's path on disk (for open(2), X-Accel-Redirect, fsck). */
 enum cx_err cx_storage_path(const char *root, const char *key, char *out,

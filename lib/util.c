@@ -131,3 +131,21 @@ cx_sha256_hex(const void *data, size_t len, char out[65])
     crypto_hash_sha256(h, data, len);
     sodium_bin2hex(out, 65, h, sizeof(h));
 }
+
+bool
+cx_conversation_id_valid(const char *s)
+{
+    size_t n = 0;
+
+    if (!s)
+        return false;
+    for (; s[n]; n++) {
+        char c = s[n];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-'))
+            return false;
+        if (n >= CX_CONVERSATION_MAX)
+            return false;
+    }
+    return n >= 1;
+}

@@ -14,6 +14,11 @@ bool cx_utf8_valid(const char *s, size_t len);
 /* 8-4-4-4-12 hex, any case. */
 bool cx_uuid_valid(const char *s);
 
+/* A conversation id: a name inside a user's namespace, 1 to
+ * CX_CONVERSATION_MAX of [A-Za-z0-9._:-]. */
+#define CX_CONVERSATION_MAX 128
+bool cx_conversation_id_valid(const char *s);
+
 /* write(2) until done, retrying EINTR. */
 enum cx_err cx_write_all(int fd, const void *buf, size_t len) CX_MUSTCHECK;
 

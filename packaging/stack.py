@@ -94,8 +94,11 @@ class Stack:
         self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
         self.storage, self.workspaces = p("storage"), p("workspaces")
         self.jdir = p("jupyter")
+        self.kernelspecs_dir = p("kernelspecs")  # JUPYTER_PATH: kernels/<name>/kernel.json
+        self.token_file = p("gateway-token")
         self.kernel_cache = p("kernel-cache")
         self.logdir, self.rundir, self.bin = p("log"), p("run"), p("bin")
+        self.piddir = p("pids")
         self.conf, self.secret = p("codexec.conf"), p("secret")
         self.sandbox_conf = p("sandbox.conf")
         self.socket = p("run", "codexec.sock")
@@ -129,9 +132,9 @@ class Stack:
         return os.path.join(self.bin, "codexec-admin")
 
     def as_user(self, user=None):
-        if os.geteuid() != 0:
-            return []
         user = user or self.user
+        if os.geteuid() != 0 or user == "root":
+            return []
         return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"]
 
     def run(self, argv, check=True, user=None, **kw):
@@ -141,18 +144,23 @@ class Stack:
             raise StackError(f"{os.path.basename(argv[0])} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
         return r
 
-    def spawn(self, name, argv, env=None, cwd=None, user=None):
-        logf = open(os.path.join(self.logdir, f"{name}.log"), "ab")
-        proc = subprocess.Popen(self.as_user(user) + argv, stdin=subprocess.DEVNULL, stdout=logf,
+    def spawn(self, name, argv, env=None, cwd=None, user=None, cgroup=None):
+        logf = os.fdopen(self.open_nofollow(os.path.join(self.logdir, f"{name}.log"),
+                                            os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640), "ab")
+        if cgroup:  # moved there as root, before it drops to its user
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup] + \
+                self.as_user(user) + argv
+        else:
+            argv = self.as_user(user) + argv
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
                                 stderr=logf, env=env, cwd=cwd, start_new_session=True)
         logf.close()
-        with open(os.path.join(self.rundir, f"{name}.pid"), "w") as f:
-            f.write(f"{proc.pid}\n")
+        self.write_file(os.path.join(self.piddir, f"{name}.pid"), f"{proc.pid}\n", 0o644, "root")
         return proc
 
     def pid(self, name):
         try:
-            with open(os.path.join(self.rundir, f"{name}.pid")) as f:
+            with open(os.path.join(self.piddir, f"{name}.pid")) as f:
                 pid = int(f.read().strip())
         except (OSError, ValueError):
             return None
@@ -169,10 +177,16 @@ class Stack:
         raise StackError(f"{what} did not come up within {timeout}s; see {self.logdir}")
 
     def chown(self, path, user=None, group=None):
+        """Never through a symlink: as root, following one that a service's
+        user planted would hand any file on the machine to it."""
         if os.geteuid() == 0:
             pw = pwd.getpwnam(user or self.user)
             gid = pwd.getpwnam(group).pw_gid if group else pw.pw_gid
-            os.chown(path, pw.pw_uid, gid)
+            os.chown(path, pw.pw_uid, gid, follow_symlinks=False)
+
+    @staticmethod
+    def open_nofollow(path, flags, mode=0o600):
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
     def chown_kernel(self, path):
         """Gives path to the user the Jupyter server and its kernels run as."""
@@ -206,16 +220,23 @@ class Stack:
     def write_file(self, path, text, mode=0o640, owner=None):
         old = None
         try:
-            with open(path) as f:
+            with os.fdopen(self.open_nofollow(path, os.O_RDONLY), "r") as f:
                 old = f.read()
         except OSError:
             pass
         if old != text:
             tmp = path + ".tmp"
-            with open(tmp, "w") as f:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            fd = self.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "w") as f:
                 f.write(text)
-            os.chmod(tmp, mode)
-            self.chown(tmp, owner)
+                os.fchmod(f.fileno(), mode)
+                if os.geteuid() == 0:
+                    pw = pwd.getpwnam(owner or self.user)
+                    os.fchown(f.fileno(), pw.pw_uid, pw.pw_gid)
             os.replace(tmp, path)
 
     def copy_exec(self, src, name):
@@ -232,43 +253,57 @@ class Stack:
     # --- init ---------------------------------------------------------------
     def make_dirs(self):
         """Each directory with its owner and mode: what belongs to one
-        service is closed to the others."""
+        service is closed to the others, and every directory a service may
+        write sits in one only root writes, so nothing the stack does as
+        root can be steered by a symlink a service planted."""
         j = lambda *a: os.path.join(self.jdir, *a)
         layout = [  # path, owner, group, mode
-            (self.var, self.user, None, 0o755),
-            (os.path.join(self.var, "pg"), self.db_user, None, 0o755),
+            (self.var, "root", None, 0o755),
+            (os.path.join(self.var, "pg"), "root", None, 0o755),
             (self.pg_data, self.db_user, None, 0o700),
             (self.pg_run, self.db_user, self.user, 0o750),  # codexec connects, nobody else
             (self.storage, self.user, None, 0o700),
-            (self.logdir, self.user, None, 0o755),
-            (self.rundir, self.user, None, 0o755),
-            (os.path.join(self.var, "nginx"), self.user, None, 0o755),
+            (self.logdir, "root", None, 0o755),
+            (self.rundir, self.user, None, 0o755),  # codexec-fcgi's socket
+            (self.piddir, "root", None, 0o755),
+            (os.path.join(self.var, "nginx"), "root", None, 0o755),
             (os.path.join(self.var, "nginx", "tmp"), self.user, None, 0o700),
             (self.bin, "root", None, 0o755),
             (self.kernel_cache, "root", None, 0o755),
-            (self.jdir, self.kernel_user, None, 0o700),
+            (self.kernelspecs_dir, "root", None, 0o755),  # not even the gateway changes them
+            (os.path.join(self.kernelspecs_dir, "kernels"), "root", None, 0o755),
+            (os.path.join(self.kernelspecs_dir, "kernels", KERNEL_NAME), "root", None, 0o755),
+            (self.jdir, "root", None, 0o755),
             (j("home"), self.kernel_user, None, 0o700),
             (j("runtime"), self.kernel_user, None, 0o700),
-            (j("path"), "root", None, 0o755),  # the kernelspecs: not even the server changes them
-            (j("path", "kernels"), "root", None, 0o755),
-            (j("path", "kernels", KERNEL_NAME), "root", None, 0o755),
+            (j("data"), self.kernel_user, None, 0o700),
+            (j("config"), self.kernel_user, None, 0o700),
             (self.workspaces, self.kernel_user, None, 0o700),
         ]
         for path, owner, group, mode in layout:
+            if os.path.islink(path):
+                raise StackError(f"{path} is a symlink: refusing to use it")
             os.makedirs(path, exist_ok=True)
             if os.geteuid() == 0:
                 if os.stat(path).st_uid != pwd.getpwnam(owner).pw_uid and path in (
-                        self.pg_data, self.jdir, self.workspaces):
+                        self.pg_data, self.workspaces):
                     # a var/ from before the users were split: hand it over whole
                     log(f"giving {path} to {owner}")
-                    subprocess.run(["chown", "-R", f"{owner}:{owner}", path], check=True)
+                    subprocess.run(["chown", "-R", "-P", f"{owner}:{owner}", path], check=True)
                 self.chown(path, owner, group)
             os.chmod(path, mode)
-        # PostgreSQL appends to its log as its own user.
-        pglog = os.path.join(self.logdir, "postgresql.log")
-        if not os.path.exists(pglog):
-            open(pglog, "a").close()
-        self.chown(pglog, self.db_user)
+        # Log files the services open themselves, in a directory only root
+        # writes: made here, each its service's.
+        for name, owner in (("postgresql.log", self.db_user), ("codexec.log", self.user),
+                            ("nginx-error.log", self.user), ("nginx-access.log", self.user)):
+            self.make_log(name, owner)
+
+    def make_log(self, name, owner=None):
+        """var/log/<name>, for a service to append to as owner."""
+        path = os.path.join(self.logdir, name)
+        os.close(self.open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640))
+        self.chown(path, owner)
+        return path
 
     def init(self):
         self.ensure_user()
@@ -301,10 +336,11 @@ class Stack:
                                                      "gateway": self.gateway_port}) + "\n", 0o644)
 
     def init_secret_files(self):
-        tok = os.path.join(self.jdir, "token")
-        if not os.path.exists(tok):
-            self.write_file(tok, secrets.token_hex(24) + "\n", 0o600, self.kernel_user)
-        with open(tok) as f:
+        """The gateway's token, root's: the server gets it in its
+        environment, codexec in its configuration."""
+        if not os.path.exists(self.token_file):
+            self.write_file(self.token_file, secrets.token_hex(24) + "\n", 0o600, "root")
+        with os.fdopen(self.open_nofollow(self.token_file, os.O_RDONLY), "r") as f:
             self.gateway_token = f.read().strip()
 
     def build_kernel_cache(self):
@@ -337,51 +373,87 @@ class Stack:
             os.chmod(os.path.join(mpl, f), 0o644)
 
     # --- the sandbox --------------------------------------------------------
-    def cgroup_mounts(self):
-        """Controller -> the directory of its hierarchy, for cgroup v1
-        mounts; {} when the controllers are not mounted as v1."""
-        found = {}
+    CONTROLLERS = ("memory", "pids", "cpu")
+
+    def cgroup_layout(self):
+        """("v1", {controller: hierarchy}) when memory, pids and cpu are
+        mounted as cgroup v1; ("v2", {controller: mount}) when the cgroup2
+        mount offers all three; (None, {}) otherwise."""
+        v1, v2 = {}, None
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
                 fields, sup = left.split(), right.split()
                 if len(sup) >= 3 and sup[0] == "cgroup":
-                    for c in ("memory", "pids", "cpu"):
+                    for c in self.CONTROLLERS:
                         if c in sup[2].split(","):
-                            found[c] = fields[4]
-        return found
+                            v1[c] = fields[4]
+                elif sup and sup[0] == "cgroup2":
+                    v2 = fields[4]
+        if set(v1) == set(self.CONTROLLERS):
+            return "v1", v1
+        try:
+            with open(os.path.join(v2 or "/nonexistent", "cgroup.controllers")) as f:
+                offered = f.read().split()
+        except OSError:
+            offered = []
+        if v2 and all(c in offered for c in self.CONTROLLERS):
+            return "v2", {c: v2 for c in self.CONTROLLERS}
+        return None, {}
 
     def cgroup_parents(self):
-        """The kernels' parent cgroup in each hierarchy that holds memory,
-        pids or cpu (cgroup v1); [] without them."""
-        mounts = self.cgroup_mounts()
-        if set(mounts) != {"memory", "pids", "cpu"}:
-            return []
+        """The kernels' parent cgroup in each hierarchy (one for v2)."""
+        _, mounts = self.cgroup_layout()
         return sorted({os.path.join(m, self.cgroup) for m in mounts.values()})
 
+    @staticmethod
+    def write_cgroup(d, name, value):
+        if os.path.exists(os.path.join(d, name)):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(value)
+
     def setup_cgroups(self):
-        """As root: the kernels' parent cgroup, which the Jupyter server's
-        user may create children in (one per kernel, made by the launcher)
-        but whose own limits, on all kernels together, it cannot change."""
-        self.cgroups_ok = False
+        """As root: the kernels' parent cgroup, in which the Jupyter server's
+        user may create children (one per kernel, made by the launcher) but
+        whose own limits, on all kernels together, it cannot change. With
+        cgroup v2 the parent is delegated (its cgroup.procs, threads and
+        subtree_control given to that user) and the server itself runs in
+        its child "server", so that moving a kernel stays inside the
+        delegated subtree. Where cgroups can't be made (not root, read-only
+        in a container, controllers missing) kernels run without them, and
+        this says so."""
+        self.cgroups_ok, self.cgroup_server = False, None
         if os.geteuid() != 0:
             log("not root: kernels run without cgroup limits")
             return
-        parents = self.cgroup_parents()
-        if not parents:
-            log("no cgroup v1 memory, pids and cpu controllers: kernels run without cgroup limits")
+        kind, mounts = self.cgroup_layout()
+        if not kind:
+            log("no cgroup memory, pids and cpu controllers: kernels run without cgroup limits")
             return
         with open("/proc/meminfo") as f:
             total = int(f.readline().split()[1]) * 1024
-        for d in parents:
-            os.makedirs(d, exist_ok=True)
-            self.chown(d, self.kernel_user)
-            limits = {"memory.limit_in_bytes": str(total * 3 // 4),  # all kernels together
-                      "pids.max": "16384"}
-            for name, value in limits.items():
-                if os.path.exists(os.path.join(d, name)):
-                    with open(os.path.join(d, name), "w") as f:
-                        f.write(value)
+        limits = {"memory.limit_in_bytes": str(total * 3 // 4),  # all kernels together
+                  "memory.max": str(total * 3 // 4), "pids.max": "16384"}
+        try:
+            for d in self.cgroup_parents():
+                if kind == "v2":
+                    root = os.path.dirname(d)
+                    self.write_cgroup(root, "cgroup.subtree_control", "+memory +pids +cpu")
+                os.makedirs(d, exist_ok=True)
+                self.chown(d, self.kernel_user)
+                for name, value in limits.items():
+                    self.write_cgroup(d, name, value)
+                if kind == "v2":
+                    server = os.path.join(d, "server")
+                    os.makedirs(server, exist_ok=True)
+                    for name in ("cgroup.procs", "cgroup.threads", "cgroup.subtree_control"):
+                        self.chown(os.path.join(d, name), self.kernel_user)
+                    self.chown(server, self.kernel_user)
+                    self.write_cgroup(d, "cgroup.subtree_control", "+memory +pids +cpu")
+                    self.cgroup_server = server
+        except OSError as e:
+            log(f"cannot set up the kernels' cgroups ({e}): kernels run without cgroup limits")
+            return
         self.cgroups_ok = True
 
     def teardown_cgroups(self):
@@ -417,7 +489,7 @@ class Stack:
         with open(os.path.join(REPO, "packaging", "kernels", KERNEL_NAME, "kernel.json.in")) as f:
             spec = f.read().replace("@LAUNCHER@", os.path.join(self.bin, "codexec-kernel-launcher"))
             spec = spec.replace("@SANDBOX_CONF@", self.sandbox_conf)
-        self.write_file(os.path.join(self.jdir, "path", "kernels", KERNEL_NAME, "kernel.json"),
+        self.write_file(os.path.join(self.kernelspecs_dir, "kernels", KERNEL_NAME, "kernel.json"),
                         spec, 0o644, "root")
 
     def write_config(self):
@@ -505,7 +577,8 @@ http {{
                   "-E", "UTF8", "--locale=C.UTF-8"], user=self.db_user)
         extra = ("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
                  if self.fast_pg else "")
-        with open(os.path.join(self.pg_data, "postgresql.conf"), "a") as f:  # as root
+        with os.fdopen(self.open_nofollow(os.path.join(self.pg_data, "postgresql.conf"),
+                                          os.O_WRONLY | os.O_APPEND), "a") as f:
             f.write(f"\n# codexec stack\nlisten_addresses = ''\n"
                     f"unix_socket_directories = '{self.pg_run}'\nport = {self.pg_port}\n"
                     f"max_connections = 200\n{extra}")
@@ -550,7 +623,7 @@ http {{
             "PATH": "/usr/bin:/bin",
             "LANG": "C.UTF-8",
             "HOME": os.path.join(self.jdir, "home"),
-            "JUPYTER_PATH": os.path.join(self.jdir, "path"),
+            "JUPYTER_PATH": self.kernelspecs_dir,
             "JUPYTER_RUNTIME_DIR": os.path.join(self.jdir, "runtime"),
             "JUPYTER_CONFIG_DIR": os.path.join(self.jdir, "config"),
             "JUPYTER_DATA_DIR": os.path.join(self.jdir, "data"),
@@ -570,7 +643,8 @@ http {{
             "--ServerApp.iopub_msg_rate_limit=0",
             f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
         ] + [f"--KernelSpecManager.allowed_kernelspecs={k}" for k in self.kernelspecs],
-            env=env, cwd=self.workspaces, user=self.kernel_user)
+            env=env, cwd=self.workspaces, user=self.kernel_user,
+            cgroup=getattr(self, "cgroup_server", None))
         self.wait_for("the Jupyter server", self.gateway_ok, 90, proc)
 
     def fcgi_ok(self):
@@ -587,7 +661,10 @@ http {{
             return
         self.kill_pidfile("codexec-fcgi")
         if not os.path.exists(self.secret):
-            self.run([self.admin, "--config", self.conf, "secret", "init"])
+            # as root (var/ is root's), then codexec's alone
+            self.run([self.admin, "--config", self.conf, "secret", "init"], user="root")
+            self.chown(self.secret, self.user)
+            os.chmod(self.secret, 0o600)
         log("starting codexec-fcgi")
         env = dict(os.environ)
         proc = self.spawn("codexec-fcgi", [os.path.join(self.bin, "codexec-fcgi"), "--config",
@@ -635,7 +712,7 @@ http {{
     # --- stop ---------------------------------------------------------------
     def kill_pidfile(self, name, sig=signal.SIGTERM, timeout=20):
         pid = self.pid(name)
-        path = os.path.join(self.rundir, f"{name}.pid")
+        path = os.path.join(self.piddir, f"{name}.pid")
         if pid:
             try:
                 os.kill(pid, sig)

@@ -110,10 +110,10 @@ class Context:
             f.writelines(lines)
             f.writelines(f"{k} = {v}\n" for k, v in settings.items())
         os.chmod(conf, 0o644)
-        with open(os.path.join(st.jdir, "path", "kernels", stack.KERNEL_NAME, "kernel.json")) as f:
+        with open(os.path.join(st.kernelspecs_dir, "kernels", stack.KERNEL_NAME, "kernel.json")) as f:
             spec = json.load(f)
         spec["argv"][spec["argv"].index("--config") + 1] = conf
-        d = os.path.join(st.jdir, "path", "kernels", stack.TEST_KERNEL_NAME)
+        d = os.path.join(st.kernelspecs_dir, "kernels", stack.TEST_KERNEL_NAME)
         os.makedirs(d, exist_ok=True)
         os.chmod(d, 0o755)
         with open(os.path.join(d, "kernel.json"), "w") as f:

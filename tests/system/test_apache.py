@@ -36,6 +36,7 @@ def start_apache(ctx):
     site = os.path.join(adir, "codexec.conf")
     shutil.copyfile(os.path.join(stack.REPO, "packaging", "apache", "codexec.conf"), site)
     os.chmod(site, 0o644)
+    st.make_log("apache-error.log")
     httpd = os.path.join(adir, "httpd.conf")
     mods = ["mpm_event", "authz_core", "proxy", "proxy_fcgi", "xsendfile"]
     with open(httpd, "w") as f:

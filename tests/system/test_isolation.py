@@ -82,7 +82,7 @@ def test_symlink_then_die_writes_nothing(ctx):
     connection file, then dies; the restart's launcher must not write
     through it (finding 1)."""
     st = ctx.st
-    victim = os.path.join(st.jdir, "victim.txt")
+    victim = os.path.join(st.jdir, "home", "victim.txt")  # the gateway's user's own file
     with open(victim, "w") as f:
         f.write("untouched\n")
     st.chown_kernel(victim)
@@ -141,9 +141,8 @@ def test_codexec_files_are_out_of_reach(ctx):
     for p in paths[:4] + [paths[5]] + confs:
         check(not got[p].startswith("read"), f"the gateway's user read {p}")
     check(got["pg"] != "connected", "the gateway's user cannot reach PostgreSQL's socket")
-    # and the other way round, the gateway's token file is the gateway's
-    tok = os.path.join(st.jdir, "token")
-    r = st.run(["/usr/bin/cat", tok], check=False)
+    # and the other way round: the gateway's home is its own
+    r = st.run(["/usr/bin/ls", os.path.join(st.jdir, "home")], check=False)
     check(r.returncode != 0, "codexec's own user cannot read the gateway's files either")
 
 
@@ -249,6 +248,12 @@ r["userfaultfd"] = raw(323, 0)
 r["io_uring_setup"] = raw(425, 1, 0)
 r["setns"] = raw(308, 0, 0)
 r["clone_newuser"] = raw(56, 0x10000000 | 17, 0, 0, 0, 0)
+import socket
+try:
+    socket.socket(40, socket.SOCK_STREAM)  # AF_VSOCK: the host of a virtual machine
+    r["vsock"] = "ok"
+except OSError as e:
+    r["vsock"] = errno.errorcode.get(e.errno, str(e.errno))
 r["caps"] = open("/proc/self/status").read().split("CapEff:")[1].split()[0]
 r["no_new_privs"] = open("/proc/self/status").read().split("NoNewPrivs:")[1].split()[0]
 print(json.dumps(r))
@@ -262,8 +267,51 @@ def test_namespaces_ptrace_and_kernel_interfaces_are_refused(ctx):
     check(got.pop("unshare_cmd") != 0, "unshare -U fails")
     eq(got.pop("caps"), "0000000000000000", "no capabilities")
     eq(got.pop("no_new_privs"), "1", "no new privileges")
+    eq(got.pop("vsock"), "EAFNOSUPPORT", "vsock sockets refused")
     for name, v in got.items():
         eq(v, "EPERM", f"{name} refused")
+
+
+SURFACE = r'''
+import json, os, stat
+r = {}
+def attempt(fn):
+    try:
+        return "ok:" + str(fn())[:100]
+    except OSError as e:
+        return type(e).__name__
+r["write_root"] = attempt(lambda: open("/big", "wb").write(b"x"))
+r["write_dev"] = attempt(lambda: open("/dev/big", "wb").write(b"x"))
+r["etc"] = sorted(os.listdir("/etc"))
+import sys
+# ipykernel keeps the fd it was started with (it echoes fd-level output there)
+orig = getattr(sys.stdout, "_original_stdstream_copy", None)
+mode = os.fstat(orig if orig is not None else 1).st_mode
+r["stdout"] = stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+os.write(1, b"LEAK_MARKER_5511\n")
+os.write(2, b"LEAK_MARKER_5511\n")
+print(json.dumps(r))
+'''
+
+
+def test_nothing_outside_the_sizes_and_no_host_files(ctx):
+    """The sandbox's root and /dev are read-only (only the sized tmpfs take
+    writes), /etc holds what Python needs and nothing of other services',
+    and the kernel's own stdout is not the server's log."""
+    r = run(ctx, "iso-surface", new_id(), SURFACE)
+    eq(r["status"], "ok", f"{r!r}")
+    # fd-level writes reach the output through ipykernel's capture thread,
+    # maybe after the JSON line
+    got = json.loads([l for l in r["stdout_tail"].splitlines() if l.startswith("{")][-1])
+    check(not got["write_root"].startswith("ok"), f"the root is read-only: {got['write_root']}")
+    check(not got["write_dev"].startswith("ok"), f"/dev is read-only: {got['write_dev']}")
+    for private in ("shadow", "nginx", "postgresql", "codexec", "ssh", "apache2", "sudoers"):
+        check(private not in got["etc"], f"/etc/{private} is not in the sandbox: {got['etc']}")
+    check("passwd" in got["etc"] and "ld.so.cache" in got["etc"], f"what libc needs: {got['etc']}")
+    check(got["stdout"], "the kernel's stdout is a pipe (or /dev/null), not the server's log file")
+    time.sleep(0.5)
+    with open(os.path.join(ctx.st.logdir, "jupyter.log"), errors="replace") as f:
+        check("LEAK_MARKER_5511" not in f.read(), "a kernel's output never reaches the server's log")
 
 
 # --- approvals, trust, content types ------------------------------------------
@@ -375,6 +423,7 @@ def test_nginx_auth_basic_example_from_the_readme(ctx):
     with open(os.path.join(ndir, "snippets", "codexec-fastcgi.conf"), "w") as f:
         f.write(params)
     port = stack.free_port()
+    st.make_log("nginx-auth-error.log")
     with open(os.path.join(ndir, "nginx.conf"), "w") as f:
         f.write(f"""daemon off; worker_processes 1; pid {ndir}/nginx.pid;
 error_log {st.logdir}/nginx-auth-error.log warn;

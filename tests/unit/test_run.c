@@ -94,9 +94,9 @@ main(void)
         char id[140];
         memset(id, 'a', 129);
         id[129] = '\0';
-        ok(!cx_run_conversation_id_valid(id), "129 characters is too long");
+        ok(!cx_conversation_id_valid(id), "129 characters is too long");
         id[128] = '\0';
-        ok(cx_run_conversation_id_valid(id), "128 characters is fine");
+        ok(cx_conversation_id_valid(id), "128 characters is fine");
     }
     cx_config_cleanup(&cfg);
     return tap_done();

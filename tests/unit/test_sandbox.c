@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -144,6 +146,26 @@ test_conn(void)
         ok(strcmp(second, private_dir) != 0, "gets a new directory");
         ok(stat(private_dir, &st) != 0, "the old one is gone");
         ok(stat(text, &st) == 0 && st.st_size == 6, "the victim is untouched");
+        /* a link where a socket should be is refused */
+        char ep[600];
+        ok((size_t)snprintf(ep, sizeof(ep), "%s/kernel-abc-ipc-1", second) < sizeof(ep) &&
+               symlink(text, ep) == 0,
+           "a symlink for an endpoint");
+        ok(cx_sandbox_runtime_link(&c, second, msg, sizeof(msg)) == CX_ERR_INVALID,
+           "is not linked for the server");
+        unlink(ep);
+        for (int i = 1; i <= 5; i++) { /* the kernel binds its five sockets */
+            struct sockaddr_un sa = {.sun_family = AF_UNIX};
+            int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+            snprintf(ep, sizeof(ep), "%s/kernel-abc-ipc-%d", second, i);
+            if (strlen(ep) >= sizeof(sa.sun_path))
+                printf("# %s is too long for a socket\n", ep);
+            memcpy(sa.sun_path, ep, strlen(ep) < sizeof(sa.sun_path) ? strlen(ep) : 0);
+            if (sfd < 0 || bind(sfd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+                printf("# bind %s failed\n", ep);
+            if (sfd >= 0)
+                close(sfd);
+        }
         ok(cx_sandbox_runtime_link(&c, second, msg, sizeof(msg)) == CX_OK, "endpoints linked");
         snprintf(path, sizeof(path), "%s/kernel-abc-ipc-3", dir);
         n = readlink(path, link, sizeof(link) - 1);

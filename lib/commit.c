@@ -1,0 +1,226 @@
+/* Storing a run's captured files (or an upload) as artifact versions: the
+ * write order of docs/internals/storage.md, as named steps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "artifact.h"
+#include "capture.h"
+#include "config.h"
+#include "db.h"
+#include "log.h"
+#include "mime.h"
+#include "storage.h"
+
+CX_SQL(q_quota_lock, 1,
+       "SELECT pg_advisory_xact_lock(hashtextextended('quota' || E'\\n' || $1, 2))");
+CX_SQL(q_usage, 1,
+       "SELECT (SELECT coalesce(sum(v.size), 0) FROM artifact_versions v JOIN artifacts a"
+       "        ON a.id = v.artifact_id WHERE a.user_id = $1),"
+       "       (SELECT count(*) FROM artifacts WHERE user_id = $1 AND deleted_at IS NULL)");
+CX_SQL(q_current, 3,
+       "SELECT v.sha256 FROM artifacts a JOIN artifact_versions v"
+       " ON v.artifact_id = a.id AND v.version = a.current_version"
+       " WHERE a.user_id = $1 AND a.conversation_id = $2 AND a.path = $3 AND a.deleted_at IS NULL");
+CX_SQL(q_upsert, 4,
+       "INSERT INTO artifacts (user_id, conversation_id, path, kind, current_version)"
+       " VALUES ($1, $2, $3, $4, 1)"
+       " ON CONFLICT (user_id, conversation_id, path) WHERE deleted_at IS NULL"
+       " DO UPDATE SET current_version = artifacts.current_version + 1, kind = EXCLUDED.kind,"
+       " updated_at = now() RETURNING id, current_version");
+CX_SQL(q_version, 8,
+       "INSERT INTO artifact_versions (artifact_id, version, filename, mime_type, size, sha256,"
+       " storage_key, produced_by) VALUES ($1::uuid, $2::int, $3, $4, $5::bigint, $6, $7,"
+       " $8::jsonb)");
+
+#ifdef CX_TEST_HOOKS
+static bool crash_before_commit;
+
+void
+cx_artifact_test_hooks(void)
+{
+    const char *v = getenv("CODEXEC_TEST_CRASH_BEFORE_COMMIT");
+
+    crash_before_commit = v && !strcmp(v, "1");
+    if (crash_before_commit)
+        cx_log_warn(0, "test hook: exiting before the next artifact COMMIT");
+}
+#endif
+
+/* A file on its way to becoming a version. */
+struct pending {
+    struct cx_captured *f;
+    char key[1024];
+    char id[37];
+    char safe[256];
+    int version;
+    bool renamed;
+};
+
+struct commit {
+    struct cx_ctx *cx;
+    const char *user, *cid, *run_id;
+    struct cx_capture *cap;
+    struct pending *p;
+    size_t np;
+    unsigned long long used_bytes, used_count;
+    char *produced; /* the produced_by JSON */
+    bool begun;     /* inside the transaction */
+};
+
+static void
+remove_files(struct commit *c)
+{
+    for (size_t i = 0; i < c->np; i++)
+        if (c->p[i].renamed && cx_storage_remove(c->cx->cfg->storage_dir, c->p[i].key))
+            cx_log_warn(0, "could not remove %s after a failed commit; fsck will", c->p[i].id);
+}
+
+/* Allocations, BEGIN, and the user's usage under the quota lock. */
+static enum cx_err
+commit_begin(struct commit *c, size_t n)
+{
+    const char *u[1] = {c->user};
+    json_t *pb = c->run_id ? json_pack("{s:s,s:s,s:s}", "tool", "code_executor", "action",
+                                       "run_code", "run_id", c->run_id)
+                           : json_pack("{s:s,s:s}", "tool", "upload", "action", "upload_artifact");
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    c->produced = pb ? json_dumps(pb, JSON_COMPACT) : NULL;
+    json_decref(pb);
+    c->p = calloc(n, sizeof(*c->p));
+    if (!c->p || !c->produced)
+        return CX_ERR_NOMEM;
+    rc = cx_db_begin(c->cx->db);
+    if (rc)
+        return rc;
+    c->begun = true;
+    rc = cx_db_exec(c->cx->db, &q_quota_lock, u, NULL);
+    if (rc == CX_OK)
+        rc = cx_db_exec(c->cx->db, &q_usage, u, &r);
+    if (rc == CX_OK) {
+        c->used_bytes = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
+        c->used_count = strtoull(PQgetvalue(r, 0, 1), NULL, 10);
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* The rows of one file: a new version unless its bytes are the current
+ * version's; over quota it goes to the skipped list instead. */
+static enum cx_err
+commit_file(struct commit *c, struct cx_captured *f)
+{
+    const char *cur[3] = {c->user, c->cid, f->path};
+    const char *up[4] = {c->user, c->cid, f->path, cx_mime_kind(f->mime)};
+    struct pending *p = &c->p[c->np];
+    char ver[16], size[24];
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(c->cx->db, &q_current, cur, &r);
+    bool is_new = rc == CX_OK && PQntuples(r) == 0;
+
+    if (rc == CX_OK && !is_new && !strcmp(PQgetvalue(r, 0, 0), f->sha256)) {
+        PQclear(r);
+        return CX_OK; /* same bytes as the current version: nothing new */
+    }
+    PQclear(r);
+    if (rc)
+        return rc;
+    if (c->used_bytes + f->size > c->cx->cfg->user_quota_bytes ||
+        (is_new && c->used_count + 1 > c->cx->cfg->user_quota_artifacts)) {
+        cx_capture_skip(c->cap, f->path, "quota_exceeded");
+        return CX_OK;
+    }
+    rc = cx_db_exec(c->cx->db, &q_upsert, up, &r);
+    if (rc)
+        return rc;
+    p->f = f;
+    snprintf(p->id, sizeof(p->id), "%s", PQgetvalue(r, 0, 0));
+    p->version = (int)strtol(PQgetvalue(r, 0, 1), NULL, 10);
+    PQclear(r);
+    cx_storage_safe_filename(f->path, strlen(f->path), p->safe);
+    rc = cx_storage_key(c->user, p->id, p->version, p->safe, p->key, sizeof(p->key));
+    if (rc)
+        return rc;
+    snprintf(ver, sizeof(ver), "%d", p->version);
+    snprintf(size, sizeof(size), "%llu", (unsigned long long)f->size);
+    const char *vp[8] = {p->id, ver, p->safe, f->mime, size, f->sha256, p->key, c->produced};
+    rc = cx_db_exec(c->cx->db, &q_version, vp, NULL);
+    if (rc)
+        return rc;
+    c->used_bytes += f->size;
+    c->used_count += is_new;
+    c->np++;
+    return CX_OK;
+}
+
+/* Bytes into place (renamed and synced) before the rows become visible. */
+static enum cx_err
+commit_bytes(struct commit *c)
+{
+    for (size_t i = 0; i < c->np; i++) {
+        enum cx_err rc = cx_storage_writer_commit(c->p[i].f->w, c->p[i].key);
+        c->p[i].f->w = NULL;
+        if (rc)
+            return rc;
+        c->p[i].renamed = true;
+    }
+#ifdef CX_TEST_HOOKS
+    if (crash_before_commit)
+        _exit(99); /* see cx_artifact_test_hooks() */
+#endif
+    return CX_OK;
+}
+
+static void
+commit_answer(struct commit *c, json_t *artifacts)
+{
+    for (size_t i = 0; i < c->np; i++) {
+        struct pending *p = &c->p[i];
+        char url[CX_CONTENT_URL_MAX];
+
+        cx_artifact_content_url(p->id, p->version, url);
+        json_array_append_new(artifacts,
+                              json_pack("{s:s,s:i,s:s,s:s,s:s,s:s,s:I,s:s,s:s}", "artifact_id",
+                                        p->id, "version", p->version, "filename", p->safe, "path",
+                                        p->f->path, "mime_type", p->f->mime, "kind",
+                                        cx_mime_kind(p->f->mime), "size", (json_int_t)p->f->size,
+                                        "sha256", p->f->sha256, "download_url", url));
+    }
+    cx_log_info("%s %s: %zu artifact version(s) stored", c->run_id ? "run" : "upload",
+                c->run_id ? c->run_id : "-", c->np);
+}
+
+enum cx_err
+cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid, const char *run_id,
+                           struct cx_capture *cap, json_t *artifacts)
+{
+    struct commit c = {.cx = cx, .user = user, .cid = cid, .run_id = run_id, .cap = cap};
+    size_t n = cx_capture_count(cap);
+    enum cx_err rc;
+
+    if (n == 0)
+        return CX_OK;
+    rc = commit_begin(&c, n);
+    for (size_t i = 0; rc == CX_OK && i < n; i++)
+        rc = commit_file(&c, cx_capture_file(cap, i));
+    if (rc == CX_OK)
+        rc = commit_bytes(&c);
+    if (rc == CX_OK) {
+        rc = cx_db_commit(cx->db);
+        if (rc)
+            remove_files(&c); /* the rows are gone with the transaction */
+        else
+            commit_answer(&c, artifacts);
+    } else if (c.begun) {
+        cx_db_rollback(cx->db);
+        remove_files(&c);
+        for (size_t i = 0; i < n; i++)
+            cx_capture_skip(cap, cx_capture_file(cap, i)->path, "storage_error");
+    }
+    free(c.p);
+    free(c.produced);
+    return rc;
+}

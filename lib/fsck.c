@@ -1,0 +1,108 @@
+/* codexec-admin fsck and gc: storage against the database. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "artifact.h"
+#include "config.h"
+#include "db.h"
+#include "storage.h"
+
+CX_SQL(q_key_known, 1, "SELECT 1 FROM artifact_versions WHERE storage_key = $1");
+CX_SQL(q_all_versions, 0,
+       "SELECT artifact_id, version, storage_key, size, sha256 FROM artifact_versions"
+       " ORDER BY artifact_id, version");
+
+struct fsck {
+    struct cx_ctx *cx;
+    bool repair;
+    FILE *report;
+    int problems;
+};
+
+/* A file in storage: known to a row, else an orphan (removed with repair). */
+static enum cx_err
+check_file(void *ctx, const char *key, bool staging)
+{
+    struct fsck *f = ctx;
+    const char *p[1] = {key};
+    PGresult *r = NULL;
+    enum cx_err rc = CX_OK;
+    bool known = false;
+
+    if (!staging) {
+        rc = cx_db_exec(f->cx->db, &q_key_known, p, &r);
+        known = rc == CX_OK && PQntuples(r) == 1;
+        PQclear(r);
+    }
+    if (rc || known)
+        return rc;
+    if (f->repair && cx_storage_remove(f->cx->cfg->storage_dir, key) == CX_OK) {
+        fprintf(f->report, "removed %s %s\n", staging ? "stale staging file" : "orphan file", key);
+    } else {
+        fprintf(f->report, "%s %s\n", staging ? "stale staging file" : "orphan file", key);
+        f->problems++;
+    }
+    return CX_OK;
+}
+
+/* Every row's bytes: present, of its size and sha256. */
+static enum cx_err
+check_rows(struct fsck *f)
+{
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(f->cx->db, &q_all_versions, NULL, &r);
+
+    for (int i = 0; rc == CX_OK && i < PQntuples(r); i++) {
+        uint64_t size = 0;
+        char sha[65] = "";
+        const char *what = NULL;
+        enum cx_err d = cx_storage_digest(f->cx->cfg->storage_dir, PQgetvalue(r, i, 2), &size, sha);
+
+        if (d == CX_ERR_INVALID)
+            what = "bad storage key";
+        else if (d == CX_ERR_NOT_FOUND)
+            what = "missing file";
+        else if (d)
+            what = "unreadable file";
+        else if (size != strtoull(PQgetvalue(r, i, 3), NULL, 10))
+            what = "size mismatch";
+        else if (strcmp(sha, PQgetvalue(r, i, 4)) != 0)
+            what = "sha256 mismatch";
+        if (what) {
+            fprintf(f->report, "%s: artifact %s version %s\n", what, PQgetvalue(r, i, 0),
+                    PQgetvalue(r, i, 1));
+            f->problems++;
+        }
+    }
+    PQclear(r);
+    return rc;
+}
+
+enum cx_err
+cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report, int *problems)
+{
+    struct fsck f = {.cx = cx, .repair = repair, .report = report};
+    /* An hour: a staging file younger than that may be a write in progress. */
+    enum cx_err rc = cx_storage_walk(cx->cfg->storage_dir, 3600, repair, check_file, &f);
+
+    if (rc == CX_OK)
+        rc = check_rows(&f);
+    *problems = f.problems;
+    return rc;
+}
+
+CX_SQL(q_gc_tombstones, 0,
+       "DELETE FROM artifacts a WHERE deleted_at IS NOT NULL"
+       " AND NOT EXISTS (SELECT 1 FROM artifact_versions v WHERE v.artifact_id = a.id)");
+
+enum cx_err
+cx_artifact_gc(struct cx_ctx *cx, int *removed)
+{
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_gc_tombstones, NULL, &r);
+
+    *removed = rc ? 0 : (int)strtol(PQcmdTuples(r), NULL, 10);
+    PQclear(r);
+    return rc;
+}

@@ -1,0 +1,488 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "capture.h"
+#include "config.h"
+#include "gateway.h"
+#include "kernel.h"
+#include "log.h"
+#include "metrics.h"
+#include "runexec.h"
+#include "session.h"
+#include "stage.h"
+#include "util.h"
+
+/* Evaluated by the epilogue: "True" when this kernel process has run for
+ * codexec before (the token is set), else it sets the token. A kernel that
+ * answers otherwise was started or restarted since. */
+#define TOKEN_CHECK_FMT                                                                            \
+    "(lambda s, t: getattr(s, '_codexec_kernel', None) == t or "                                   \
+    "setattr(s, '_codexec_kernel', t))(__import__('sys'), '%s')"
+
+/* Evaluated by the epilogue before the capture: every process of the
+ * sandbox but its init (pid 1) and the kernel ends with the run, so a fork
+ * bomb, a runaway child or a writer that outlives its cell holds nothing
+ * (pids, memory, CPU, files being written) past the run. The kernel's own
+ * children are reaped, within 200 ms. Only inside codexec's sandbox (its
+ * launcher's CODEXEC_SANDBOX, and the kernel a child of the sandbox's own
+ * pid 1): a kernel started without the sandbox shares the host's
+ * processes. Defined once per kernel process. */
+#define REAP_EXPR                                                                                  \
+    "(lambda s: s.__dict__.get('_codexec_reap') or (exec('"                                        \
+    "def _codexec_reap():\\n"                                                                      \
+    " import os, time\\n"                                                                          \
+    " me, mine = os.getpid(), []\\n"                                                               \
+    " if os.environ.get(\"CODEXEC_SANDBOX\") != \"1\" or os.getppid() != 1: return\\n"             \
+    " for d in os.listdir(\"/proc\"):\\n"                                                          \
+    "  if d.isdigit() and int(d) not in (1, me):\\n"                                               \
+    "   try:\\n"                                                                                   \
+    "    child = open(f\"/proc/{d}/stat\").read().rsplit(\")\", 1)[1].split()[1] == str(me)\\n"    \
+    "    os.kill(int(d), 9)\\n"                                                                    \
+    "    if child: mine.append(int(d))\\n"                                                         \
+    "   except (OSError, IndexError):\\n"                                                          \
+    "    pass\\n"                                                                                  \
+    " end = time.monotonic() + 0.2\\n"                                                             \
+    " while mine and time.monotonic() < end:\\n"                                                   \
+    "  for p in list(mine):\\n"                                                                    \
+    "   try:\\n"                                                                                   \
+    "    if os.waitpid(p, os.WNOHANG)[0]: mine.remove(p)\\n"                                       \
+    "   except ChildProcessError:\\n"                                                              \
+    "    mine.remove(p)\\n"                                                                        \
+    "  time.sleep(0.002)\\n"                                                                       \
+    "', s.__dict__) or s._codexec_reap))(__import__('sys'))()"
+
+/* Runs main(**arguments) after a successful cell. The arguments arrive as
+ * JSON data in the request's metadata, never as source; the result leaves
+ * as a JSON display bundle. Runs in a private namespace: nothing of it is
+ * left in the user's. */
+static const char call_cell[] =
+    "exec('''\n"
+    "import json\n"
+    "from IPython import get_ipython\n"
+    "from IPython.display import display\n"
+    "ip = get_ipython()\n"
+    "if ip.last_execution_succeeded:\n"
+    "    args = ip.kernel.get_parent(\"shell\")[\"metadata\"][\"codexec_arguments\"]\n"
+    "    fn = ip.user_ns.get(\"main\")\n"
+    "    if not callable(fn):\n"
+    "        raise NameError(\"with arguments, the code must define a function main()\")\n"
+    "    value = json.loads(json.dumps(fn(**args)))\n"
+    "    display({\"application/vnd.codexec.result+json\": {\"value\": value}}, raw=True)\n"
+    "''', {})\n";
+
+#define WINDOW_US (2 * 1000000LL)
+
+void
+cx_tail_init(struct cx_tail *t, unsigned chars)
+{
+    t->keep = (size_t)chars * 4;
+    cx_buf_init(&t->b, t->keep * 2 + 65536);
+}
+
+static void
+tail_add(struct cx_tail *t, const char *s, size_t n)
+{
+    if (n > t->keep) {
+        s += n - t->keep;
+        n = t->keep;
+    }
+    if (t->b.len + n > t->keep * 2 + 65536 - 1)
+        cx_buf_keep_tail(&t->b, t->keep);
+    cx_buf_add(&t->b, s, n);
+}
+
+/* The last chars code points, starting on a character boundary. */
+const char *
+cx_tail_text(struct cx_tail *t, unsigned chars)
+{
+    const char *start = t->b.data ? t->b.data : "";
+    const char *p = start + t->b.len;
+    unsigned count = 0;
+
+    while (p > start && count < chars) {
+        p--;
+        if (((unsigned char)*p & 0xc0) != 0x80)
+            count++;
+    }
+    while (((unsigned char)*p & 0xc0) == 0x80)
+        p++; /* never start inside a character */
+    return p;
+}
+
+void
+cx_run_strip_ansi(char *s)
+{
+    char *w = s;
+
+    for (char *r = s; *r;) {
+        if (r[0] == '\x1b' && r[1] == '[') {
+            r += 2;
+            while (*r && !(*r >= 0x40 && *r <= 0x7e))
+                r++;
+            if (*r)
+                r++;
+        } else if (r[0] == '\x1b' && r[1] == ']') {
+            r += 2;
+            while (*r && *r != '\x07' && !(r[0] == '\x1b' && r[1] == '\\'))
+                r++;
+            r += *r == '\x07' ? 1 : (*r ? 2 : 0);
+        } else if (r[0] == '\x1b') {
+            r += r[1] ? 2 : 1;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+}
+
+static void
+count_output(struct cx_runexec *st, size_t n)
+{
+    st->output_bytes += n;
+    if (st->output_bytes <= st->cx->cfg->max_output_bytes || st->truncated)
+        return;
+    st->truncated = true;
+    if (!st->interrupted) {
+        st->interrupted = true;
+        if (cx_gateway_kernel_interrupt(st->cx->gw, st->kernel_id))
+            cx_log_warn(0, "interrupt after the output limit failed");
+    }
+}
+
+/* Images and other rich outputs of the user's cell become artifacts. */
+static void
+rich_outputs(struct cx_runexec *st, json_t *data)
+{
+    static const char *const binary[] = {"image/png", "image/jpeg", "image/gif", "application/pdf"};
+    static const char *const text[] = {"image/svg+xml"};
+
+    for (size_t i = 0; i < sizeof(binary) / sizeof(binary[0]); i++) {
+        const char *b64 = json_string_value(json_object_get(data, binary[i]));
+        size_t cap, len = 0;
+        unsigned char *buf;
+
+        if (!b64)
+            continue;
+        cap = strlen(b64) / 4 * 3 + 3;
+        buf = malloc(cap);
+        if (buf && sodium_base642bin(buf, cap, b64, strlen(b64), "\n\r ", &len, NULL,
+                                     sodium_base64_VARIANT_ORIGINAL) == 0)
+            cx_capture_add_output(st->cap, binary[i], buf, len);
+        free(buf);
+        return; /* one artifact per output, the richest form */
+    }
+    for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++) {
+        json_t *v = json_object_get(data, text[i]);
+        if (json_is_string(v)) {
+            cx_capture_add_output(st->cap, text[i], json_string_value(v), json_string_length(v));
+            return;
+        }
+    }
+}
+
+static bool
+all_replied(const struct cx_exec *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].sent && !reqs[i].got_reply)
+            return false;
+    return true;
+}
+
+static enum cx_err
+on_message(void *ctx, int index, const char *type, json_t *content)
+{
+    struct cx_runexec *st = ctx;
+
+    if (index >= 0 && (size_t)index < st->base) {
+        if (!strcmp(type, "error"))
+            st->events |= CX_EVENT(CX_OUTCOME_STAGE_FAILED);
+        return CX_OK;
+    }
+    if (index >= 0)
+        index -= (int)st->base;
+    /* Past the output limit, once every reply is in, the rest of the output
+     * is of no use: stop here rather than wait for it to drain. */
+    if (st->truncated && all_replied(st->reqs, CX_REQ_MAX))
+        return CX_ERR_TOO_LARGE;
+
+    if (index < 0) {
+        count_output(st, st->cx->cfg->max_output_bytes + 1); /* "oversized" */
+        return CX_OK;
+    }
+    st->any_message = true;
+    if (index == st->carrier && st->cap && !strcmp(type, "display_data")) {
+        json_t *m = json_object_get(json_object_get(content, "data"), CX_CAPTURE_MIME);
+        if (m) {
+            cx_capture_on_message(st->cap, m);
+            return CX_OK;
+        }
+    }
+    if (index == CX_REQ_EPILOGUE)
+        return CX_OK;
+    if (!strcmp(type, "stream")) {
+        const char *name = json_string_value(json_object_get(content, "name"));
+        json_t *text = json_object_get(content, "text");
+        size_t n = json_string_length(text);
+
+        if (!json_is_string(text))
+            return CX_OK;
+        count_output(st, n);
+        if (st->truncated)
+            return CX_OK;
+        tail_add(name && !strcmp(name, "stderr") ? &st->err : &st->out, json_string_value(text), n);
+    } else if (!strcmp(type, "error")) {
+        json_decref(st->error);
+        st->error = json_incref(content);
+    } else if (!strcmp(type, "execute_result") || !strcmp(type, "display_data")) {
+        json_t *data = json_object_get(content, "data");
+        json_t *value =
+            json_object_get(json_object_get(data, "application/vnd.codexec.result+json"), "value");
+
+        if (index == CX_REQ_CALL && value) {
+            json_decref(st->result);
+            st->result = json_incref(value);
+            st->have_result = true;
+            return CX_OK;
+        }
+        if (index == CX_REQ_USER && st->cap)
+            rich_outputs(st, data);
+        if (index == CX_REQ_USER && !strcmp(type, "execute_result")) {
+            json_t *plain = json_object_get(data, "text/plain");
+            if (json_is_string(plain)) {
+                count_output(st, json_string_length(plain));
+                if (!st->truncated) {
+                    json_decref(st->result);
+                    st->result = json_incref(plain);
+                    st->have_result = true;
+                }
+            }
+        }
+    }
+    return CX_OK;
+}
+
+bool
+cx_runexec_says_fresh(const struct cx_exec *epilogue)
+{
+    json_t *v = json_object_get(json_object_get(epilogue->reply, "user_expressions"), "cx");
+    const char *plain =
+        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+
+    return !(plain && !strcmp(plain, "True"));
+}
+
+/* Waits for the sent requests until deadline_us, in windows: a window with
+ * no message at all asks the gateway whether the kernel still exists (our
+ * pooled WebSocket outlives a kernel deleted behind our back); a silent
+ * window in which every reply was already in but an idle status never came
+ * means the output channel was lost. */
+static enum cx_err
+wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, int n,
+             int64_t deadline_us)
+{
+    enum cx_err rc;
+    int silent = 0;
+
+    for (;;) {
+        int64_t now = cx_now_us();
+        int64_t until = now + WINDOW_US < deadline_us ? now + WINDOW_US : deadline_us;
+        uint64_t before = cx_kernel_conn_reads(st->conn);
+        bool replied = all_replied(reqs, n);
+
+        if (now >= deadline_us)
+            return CX_ERR_TIMEOUT;
+        rc = cx_kernel_wait(st->conn, reqs, n, n, until, on_message, st);
+        if (rc == CX_ERR_TOO_LARGE) {
+            st->abandoned = true; /* output left unread: do not pool */
+            return CX_OK;
+        }
+        if (rc != CX_ERR_TIMEOUT)
+            return rc;
+        silent = replied && cx_kernel_conn_reads(st->conn) == before ? silent + 1 : 0;
+        if (silent >= 2) {
+            st->events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
+            return CX_OK;
+        }
+        if (!st->any_message) {
+            rc = cx_gateway_kernel_get(st->cx->gw, s->kernel_id, NULL);
+            if (rc == CX_ERR_NOT_FOUND)
+                return rc;
+        }
+    }
+}
+
+/* Waits for the sent requests in reqs[0..n) until deadline_us; at the
+ * deadline interrupts the kernel, and restarts it when it is not idle within
+ * the grace period (the TIMEOUT event). */
+static enum cx_err
+wait_run(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, int n,
+         int64_t deadline_us)
+{
+    const struct cx_config *cfg = st->cx->cfg;
+    enum cx_err rc;
+
+    rc = wait_windows(st, s, reqs, n, deadline_us);
+    if (rc == CX_ERR_TIMEOUT) {
+        st->events |= CX_EVENT(CX_OUTCOME_TIMEOUT);
+        cx_log_info("run timed out; interrupting");
+        rc = cx_gateway_kernel_interrupt(st->cx->gw, s->kernel_id);
+        if (rc == CX_ERR_NOT_FOUND)
+            return rc;
+        if (rc)
+            cx_log_warn(0, "interrupt request failed");
+        rc = wait_windows(st, s, reqs, n, cx_now_us() + cfg->interrupt_grace * 1000000LL);
+        if (rc == CX_ERR_TIMEOUT) {
+            cx_log_info("kernel not idle %us after the interrupt; restarting",
+                        cfg->interrupt_grace);
+            rc = cx_session_restart_kernel(st->cx, s);
+            if (rc == CX_ERR_NOT_FOUND)
+                return rc;
+            if (rc)
+                cx_log_warn(0, "kernel restart failed");
+            rc = CX_OK;
+        }
+    }
+    return rc;
+}
+
+/* Whether a request's user expressions (the epilogue) were evaluated: the
+ * kernel evaluates them only after a cell that succeeded. */
+bool
+cx_runexec_carried(const struct cx_exec *e)
+{
+    const char *status = json_string_value(json_object_get(e->reply, "status"));
+
+    return e->got_reply && status && !strcmp(status, "ok") &&
+           json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
+}
+
+/* Sends the pipelined requests (the user's cell, then main() when there are
+ * arguments) and waits for them, applying the timeout and its grace period.
+ * The epilogue (the restart check and the capture) rides on the last one as
+ * user expressions, so a run is one execute, like a raw client's. When that
+ * cell fails the kernel skips its expressions; then a separate silent
+ * request carries them: one more round trip, for failed runs only. */
+enum cx_err
+cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_run_request *req,
+                   const struct cx_inputs *in, char *msg, size_t msglen)
+{
+    struct cx_exec *all = st->all, *reqs = st->reqs;
+    const struct cx_config *cfg = st->cx->cfg;
+    int last = req->arguments ? CX_REQ_CALL : CX_REQ_USER;
+    int64_t deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
+    char check[256];
+    json_t *uexpr = NULL, *meta = NULL, *capmeta = NULL;
+    enum cx_err rc = CX_ERR_NOMEM;
+
+    snprintf(check, sizeof(check), TOKEN_CHECK_FMT, s->kernel_id);
+    uexpr = json_pack("{s:s,s:s}", "cx", check, "reap", REAP_EXPR);
+    meta = json_object();
+    if (st->cap) {
+        capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs, s->capture_rescan);
+        if (!capmeta || json_object_set_new(uexpr, "cap", json_string(cx_capture_expression())) ||
+            json_object_update(meta, capmeta))
+            goto out;
+    }
+    if (!uexpr || !meta ||
+        (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
+        goto out;
+    memset(all, 0, sizeof(*all) * (st->base + CX_REQ_MAX));
+    reqs[CX_REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
+    reqs[CX_REQ_CALL] = (struct cx_exec){.code = call_cell};
+    reqs[last].user_expressions = uexpr;
+    reqs[last].metadata = meta;
+    reqs[CX_REQ_EPILOGUE] = (struct cx_exec){
+        .code = "", .silent = true, .user_expressions = uexpr, .metadata = capmeta};
+    st->carrier = last;
+    /* Leftovers of an earlier run or of other clients (a restart notice,
+     * say) must not be taken for this run's news. */
+    cx_kernel_drain(st->conn, 0);
+    rc = cx_stage_send(st->cx, st->conn, in, all);
+    for (int i = CX_REQ_USER; i <= last && rc == CX_OK; i++)
+        rc = cx_kernel_execute(st->conn, &reqs[i]);
+    if (rc) {
+        snprintf(msg, msglen, "sending to the kernel failed");
+        goto out;
+    }
+    cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
+    rc = wait_run(st, s, all, (int)st->base + CX_REQ_MAX, deadline);
+    if (rc == CX_OK &&
+        !(st->events & (CX_EVENT(CX_OUTCOME_TIMEOUT) | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) &&
+        !cx_runexec_carried(&reqs[last])) {
+        st->carrier = CX_REQ_EPILOGUE;
+        rc = cx_kernel_execute(st->conn, &reqs[CX_REQ_EPILOGUE]);
+        if (rc) {
+            snprintf(msg, msglen, "sending to the kernel failed");
+            goto out;
+        }
+        cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
+        rc = wait_run(st, s, all, (int)st->base + CX_REQ_MAX, deadline);
+    }
+    if (rc == CX_OK && st->cap && cx_runexec_carried(&reqs[st->carrier]))
+        cx_capture_on_result(
+            st->cap,
+            json_object_get(json_object_get(reqs[st->carrier].reply, "user_expressions"), "cap"));
+out:
+    /* the requests borrowed these until now */
+    for (int i = 0; i < CX_REQ_MAX; i++)
+        reqs[i].user_expressions = reqs[i].metadata = NULL;
+    json_decref(uexpr);
+    json_decref(meta);
+    json_decref(capmeta);
+    return rc;
+}
+
+enum cx_err
+cx_runexec_init(struct cx_runexec *st, struct cx_ctx *cx, const struct cx_inputs *in, bool capture)
+{
+    memset(st, 0, sizeof(*st));
+    st->cx = cx;
+    st->base = cx_stage_requests(in);
+    st->nreq = (int)st->base + CX_REQ_MAX;
+    st->all = calloc((size_t)st->nreq, sizeof(*st->all));
+    if (!st->all)
+        return CX_ERR_NOMEM;
+    st->reqs = st->all + st->base;
+    cx_tail_init(&st->out, cx->cfg->tail_chars);
+    cx_tail_init(&st->err, cx->cfg->tail_chars);
+    if (capture && cx_capture_new(cx->cfg, &st->cap))
+        return CX_ERR_NOMEM;
+    return CX_OK;
+}
+
+void
+cx_runexec_drop_conn(struct cx_runexec *st)
+{
+    cx_kernel_conn_free(st->conn);
+    st->conn = NULL;
+}
+
+void
+cx_runexec_cleanup(struct cx_runexec *st)
+{
+    cx_runexec_drop_conn(st);
+    if (st->all)
+        cx_exec_cleanup(st->all, st->nreq);
+    free(st->all);
+    cx_capture_free(st->cap);
+    json_decref(st->error);
+    json_decref(st->result);
+    cx_buf_cleanup(&st->out.b);
+    cx_buf_cleanup(&st->err.b);
+    memset(st, 0, sizeof(*st));
+}
+
+enum cx_outcome
+cx_runexec_outcome(const struct cx_runexec *st)
+{
+    enum cx_outcome o = CX_OUTCOME_OK;
+
+    for (int i = CX_OUTCOME_OK; i <= CX_OUTCOME_TIMEOUT; i++)
+        if (st->events & CX_EVENT(i))
+            o = (enum cx_outcome)i; /* the most serious one */
+    return o;
+}

@@ -1,0 +1,248 @@
+/* POST /v1/runs: the request body, field by field (SPEC §3). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config.h"
+#include "run.h"
+#include "util.h"
+
+#define MAX_OUTPUT_GLOBS 64
+#define MAX_GLOB_BYTES   1024
+
+static bool
+blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\n' && s[i] != '\r' && s[i] != '\f' &&
+            s[i] != '\v')
+            return false;
+    return true;
+}
+
+/* A parser reads its field (v, NULL when absent) into req; on failure it
+ * writes a sentence naming the field. */
+typedef enum cx_err (*field_fn)(const struct cx_config *cfg, json_t *v, struct cx_run_request *req,
+                                char *msg, size_t msglen);
+
+static enum cx_err
+fail(char *msg, size_t msglen, enum cx_err rc, const char *sentence)
+{
+    snprintf(msg, msglen, "%s", sentence);
+    return rc;
+}
+
+static enum cx_err
+f_conversation(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+               size_t msglen)
+{
+    if (!json_is_string(v) || !cx_conversation_id_valid(json_string_value(v)))
+        return fail(msg, msglen, CX_ERR_INVALID,
+                    "conversation_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+    snprintf(req->conversation_id, sizeof(req->conversation_id), "%s", json_string_value(v));
+    return CX_OK;
+}
+
+static enum cx_err
+f_code(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg, size_t msglen)
+{
+    if (!json_is_string(v))
+        return fail(msg, msglen, CX_ERR_INVALID, "code is required and must be a string");
+    req->code = json_string_value(v);
+    req->code_len = json_string_length(v);
+    if (req->code_len > cfg->max_code_bytes) {
+        snprintf(msg, msglen, "code exceeds max_code_bytes (%llu bytes)",
+                 (unsigned long long)cfg->max_code_bytes);
+        return CX_ERR_TOO_LARGE;
+    }
+    if (blank(req->code, req->code_len))
+        return fail(msg, msglen, CX_ERR_INVALID, "code must not be blank");
+    return CX_OK;
+}
+
+static enum cx_err
+f_inputs(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+         size_t msglen)
+{
+    size_t i;
+    json_t *e;
+
+    if (!v || json_is_null(v))
+        return CX_OK;
+    if (!json_is_array(v))
+        return fail(msg, msglen, CX_ERR_INVALID, "inputs must be an array of artifact ids");
+    if (json_array_size(v) > cfg->max_inputs) {
+        snprintf(msg, msglen, "inputs holds more than %u artifact ids", cfg->max_inputs);
+        return CX_ERR_INVALID;
+    }
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_string(e) || !cx_uuid_valid(json_string_value(e))) {
+            snprintf(msg, msglen, "inputs[%zu] is not an artifact id", i);
+            return CX_ERR_INVALID;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (!strcasecmp(json_string_value(json_array_get(v, k)), json_string_value(e))) {
+                snprintf(msg, msglen, "inputs[%zu] repeats inputs[%zu]", i, k);
+                return CX_ERR_INVALID;
+            }
+    }
+    req->inputs = v;
+    return CX_OK;
+}
+
+static enum cx_err
+f_outputs(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+          size_t msglen)
+{
+    size_t i;
+    json_t *e;
+
+    if (!v || json_is_null(v))
+        return CX_OK;
+    if (!json_is_array(v) || json_array_size(v) > MAX_OUTPUT_GLOBS) {
+        snprintf(msg, msglen, "outputs must be an array of at most %d globs", MAX_OUTPUT_GLOBS);
+        return CX_ERR_INVALID;
+    }
+    json_array_foreach(v, i, e)
+    {
+        if (!json_is_string(e) || json_string_length(e) == 0 ||
+            json_string_length(e) > MAX_GLOB_BYTES) {
+            snprintf(msg, msglen, "outputs[%zu] must be a non-empty string of at most %d bytes", i,
+                     MAX_GLOB_BYTES);
+            return CX_ERR_INVALID;
+        }
+    }
+    req->outputs = v;
+    return CX_OK;
+}
+
+static enum cx_err
+f_capture(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+          size_t msglen)
+{
+    req->capture_artifacts = true;
+    if (!v)
+        return CX_OK;
+    if (!json_is_boolean(v))
+        return fail(msg, msglen, CX_ERR_INVALID, "capture_artifacts must be true or false");
+    req->capture_artifacts = json_is_true(v);
+    return CX_OK;
+}
+
+static enum cx_err
+f_timeout(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+          size_t msglen)
+{
+    double t;
+
+    req->timeout = cfg->default_timeout;
+    if (!v || json_is_null(v))
+        return CX_OK;
+    if (!json_is_number(v) || !isfinite(t = json_number_value(v)) || t <= 0)
+        return fail(msg, msglen, CX_ERR_INVALID, "timeout must be a positive number of seconds");
+    req->timeout = t > cfg->max_timeout ? cfg->max_timeout : t;
+    return CX_OK;
+}
+
+static enum cx_err
+f_ttl(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg, size_t msglen)
+{
+    json_int_t t;
+
+    req->ttl = cfg->default_ttl;
+    if (!v || json_is_null(v))
+        return CX_OK;
+    if (!json_is_integer(v))
+        return fail(msg, msglen, CX_ERR_INVALID, "ttl must be an integer number of seconds");
+    t = json_integer_value(v);
+    req->ttl = t < 1 ? 1 : t > (json_int_t)cfg->max_ttl ? cfg->max_ttl : (unsigned)t;
+    return CX_OK;
+}
+
+/* Names become Python keyword arguments: identifiers only. */
+static bool
+identifier(const char *key)
+{
+    size_t n = strlen(key);
+    bool ok = n > 0 && n <= 128 && !(key[0] >= '0' && key[0] <= '9');
+
+    for (size_t k = 0; ok && k < n; k++)
+        ok = (key[k] >= 'A' && key[k] <= 'Z') || (key[k] >= 'a' && key[k] <= 'z') ||
+             (key[k] >= '0' && key[k] <= '9') || key[k] == '_';
+    return ok;
+}
+
+static enum cx_err
+f_arguments(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+            size_t msglen)
+{
+    const char *key;
+    json_t *e;
+
+    if (!v || json_is_null(v))
+        return CX_OK;
+    if (!json_is_object(v))
+        return fail(msg, msglen, CX_ERR_INVALID, "arguments must be a JSON object");
+    json_object_foreach(v, key, e)
+    {
+        if (!identifier(key))
+            return fail(msg, msglen, CX_ERR_INVALID,
+                        "arguments keys must be identifiers ([A-Za-z_][A-Za-z0-9_]*)");
+    }
+    req->arguments = v;
+    return CX_OK;
+}
+
+static const struct field {
+    const char *name;
+    field_fn parse;
+} fields[] = {
+    {"conversation_id", f_conversation},
+    {"code", f_code},
+    {"inputs", f_inputs},
+    {"outputs", f_outputs},
+    {"capture_artifacts", f_capture},
+    {"timeout", f_timeout},
+    {"ttl", f_ttl},
+    {"arguments", f_arguments},
+};
+#define NFIELDS (sizeof(fields) / sizeof(fields[0]))
+
+enum cx_err
+cx_run_request_parse(const struct cx_config *cfg, json_t *body, struct cx_run_request *req,
+                     char *msg, size_t msglen)
+{
+    const char *key;
+    json_t *v;
+    enum cx_err rc;
+
+    memset(req, 0, sizeof(*req));
+    json_object_foreach(body, key, v)
+    {
+        size_t i = 0;
+        while (i < NFIELDS && strcmp(key, fields[i].name) != 0)
+            i++;
+        if (i == NFIELDS)
+            return fail(msg, msglen, CX_ERR_INVALID, "unknown field in the request body");
+    }
+    for (size_t i = 0; i < NFIELDS; i++) {
+        rc = fields[i].parse(cfg, json_object_get(body, fields[i].name), req, msg, msglen);
+        if (rc) {
+            memset(req, 0, sizeof(*req));
+            return rc;
+        }
+    }
+    req->root = json_incref(body);
+    return CX_OK;
+}
+
+void
+cx_run_request_cleanup(struct cx_run_request *req)
+{
+    if (!req)
+        return;
+    json_decref(req->root);
+    memset(req, 0, sizeof(*req));
+}

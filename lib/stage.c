@@ -1,0 +1,152 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "config.h"
+#include "db.h"
+#include "kernel.h"
+#include "stage.h"
+#include "storage.h"
+
+/* Writes one chunk of a staged input; the path and bytes come as JSON data
+ * in the metadata. Private namespace; the file is never followed if it is a
+ * symlink. */
+static const char stage_cell[] =
+    "exec('''\n"
+    "import base64, os\n"
+    "ip = __import__(\"IPython\").get_ipython()\n"
+    "m = ip.kernel.get_parent(\"shell\")[\"metadata\"][\"codexec_input\"]\n"
+    "p = os.path.join(ip.starting_dir, m[\"path\"])\n"
+    "os.makedirs(os.path.dirname(p), exist_ok=True)\n"
+    "flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if m[\"first\"] else "
+    "os.O_APPEND)\n"
+    "with os.fdopen(os.open(p, flags, 0o644), \"wb\") as f:\n"
+    "    f.write(base64.b64decode(m[\"data\"]))\n"
+    "''', {})\n";
+
+#define STAGE_CHUNK (1u << 20)
+
+CX_SQL(q_input, 3,
+       "SELECT v.filename, v.storage_key, v.size FROM artifacts a JOIN artifact_versions v"
+       " ON v.artifact_id = a.id AND v.version = a.current_version"
+       " WHERE a.id = $1::uuid AND a.user_id = $2 AND a.conversation_id = $3"
+       " AND a.deleted_at IS NULL");
+
+enum cx_err
+cx_stage_load(struct cx_ctx *cx, const char *user, const struct cx_run_request *req,
+              struct cx_inputs *in, char *msg, size_t msglen)
+{
+    size_t n = req->inputs ? json_array_size(req->inputs) : 0;
+
+    in->v = NULL;
+    in->n = 0;
+    if (n == 0)
+        return CX_OK;
+    in->v = calloc(n, sizeof(*in->v));
+    if (!in->v)
+        return CX_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const char *id = json_string_value(json_array_get(req->inputs, i));
+        const char *p[3] = {id, user, req->conversation_id};
+        struct cx_input *x = &in->v[i];
+        PGresult *r = NULL;
+        enum cx_err rc = cx_db_exec(cx->db, &q_input, p, &r);
+        const char *name, *dot;
+
+        if (rc)
+            return rc;
+        if (PQntuples(r) != 1) {
+            PQclear(r);
+            snprintf(msg, msglen, "input artifact %s not found in this conversation", id);
+            return CX_ERR_INPUT_NOT_FOUND;
+        }
+        snprintf(x->key, sizeof(x->key), "%s", PQgetvalue(r, 0, 1));
+        x->size = strtoull(PQgetvalue(r, 0, 2), NULL, 10);
+        name = PQgetvalue(r, 0, 0);
+        dot = strrchr(name, '.');
+        if (!dot || dot == name)
+            dot = name + strlen(name);
+        for (int k = 1;; k++) {
+            bool clash = false;
+            if (k == 1)
+                snprintf(x->path, sizeof(x->path), "inputs/%s", name);
+            else
+                snprintf(x->path, sizeof(x->path), "inputs/%.*s-%d%s", (int)(dot - name), name, k,
+                         dot);
+            for (size_t j = 0; j < i; j++)
+                clash = clash || !strcmp(in->v[j].path, x->path);
+            if (!clash)
+                break;
+        }
+        PQclear(r);
+        in->n++;
+    }
+    return CX_OK;
+}
+
+size_t
+cx_stage_requests(const struct cx_inputs *in)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < in->n; i++)
+        n += in->v[i].size ? (in->v[i].size + STAGE_CHUNK - 1) / STAGE_CHUNK : 1;
+    return n;
+}
+
+enum cx_err
+cx_stage_send(struct cx_ctx *cx, struct cx_kernel_conn *conn, const struct cx_inputs *in,
+              struct cx_exec *stage)
+{
+    size_t b64len = sodium_base64_ENCODED_LEN(STAGE_CHUNK, sodium_base64_VARIANT_ORIGINAL);
+    unsigned char *buf = malloc(STAGE_CHUNK);
+    char *b64 = malloc(b64len);
+    enum cx_err rc = buf && b64 ? CX_OK : CX_ERR_NOMEM;
+    size_t k = 0;
+
+    for (size_t i = 0; i < in->n && rc == CX_OK; i++) {
+        char path[4096];
+        uint64_t left = in->v[i].size;
+        FILE *f = NULL;
+        bool first = true;
+
+        rc = cx_storage_path(cx->cfg->storage_dir, in->v[i].key, path, sizeof(path));
+        if (rc == CX_OK && !(f = fopen(path, "rbe")))
+            rc = CX_ERR_IO;
+        while (rc == CX_OK && (first || left > 0)) {
+            size_t want = left < STAGE_CHUNK ? (size_t)left : STAGE_CHUNK;
+            json_t *meta;
+
+            if (want && fread(buf, 1, want, f) != want) {
+                rc = CX_ERR_IO;
+                break;
+            }
+            sodium_bin2base64(b64, b64len, buf, want, sodium_base64_VARIANT_ORIGINAL);
+            meta = json_pack("{s:{s:s,s:b,s:s}}", "codexec_input", "path", in->v[i].path, "first",
+                             first, "data", b64);
+            stage[k] = (struct cx_exec){
+                .code = stage_cell, .silent = true, .stop_on_error = true, .metadata = meta};
+            rc = meta ? cx_kernel_execute(conn, &stage[k]) : CX_ERR_NOMEM;
+            stage[k].metadata = NULL;
+            json_decref(meta);
+            k++;
+            left -= want;
+            first = false;
+        }
+        if (f)
+            fclose(f);
+    }
+    free(buf);
+    free(b64);
+    return rc;
+}
+
+void
+cx_stage_cleanup(struct cx_inputs *in)
+{
+    free(in->v);
+    in->v = NULL;
+    in->n = 0;
+}
