@@ -6,17 +6,7 @@
 #include <string.h>
 #include <sodium.h>
 
-#include "../lib/artifact.h"
-#include "../lib/auth.h"
-#include "../lib/config.h"
-#include "../lib/ctx.h"
-#include "../lib/db.h"
-#include "../lib/gateway.h"
-#include "../lib/log.h"
-#include "../lib/maint.h"
-#include "../lib/run.h"
-#include "../lib/prestart.h"
-#include "../lib/session.h"
+#include "../lib/codexec.h"
 
 static void
 usage(FILE *f)
@@ -39,11 +29,11 @@ usage(FILE *f)
 }
 
 static int
-cmd_migrate(struct cx_db *db)
+cmd_migrate(struct cx_ctx *cx)
 {
     int applied = 0;
 
-    if (cx_db_migrate(db, &applied)) {
+    if (cx_host_migrate(cx, &applied)) {
         fprintf(stderr, "codexec-admin: migrate failed (see the log above)\n");
         return 1;
     }
@@ -102,53 +92,63 @@ cmd_key_create(const struct cx_config *cfg, struct cx_db *db, int argc, char **a
     return 0;
 }
 
-/* Prints rows (objects) as tab-separated columns under a header; null as "-". */
+/* Prints rows (objects) as tab-separated columns under a header of the
+ * column names (space-separated in columns); null as "-". */
 static void
-print_rows(json_t *rows, const char *const *names)
+print_rows(json_t *rows, const char *columns)
 {
     size_t i;
     json_t *row;
 
-    for (int c = 0; names[c]; c++)
-        printf("%s%s", c ? "\t" : "", names[c]);
-    printf("\n");
+    for (const char *c = columns; *c; c++)
+        putchar(*c == ' ' ? '\t' : *c);
+    putchar('\n');
     json_array_foreach(rows, i, row)
     {
-        for (int c = 0; names[c]; c++) {
-            const char *v = json_string_value(json_object_get(row, names[c]));
-            printf("%s%s", c ? "\t" : "", v ? v : "-");
+        const char *key;
+        json_t *v;
+        bool first = true;
+
+        json_object_foreach(row, key, v)
+        {
+            printf("%s%s", first ? "" : "\t", json_is_string(v) ? json_string_value(v) : "-");
+            first = false;
         }
-        printf("\n");
+        putchar('\n');
     }
 }
 
-/* "--user NAME" as the only options, or none: *user NULL. */
-static bool
-user_filter(int argc, char **argv, const char **user)
-{
-    *user = argc == 3 && !strcmp(argv[1], "--user") ? argv[2] : NULL;
-    return argc == 1 || *user;
-}
-
+/* "list [--user NAME]": rows from list(), printed. */
 static int
-cmd_key_list(struct cx_db *db, int argc, char **argv)
+cmd_list(int argc, char **argv, enum cx_err (*list)(void *, const char *, json_t **), void *ctx,
+         const char *columns)
 {
-    static const char *const names[] = {"id",       "user",    "label",   "prefix",
-                                        "approval", "created", "revoked", NULL};
-    const char *user;
+    const char *user = argc == 3 && !strcmp(argv[1], "--user") ? argv[2] : NULL;
     json_t *rows = NULL;
 
-    if (!user_filter(argc, argv, &user)) {
+    if (argc != 1 && !user) {
         usage(stderr);
         return 2;
     }
-    if (cx_auth_key_list(db, user, &rows)) {
-        fprintf(stderr, "codexec-admin: key list failed\n");
+    if (list(ctx, user, &rows)) {
+        fprintf(stderr, "codexec-admin: %s failed\n", argv[0]);
         return 1;
     }
-    print_rows(rows, names);
+    print_rows(rows, columns);
     json_decref(rows);
     return 0;
+}
+
+static enum cx_err
+list_keys(void *cx, const char *user, json_t **out)
+{
+    return cx_auth_key_list(((struct cx_ctx *)cx)->db, user, out);
+}
+
+static enum cx_err
+list_sessions(void *cx, const char *user, json_t **out)
+{
+    return cx_session_list(cx, user, out);
 }
 
 static int
@@ -193,20 +193,8 @@ cmd_gc(struct cx_ctx *cx)
 static int
 cmd_sessions(struct cx_ctx *cx, int argc, char **argv)
 {
-    static const char *const names[] = {"id",        "user",      "conversation", "kernel",
-                                        "workspace", "last_used", "expires",      NULL};
-    const char *user;
-
-    if (argc >= 1 && !strcmp(argv[0], "list") && user_filter(argc, argv, &user)) {
-        json_t *rows = NULL;
-        if (cx_session_list(cx, user, &rows)) {
-            fprintf(stderr, "codexec-admin: sessions list failed\n");
-            return 1;
-        }
-        print_rows(rows, names);
-        json_decref(rows);
-        return 0;
-    }
+    if (argc >= 1 && !strcmp(argv[0], "list"))
+        return cmd_list(argc, argv, list_sessions, cx, CX_SESSION_LIST_COLUMNS);
     if (argc == 5 && !strcmp(argv[0], "close") && !strcmp(argv[1], "--user") &&
         !strcmp(argv[3], "--conversation")) {
         enum cx_err rc = cx_session_close(cx, argv[2], argv[4]);
@@ -241,16 +229,72 @@ cmd_pool(struct cx_ctx *cx, int argc, char **argv)
     return 2;
 }
 
+static int
+cmd_secret_init(const struct cx_config *cfg)
+{
+    enum cx_err rc = cx_auth_secret_create(cfg->secret_file);
+
+    if (rc == CX_ERR_CONFLICT) {
+        fprintf(stderr, "codexec-admin: %s exists; left as it is\n", cfg->secret_file);
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "codexec-admin: cannot create %s\n", cfg->secret_file);
+        return 1;
+    }
+    fprintf(stderr, "codexec-admin: created %s\n", cfg->secret_file);
+    return 0;
+}
+
+static int
+cmd_key_revoke(struct cx_db *db, const char *id)
+{
+    enum cx_err rc = cx_auth_key_revoke(db, id);
+
+    if (rc == CX_ERR_NOT_FOUND)
+        fprintf(stderr, "codexec-admin: no active key with id %s\n", id);
+    else if (rc)
+        fprintf(stderr, "codexec-admin: revoke failed: %s\n", cx_strerror(rc));
+    else
+        fprintf(stderr, "codexec-admin: revoked %s\n", id);
+    return rc ? 1 : 0;
+}
+
+/* The commands that need the database (and the gateway): argv[0] is the
+ * command's name. */
+static int
+dispatch(struct cx_ctx *cx, int argc, char **argv)
+{
+    const char *sub = argc > 1 ? argv[1] : "";
+
+    if (!strcmp(argv[0], "migrate") && argc == 1)
+        return cmd_migrate(cx);
+    if (!strcmp(argv[0], "key") && !strcmp(sub, "create"))
+        return cmd_key_create(cx->cfg, cx->db, argc - 1, argv + 1);
+    if (!strcmp(argv[0], "key") && !strcmp(sub, "revoke") && argc == 3)
+        return cmd_key_revoke(cx->db, argv[2]);
+    if (!strcmp(argv[0], "key") && !strcmp(sub, "list"))
+        return cmd_list(argc - 1, argv + 1, list_keys, cx, CX_AUTH_KEY_LIST_COLUMNS);
+    if (!strcmp(argv[0], "fsck"))
+        return cmd_fsck(cx, argc, argv);
+    if (!strcmp(argv[0], "gc") && argc == 1)
+        return cmd_gc(cx);
+    if (!strcmp(argv[0], "sessions"))
+        return cmd_sessions(cx, argc - 1, argv + 1);
+    if (!strcmp(argv[0], "pool"))
+        return cmd_pool(cx, argc - 1, argv + 1);
+    usage(stderr);
+    return 2;
+}
+
 int
 main(int argc, char **argv)
 {
     const char *config_path = "/etc/codexec/codexec.conf";
     struct cx_config cfg;
-    struct cx_db *db = NULL;
-    struct cx_gateway *gw = NULL;
     struct cx_ctx cx = {0};
     char errbuf[512];
-    int i = 1, status = 2;
+    int i = 1, status = 1;
 
     if (i + 1 < argc && strcmp(argv[i], "--config") == 0) {
         config_path = argv[i + 1];
@@ -264,64 +308,15 @@ main(int argc, char **argv)
         fprintf(stderr, "codexec-admin: %s\n", errbuf);
         return 1;
     }
-    if (cx_log_open(NULL, cfg.log_level)) {
-        cx_config_cleanup(&cfg);
-        return 1;
+    if (cx_log_open(NULL, cfg.log_level) == CX_OK && sodium_init() >= 0 &&
+        curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK) {
+        if (!strcmp(argv[i], "secret") && i + 2 == argc && !strcmp(argv[i + 1], "init"))
+            status = cmd_secret_init(&cfg);
+        else if (cx_host_ctx_open(&cx, &cfg, NULL) == CX_OK)
+            status = dispatch(&cx, argc - i, argv + i);
+        curl_global_cleanup();
     }
-    if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-        status = 1;
-        goto out;
-    }
-    if (!strcmp(argv[i], "secret") && i + 1 < argc && !strcmp(argv[i + 1], "init")) {
-        enum cx_err rc = cx_auth_secret_create(cfg.secret_file);
-        if (rc == CX_ERR_CONFLICT) {
-            fprintf(stderr, "codexec-admin: %s exists; left as it is\n", cfg.secret_file);
-            status = 0;
-        } else if (rc) {
-            fprintf(stderr, "codexec-admin: cannot create %s\n", cfg.secret_file);
-            status = 1;
-        } else {
-            fprintf(stderr, "codexec-admin: created %s\n", cfg.secret_file);
-            status = 0;
-        }
-        goto out;
-    }
-    if (cx_db_new(cfg.database, &db) || cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &gw)) {
-        status = 1;
-        goto out;
-    }
-    cx.cfg = &cfg;
-    cx.db = db;
-    cx.gw = gw;
-    if (!strcmp(argv[i], "migrate") && i + 1 == argc)
-        status = cmd_migrate(db);
-    else if (!strcmp(argv[i], "key") && i + 1 < argc && !strcmp(argv[i + 1], "create"))
-        status = cmd_key_create(&cfg, db, argc - i - 1, argv + i + 1);
-    else if (!strcmp(argv[i], "key") && i + 2 == argc - 1 && !strcmp(argv[i + 1], "revoke")) {
-        enum cx_err rc = cx_auth_key_revoke(db, argv[i + 2]);
-        if (rc == CX_ERR_NOT_FOUND)
-            fprintf(stderr, "codexec-admin: no active key with id %s\n", argv[i + 2]);
-        else if (rc)
-            fprintf(stderr, "codexec-admin: revoke failed: %s\n", cx_strerror(rc));
-        else
-            fprintf(stderr, "codexec-admin: revoked %s\n", argv[i + 2]);
-        status = rc ? 1 : 0;
-    } else if (!strcmp(argv[i], "key") && i + 1 < argc && !strcmp(argv[i + 1], "list"))
-        status = cmd_key_list(db, argc - i - 1, argv + i + 1);
-    else if (!strcmp(argv[i], "fsck"))
-        status = cmd_fsck(&cx, argc - i, argv + i);
-    else if (!strcmp(argv[i], "gc") && i + 1 == argc)
-        status = cmd_gc(&cx);
-    else if (!strcmp(argv[i], "sessions"))
-        status = cmd_sessions(&cx, argc - i - 1, argv + i + 1);
-    else if (!strcmp(argv[i], "pool"))
-        status = cmd_pool(&cx, argc - i - 1, argv + i + 1);
-    else
-        usage(stderr);
-out:
-    cx_gateway_free(gw);
-    cx_db_free(db);
+    cx_host_ctx_close(&cx);
     cx_config_cleanup(&cfg);
-    curl_global_cleanup();
     return status;
 }

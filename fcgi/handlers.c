@@ -6,16 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../lib/artifact.h"
-#include "../lib/config.h"
-#include "../lib/download.h"
-#include "../lib/health.h"
-#include "../lib/http.h"
-#include "../lib/metrics.h"
-#include "../lib/page.h"
-#include "../lib/run.h"
-#include "../lib/session.h"
-#include "../lib/storage.h"
+#include "../lib/codexec.h"
 #include "handlers.h"
 
 /* Answers a library call: status (201, 204, ...) with out on CX_OK, else
@@ -63,16 +54,24 @@ cx_h_metrics(struct cx_req *r)
     cx_buf_cleanup(&b);
 }
 
+/* GET of the user's object named by the path: 200, or 404 saying what. */
+static void
+get_named(struct cx_req *r,
+          enum cx_err (*fn)(struct cx_ctx *, const char *, const char *, json_t **),
+          const char *what)
+{
+    json_t *out = NULL;
+
+    if (cx_req_authenticate(r)) {
+        enum cx_err rc = fn(r->w, r->who.user, r->captures[0], &out); /* before out is read */
+        answer(r, rc, 200, out, NULL, what);
+    }
+}
+
 void
 cx_h_runs_get(struct cx_req *r)
 {
-    json_t *out = NULL;
-    enum cx_err rc;
-
-    if (!cx_req_authenticate(r))
-        return;
-    rc = cx_run_get(r->w->db, r->who.user, r->captures[0], &out);
-    answer(r, rc, 200, out, NULL, "no such run");
+    get_named(r, cx_run_get, "no such run");
 }
 
 void
@@ -98,39 +97,47 @@ cx_h_runs_create(struct cx_req *r)
     answer(r, rc, pending ? 202 : 200, out, msg, NULL);
 }
 
-void
-cx_h_runs_approve(struct cx_req *r)
+/* approve and reject: the same call shape, the run's id in the path. */
+typedef enum cx_err (*decision_fn)(struct cx_ctx *, const struct cx_principal *, const char *,
+                                   json_t **, char *, size_t);
+
+static void
+decide(struct cx_req *r, decision_fn fn)
 {
     char msg[CX_MSG_MAX] = "";
     json_t *out = NULL;
-    enum cx_err rc;
 
-    if (!cx_req_authenticate(r))
-        return;
-    rc = cx_run_approve(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
-    answer(r, rc, 200, out, msg, NULL);
+    if (cx_req_authenticate(r)) {
+        enum cx_err rc = fn(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
+        answer(r, rc, 200, out, msg, NULL);
+    }
+}
+
+void
+cx_h_runs_approve(struct cx_req *r)
+{
+    decide(r, cx_run_approve);
 }
 
 void
 cx_h_runs_reject(struct cx_req *r)
 {
-    char msg[CX_MSG_MAX] = "";
-    json_t *out = NULL;
-    enum cx_err rc;
+    decide(r, cx_run_reject);
+}
 
-    if (!cx_req_authenticate(r))
-        return;
-    rc = cx_run_reject(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
-    answer(r, rc, 200, out, msg, NULL);
+/* DELETE of the user's object named by the path: 204, or 404 saying what. */
+static void
+delete_named(struct cx_req *r, enum cx_err (*fn)(struct cx_ctx *, const char *, const char *),
+             const char *what)
+{
+    if (cx_req_authenticate(r))
+        answer(r, fn(r->w, r->who.user, r->captures[0]), 204, NULL, NULL, what);
 }
 
 void
 cx_h_session_delete(struct cx_req *r)
 {
-    if (!cx_req_authenticate(r))
-        return;
-    answer(r, cx_session_close(r->w, r->who.user, r->captures[0]), 204, NULL, NULL,
-           "no such session");
+    delete_named(r, cx_session_close, "no such session");
 }
 
 void
@@ -155,22 +162,13 @@ cx_h_artifacts_list(struct cx_req *r)
 void
 cx_h_artifacts_get(struct cx_req *r)
 {
-    json_t *out = NULL;
-    enum cx_err rc;
-
-    if (!cx_req_authenticate(r))
-        return;
-    rc = cx_artifact_get(r->w, r->who.user, r->captures[0], &out);
-    answer(r, rc, 200, out, NULL, "no such artifact");
+    get_named(r, cx_artifact_get, "no such artifact");
 }
 
 void
 cx_h_artifacts_delete(struct cx_req *r)
 {
-    if (!cx_req_authenticate(r))
-        return;
-    answer(r, cx_artifact_delete(r->w, r->who.user, r->captures[0]), 204, NULL, NULL,
-           "no such artifact");
+    delete_named(r, cx_artifact_delete, "no such artifact");
 }
 
 void

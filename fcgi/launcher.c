@@ -229,7 +229,7 @@ seal(struct launch *l)
         return false;
     pid = fork();
     if (pid == 0) {
-        char msg[200];
+        char msg[CX_MSG_MAX];
         if (cx_sandbox_seal(l->sandbox, l->conn.runtime, &expect, msg, sizeof(msg))) {
             say(msg, strerror(errno));
             _exit(1);
@@ -283,7 +283,7 @@ cleanup(struct launch *l)
 static bool
 prepare(struct launch *l, const char *config, const char *conn_path, sigset_t *block)
 {
-    char msg[256], cwd[PATH_MAX];
+    char msg[CX_MSG_MAX], cwd[PATH_MAX];
 
     if (cx_sandbox_conf_load(&l->sc, config, msg, sizeof(msg))) {
         say("bad sandbox configuration", msg);
@@ -330,7 +330,7 @@ main(int argc, char **argv)
     const char *config = NULL, *conn_path;
     sigset_t block, old;
     int info[2], out[2], argi = 1, code = 1;
-    char msg[256];
+    char msg[CX_MSG_MAX];
 
     if (argc == 4 && !strcmp(argv[1], "--config")) {
         config = argv[2];

@@ -20,20 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../lib/artifact.h"
-#include "../lib/auth.h"
-#include "../lib/config.h"
-#include "../lib/db.h"
-#include "../lib/ctx.h"
-#include "../lib/gateway.h"
-#include "../lib/kernel.h"
-#include "../lib/log.h"
-#include "../lib/maint.h"
-#include "../lib/metrics.h"
-#include "../lib/prestart.h"
-#include "../lib/run.h"
-#include "../lib/session.h"
-#include "../lib/util.h"
+#include "../lib/codexec.h"
 #include "request.h"
 #include "router.h"
 
@@ -174,9 +161,7 @@ serve(struct cx_ctx *w, FCGX_Request *fr)
 static bool
 ctx_open(struct cx_ctx *cx, const char *thread)
 {
-    *cx = (struct cx_ctx){.cfg = &cfg, .auth = auth};
-    if (cx_db_new(cfg.database, &cx->db) ||
-        cx_gateway_new(cfg.gateway_url, cfg.gateway_token, &cx->gw)) {
+    if (cx_host_ctx_open(cx, &cfg, auth)) {
         cx_log_err(0, "%s start-up failed: out of memory", thread);
         return false;
     }
@@ -186,8 +171,28 @@ ctx_open(struct cx_ctx *cx, const char *thread)
 static void
 ctx_close(struct cx_ctx *cx)
 {
-    cx_gateway_free(cx->gw);
-    cx_db_free(cx->db);
+    cx_host_ctx_close(cx);
+}
+
+/* accept() failed (EMFILE, ENFILE, ENOBUFS, ...): a worker never exits on
+ * it. It says so (once a second at most) and backs off, up to a second,
+ * so the process serves again as soon as descriptors are free. */
+static void
+accept_failed(unsigned *backoff_ms)
+{
+    static int64_t last_log;
+    int64_t now = cx_now_ms();
+    struct timespec ts;
+
+    if (now - last_log >= 1000) {
+        last_log = now;
+        cx_log_err(errno, "accept() failed; backing off");
+    }
+    cx_metrics_count(CX_COUNT_ACCEPT_ERRORS);
+    *backoff_ms = *backoff_ms ? (*backoff_ms * 2 > 1000 ? 1000 : *backoff_ms * 2) : 10;
+    ts.tv_sec = *backoff_ms / 1000;
+    ts.tv_nsec = (long)(*backoff_ms % 1000) * 1000000;
+    nanosleep(&ts, NULL);
 }
 
 static void *
@@ -196,6 +201,7 @@ worker_main(void *arg)
     struct cx_ctx w;
     struct idle_worker me = {.go = false};
     FCGX_Request fr;
+    unsigned backoff_ms = 0;
     (void)arg;
 
     pthread_cond_init(&me.cond, NULL);
@@ -209,8 +215,13 @@ worker_main(void *arg)
         int rc = stopping ? -1 : FCGX_Accept_r(&fr);
 
         pass_role();
-        if (rc < 0)
+        if (rc < 0 && stopping)
             break;
+        if (rc < 0) {
+            accept_failed(&backoff_ms);
+            continue;
+        }
+        backoff_ms = 0;
         serve(&w, &fr);
         FCGX_Finish_r(&fr);
         /* libfcgi keeps a connection the web server asked to keep
@@ -248,7 +259,7 @@ reaper_main(void *arg)
         int64_t now = cx_now_us();
 
         pthread_mutex_unlock(&reaper_lock);
-        cx_kernel_pool_drain_idle(); /* every second */
+        cx_host_tick(); /* every second */
         if (now >= next_reap) {
             struct cx_maint done;
             enum cx_err rc = cx_maint_sweep(&cx, 16, false, &done);
@@ -327,8 +338,10 @@ open_listener(const char *addr)
     return fd;
 }
 
-int
-main(int argc, char **argv)
+/* The command line; -1 to go on, else the exit status. */
+static int
+parse_args(int argc, char **argv, const char **config_path, const char **listen_addr,
+           unsigned *workers)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -337,18 +350,12 @@ main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *config_path = "/etc/codexec/codexec.conf", *listen_addr = NULL;
-    char errbuf[512];
-    pthread_t *threads = NULL, reaper, prestart;
-    bool reaper_started = false, prestart_started = false;
-    sigset_t sigs;
-    unsigned workers = 0, started = 0;
-    int c, status = 1;
+    int c;
 
     while ((c = getopt_long(argc, argv, "c:l:w:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': config_path = optarg; break;
-        case 'l': listen_addr = optarg; break;
+        case 'c': *config_path = optarg; break;
+        case 'l': *listen_addr = optarg; break;
         case 'w': {
             char *end;
             long v = strtol(optarg, &end, 10);
@@ -356,43 +363,143 @@ main(int argc, char **argv)
                 usage(stderr);
                 return 2;
             }
-            workers = (unsigned)v;
+            *workers = (unsigned)v;
             break;
         }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
+    return -1;
+}
+
+/* Configuration, log, libraries, the secret and the listening socket. */
+static bool
+start_up(const char *config_path, unsigned workers, const char **listen_addr)
+{
+    char errbuf[512];
+
     if (cx_config_load(&cfg, config_path, errbuf, sizeof(errbuf))) {
         fprintf(stderr, "codexec-fcgi: %s\n", errbuf);
-        return 1;
+        return false;
     }
     if (workers)
         cfg.workers = workers;
-    if (!listen_addr)
-        listen_addr = cfg.listen;
+    if (!*listen_addr)
+        *listen_addr = cfg.listen;
     if (cx_log_open(cfg.log_file, cfg.log_level)) {
         fprintf(stderr, "codexec-fcgi: cannot open log file \"%s\": %s\n", cfg.log_file,
                 strerror(errno));
-        goto out;
+        return false;
     }
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         cx_log_err(0, "curl_global_init() failed");
-        goto out;
+        return false;
     }
     if (cx_auth_new(cfg.secret_file, &auth))
-        goto out;
+        return false;
 #ifdef CX_TEST_HOOKS
     cx_artifact_test_hooks();
 #endif
     if (FCGX_Init() != 0) {
         cx_log_err(0, "FCGX_Init() failed");
-        goto out;
+        return false;
     }
-    listen_fd = open_listener(listen_addr);
-    if (listen_fd < 0)
-        goto out;
+    listen_fd = open_listener(*listen_addr);
+    return listen_fd >= 0;
+}
 
+struct threads {
+    pthread_t *workers, reaper, prestart;
+    unsigned started;
+    bool reaper_started, prestart_started;
+};
+
+static bool
+start_threads(struct threads *t)
+{
+    t->workers = calloc(cfg.workers, sizeof(*t->workers));
+    idle_stack = calloc(cfg.workers, sizeof(*idle_stack));
+    if (!t->workers || !idle_stack)
+        return false;
+    for (; t->started < cfg.workers; t->started++)
+        if (pthread_create(&t->workers[t->started], NULL, worker_main, NULL) != 0) {
+            cx_log_err(errno, "pthread_create() failed");
+            break;
+        }
+    if (t->started == 0)
+        return false;
+    if (pthread_create(&t->reaper, NULL, reaper_main, NULL) != 0) {
+        cx_log_err(errno, "pthread_create() of the reaper failed");
+        return false;
+    }
+    t->reaper_started = true;
+    if (cfg.kernel_pool_size > 0) {
+        if (pthread_create(&t->prestart, NULL, prestart_main, NULL) != 0) {
+            cx_log_err(errno, "pthread_create() of the kernel pool failed");
+            return false;
+        }
+        t->prestart_started = true;
+    }
+    return true;
+}
+
+/* Serves until SIGTERM or SIGINT; SIGHUP reopens the log. */
+static void
+wait_for_stop(sigset_t *sigs)
+{
+    for (;;) {
+        int sig = 0;
+
+        if (sigwait(sigs, &sig) != 0)
+            continue;
+        if (sig != SIGHUP) {
+            cx_log_info("signal %d: stopping; requests in flight will finish", sig);
+            return;
+        }
+        if (cx_log_open(cfg.log_file, cfg.log_level))
+            cx_log_err(errno, "reopen of log file failed");
+        else
+            cx_log_info("log file reopened");
+    }
+}
+
+static void
+stop_threads(struct threads *t)
+{
+    pthread_mutex_lock(&reaper_lock);
+    stopping = 1;
+    pthread_cond_signal(&reaper_cond);
+    pthread_mutex_unlock(&reaper_lock);
+    /* Wakes every thread blocked in accept(); connections already accepted
+     * are separate sockets and finish normally. */
+    if (listen_fd >= 0)
+        shutdown(listen_fd, SHUT_RDWR);
+    if (idle_stack)
+        wake_idle_workers();
+    for (unsigned i = 0; i < t->started; i++)
+        pthread_join(t->workers[i], NULL);
+    if (t->reaper_started)
+        pthread_join(t->reaper, NULL);
+    cx_prestart_shutdown();
+    if (t->prestart_started)
+        pthread_join(t->prestart, NULL);
+    cx_host_shutdown();
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *config_path = "/etc/codexec/codexec.conf", *listen_addr = NULL;
+    struct threads t = {0};
+    unsigned workers = 0;
+    sigset_t sigs;
+    int status = parse_args(argc, argv, &config_path, &listen_addr, &workers);
+
+    if (status >= 0)
+        return status;
+    status = 1;
+    listen_fd = -1;
     /* Signals go to one thread that waits for them: workers never see them. */
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
@@ -400,74 +507,24 @@ main(int argc, char **argv)
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-
-    threads = calloc(cfg.workers, sizeof(*threads));
-    idle_stack = calloc(cfg.workers, sizeof(*idle_stack));
-    if (!threads || !idle_stack)
-        goto out;
-    for (; started < cfg.workers; started++)
-        if (pthread_create(&threads[started], NULL, worker_main, NULL) != 0) {
-            cx_log_err(errno, "pthread_create() failed");
-            break;
-        }
-    if (started == 0)
-        goto out;
-    if (pthread_create(&reaper, NULL, reaper_main, NULL) != 0) {
-        cx_log_err(errno, "pthread_create() of the reaper failed");
-        goto out;
+    if (start_up(config_path, workers, &listen_addr) && start_threads(&t)) {
+        cx_log_info("codexec-fcgi %s started: %u workers, listening on %s", PACKAGE_VERSION,
+                    t.started,
+                    listen_addr && *listen_addr ? listen_addr
+                    : listen_fd == 3            ? "fd 3"
+                                                : "fd 0");
+        wait_for_stop(&sigs);
+        status = 0;
     }
-    reaper_started = true;
-    if (cfg.kernel_pool_size > 0) {
-        if (pthread_create(&prestart, NULL, prestart_main, NULL) != 0) {
-            cx_log_err(errno, "pthread_create() of the kernel pool failed");
-            goto out;
-        }
-        prestart_started = true;
-    }
-    cx_log_info("codexec-fcgi %s started: %u workers, listening on %s", PACKAGE_VERSION, started,
-                listen_addr && *listen_addr ? listen_addr
-                : listen_fd == 3            ? "fd 3"
-                                            : "fd 0");
-    for (;;) {
-        int sig = 0;
-
-        if (sigwait(&sigs, &sig) != 0)
-            continue;
-        if (sig == SIGHUP) {
-            if (cx_log_open(cfg.log_file, cfg.log_level))
-                cx_log_err(errno, "reopen of log file failed");
-            else
-                cx_log_info("log file reopened");
-            continue;
-        }
-        cx_log_info("signal %d: stopping; requests in flight will finish", sig);
-        break;
-    }
-    pthread_mutex_lock(&reaper_lock);
-    stopping = 1;
-    pthread_cond_signal(&reaper_cond);
-    pthread_mutex_unlock(&reaper_lock);
-    /* Wakes every thread blocked in accept(); connections already accepted
-     * are separate sockets and finish normally. */
-    shutdown(listen_fd, SHUT_RDWR);
-    wake_idle_workers();
-    for (unsigned i = 0; i < started; i++)
-        pthread_join(threads[i], NULL);
-    if (reaper_started)
-        pthread_join(reaper, NULL);
-    cx_prestart_shutdown();
-    if (prestart_started)
-        pthread_join(prestart, NULL);
-    cx_kernel_pool_clear();
-    if (listen_addr && *listen_addr) {
+    stop_threads(&t);
+    if (status == 0 && listen_addr && *listen_addr) {
         const char *path = strncmp(listen_addr, "unix:", 5) == 0 ? listen_addr + 5 : listen_addr;
         if (path[0] == '/')
             unlink(path);
     }
-    cx_log_info("stopped");
-    status = 0;
-out:
-    free(threads);
+    if (status == 0)
+        cx_log_info("stopped");
+    free(t.workers);
     free(idle_stack);
     cx_auth_free(auth);
     cx_config_cleanup(&cfg);

@@ -6,9 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../lib/config.h"
-#include "../lib/http.h"
-#include "../lib/log.h"
+#include "../lib/codexec.h"
 #include "request.h"
 
 const char *
@@ -232,7 +230,7 @@ cx_req_json_type(struct cx_req *r)
 json_t *
 cx_req_json_body(struct cx_req *r, uint64_t max)
 {
-    char msg[160];
+    char msg[CX_MSG_MAX];
     char *body = NULL;
     size_t len = 0;
     json_t *j = NULL;

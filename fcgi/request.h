@@ -7,10 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../lib/auth.h"
-#include "../lib/buf.h"
-#include "../lib/ctx.h"
-#include "../lib/err.h"
+#include "../lib/codexec.h"
 
 #define CX_MAX_CAPTURES 2
 

@@ -83,15 +83,9 @@ cx_artifact_get(struct cx_ctx *cx, const char *user, const char *id, json_t **ou
     json_t *a, *versions;
     enum cx_err rc;
 
-    if (!cx_uuid_valid(id))
-        return CX_ERR_NOT_FOUND;
-    rc = cx_db_exec(cx->db, &q_get, p, &r);
+    rc = cx_uuid_valid(id) ? cx_db_exec_row(cx->db, &q_get, p, &r) : CX_ERR_NOT_FOUND;
     if (rc)
         return rc;
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        return CX_ERR_NOT_FOUND;
-    }
     a = artifact_json(r, 0);
     json_object_set_new(a, "conversation_id", json_string(PQgetvalue(r, 0, 10)));
     PQclear(r);
@@ -132,9 +126,7 @@ cx_artifact_delete(struct cx_ctx *cx, const char *user, const char *id)
     PGresult *r = NULL;
     enum cx_err rc;
 
-    if (!cx_uuid_valid(id))
-        return CX_ERR_NOT_FOUND;
-    rc = cx_db_begin(cx->db);
+    rc = cx_uuid_valid(id) ? cx_db_begin(cx->db) : CX_ERR_NOT_FOUND;
     if (rc)
         return rc;
     rc = cx_db_exec(cx->db, &q_delete_mark, p, &r);

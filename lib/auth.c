@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "authdb.h"
 #include "db.h"
 #include "log.h"
 #include "util.h"
@@ -326,9 +327,7 @@ CX_SQL(q_key_list, 1,
 enum cx_err
 cx_auth_key_list(struct cx_db *db, const char *user, json_t **out)
 {
-    static const char *const names[] = {"id",       "user",    "label",   "prefix",
-                                        "approval", "created", "revoked", NULL};
     const char *p[1] = {user};
 
-    return cx_db_rows(db, &q_key_list, p, names, out);
+    return cx_db_rows(db, &q_key_list, p, CX_AUTH_KEY_LIST_COLUMNS, out);
 }

@@ -12,7 +12,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "db.h"
 #include "err.h"
 
 struct cx_db;
@@ -53,23 +52,6 @@ void cx_auth_key_hash(const struct cx_auth *a, const char *key, size_t len, unsi
 enum cx_err cx_auth_check_key(const struct cx_auth *a, struct cx_db *db, const char *key,
                               size_t len, struct cx_principal *p) CX_MUSTCHECK;
 
-/* For a statement that checks a key and reads something else in the same
- * round trip (a download checks the key and finds the artifact at once):
- * $1 is the key's hash, the first CX_AUTH_KEY_NCOLS columns are these, and
- * the table api_keys is named k. */
-#define CX_AUTH_KEY_COLUMNS                                                                        \
-    "k.id, k.user_id, k.require_approval, k.key_hash,"                                             \
-    " k.last_used_at IS NULL OR k.last_used_at < now() - interval '5 minutes'"
-#define CX_AUTH_KEY_MATCH "k.key_hash = $1::bytea AND k.revoked_at IS NULL"
-#define CX_AUTH_KEY_NCOLS 5
-
-/* cx_auth_check_key() with the caller's statement q (see above; at most one
- * row), whose parameters after $1 are more[0..nmore). On CX_OK *res holds
- * the row for the caller's own columns: PQclear() it. */
-enum cx_err cx_auth_check_key_with(const struct cx_auth *a, struct cx_db *db, const char *key,
-                                   size_t len, struct cx_sql *q, const char *const *more, int nmore,
-                                   struct cx_principal *p, PGresult **res) CX_MUSTCHECK;
-
 /* Authenticates a request: the REMOTE_USER value when trust_remote_user is
  * on and it is set, else the Authorization header. */
 enum cx_err cx_auth_request(const struct cx_auth *a, struct cx_db *db, bool trust_remote_user,
@@ -85,9 +67,10 @@ enum cx_err cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const 
 /* Revokes by row id. CX_ERR_NOT_FOUND if no active key has that id. */
 enum cx_err cx_auth_key_revoke(struct cx_db *db, const char *id) CX_MUSTCHECK;
 
-/* The keys (of user, or all with NULL), oldest first, as objects with
- * "id", "user", "label", "prefix", "approval" ("yes"/"no"), "created",
- * "revoked" (null while valid); never a key or its hash. */
+/* The keys (of user, or all with NULL), oldest first, as objects with these
+ * members ("approval" is "yes" or "no", "revoked" null while valid); never
+ * a key or its hash. */
+#define CX_AUTH_KEY_LIST_COLUMNS "id user label prefix approval created revoked"
 enum cx_err cx_auth_key_list(struct cx_db *db, const char *user, json_t **out) CX_MUSTCHECK;
 
 #endif

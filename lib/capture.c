@@ -293,18 +293,14 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg)
 static const char *
 ext_for(const char *mime)
 {
-    if (!strcmp(mime, "image/png"))
-        return "png";
-    if (!strcmp(mime, "image/jpeg"))
-        return "jpg";
-    if (!strcmp(mime, "image/gif"))
-        return "gif";
-    if (!strcmp(mime, "image/svg+xml"))
-        return "svg";
-    if (!strcmp(mime, "application/pdf"))
-        return "pdf";
-    if (!strcmp(mime, "text/html"))
-        return "html";
+    static const char *const exts[][2] = {
+        {"image/png", "png"},     {"image/jpeg", "jpg"},      {"image/gif", "gif"},
+        {"image/svg+xml", "svg"}, {"application/pdf", "pdf"}, {"text/html", "html"},
+    };
+
+    for (size_t i = 0; i < sizeof(exts) / sizeof(exts[0]); i++)
+        if (!strcmp(mime, exts[i][0]))
+            return exts[i][1];
     return "bin";
 }
 
@@ -379,10 +375,4 @@ bool
 cx_capture_done(const struct cx_capture *c)
 {
     return c->done;
-}
-
-uint64_t
-cx_capture_bytes(const struct cx_capture *c)
-{
-    return c->bytes;
 }

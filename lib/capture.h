@@ -67,7 +67,4 @@ void cx_capture_skip(struct cx_capture *c, const char *path, const char *reason)
 /* Whether the kernel side reported completion ("done"). */
 bool cx_capture_done(const struct cx_capture *c);
 
-/* Bytes of file data received (for logs and benchmarks). */
-uint64_t cx_capture_bytes(const struct cx_capture *c);
-
 #endif

@@ -145,111 +145,139 @@ lookup(const char *const *names, size_t n, const char *v)
     return -1;
 }
 
+/* Parsers of one type: v into the field at base; on failure a message
+ * (without position) naming the key in msg. */
+typedef enum cx_err (*set_fn)(const struct cx_conf_key *k, char *base, const char *v, char *msg,
+                              size_t msglen);
+
+static enum cx_err
+invalid(const struct cx_conf_key *k, char *msg, size_t msglen, const char *expected)
+{
+    snprintf(msg, msglen, "%s: expected %s", k->name, expected);
+    return CX_ERR_INVALID;
+}
+
+static enum cx_err
+take_string(char *base, char *copy)
+{
+    if (!copy)
+        return CX_ERR_NOMEM;
+    free(*(char **)base);
+    *(char **)base = copy;
+    return CX_OK;
+}
+
+static enum cx_err
+set_str(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    return take_string(base, strdup(v));
+}
+
+static enum cx_err
+set_path(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    if (!path_valid(v))
+        return invalid(k, msg, msglen, "an absolute path");
+    return take_string(base, strdup(v));
+}
+
+static enum cx_err
+set_number(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    uint64_t n;
+
+    if (k->type == CX_CONF_SIZE && cx_conf_parse_size(v, &n))
+        return invalid(k, msg, msglen, "a size such as 512, 64K, 8M or 5G");
+    if (k->type == CX_CONF_UINT) {
+        char *end;
+        if (!isdigit((unsigned char)*v))
+            return invalid(k, msg, msglen, "a non-negative integer");
+        errno = 0;
+        n = strtoull(v, &end, 10);
+        if (errno || *end)
+            return invalid(k, msg, msglen, "a non-negative integer");
+    }
+    if (n < k->min || n > k->max) {
+        snprintf(msg, msglen, "%s: %s is out of range [%llu, %llu]", k->name, v,
+                 (unsigned long long)k->min, (unsigned long long)k->max);
+        return CX_ERR_INVALID;
+    }
+    if (k->type == CX_CONF_UINT)
+        *(unsigned *)base = (unsigned)n;
+    else
+        *(uint64_t *)base = n;
+    return CX_OK;
+}
+
+static enum cx_err
+set_mode(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    char *end;
+    unsigned long long n;
+
+    if (*v < '0' || *v > '7')
+        return invalid(k, msg, msglen, "an octal mode such as 0660");
+    errno = 0;
+    n = strtoull(v, &end, 8);
+    if (errno || *end || n > k->max)
+        return invalid(k, msg, msglen, "an octal mode such as 0660");
+    *(unsigned *)base = (unsigned)n;
+    return CX_OK;
+}
+
+static enum cx_err
+set_bool(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "1"))
+        *(bool *)base = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "0"))
+        *(bool *)base = false;
+    else
+        return invalid(k, msg, msglen, "true or false");
+    return CX_OK;
+}
+
+/* A word from a fixed list, stored as its index. */
+static enum cx_err
+set_choice(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    bool level = k->type == CX_CONF_LEVEL;
+    int i = level ? lookup(levels, sizeof(levels) / sizeof(levels[0]), v)
+                  : lookup(deliveries, sizeof(deliveries) / sizeof(deliveries[0]), v);
+
+    if (i < 0)
+        return invalid(k, msg, msglen,
+                       level ? "error, warn, info or debug" : "direct, x-accel or x-sendfile");
+    *(int *)base = i;
+    return CX_OK;
+}
+
+static enum cx_err
+set_modules(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    char *list = NULL;
+    enum cx_err rc = parse_modules(v, &list);
+
+    if (rc == CX_ERR_INVALID)
+        return invalid(k, msg, msglen,
+                       "Python module names separated by commas, such as "
+                       "\"numpy, pandas, matplotlib.pyplot\"");
+    return rc ? rc : take_string(base, list);
+}
+
+static const set_fn setters[] = {
+    [CX_CONF_STR] = set_str,   [CX_CONF_UINT] = set_number,     [CX_CONF_SIZE] = set_number,
+    [CX_CONF_BOOL] = set_bool, [CX_CONF_LEVEL] = set_choice,    [CX_CONF_DELIVERY] = set_choice,
+    [CX_CONF_MODE] = set_mode, [CX_CONF_MODULES] = set_modules, [CX_CONF_PATH] = set_path,
+};
+
 /* Sets one key; on failure writes a message (without position) to msg. */
 static enum cx_err
 set_value(void *cfg, const struct cx_conf_key *k, const char *v, char *msg, size_t msglen)
 {
-    char *base = (char *)cfg + k->off;
-    uint64_t n;
-    char *end;
-    int i;
-
-    switch (k->type) {
-    case CX_CONF_PATH:
-        if (!path_valid(v)) {
-            snprintf(msg, msglen, "%s: expected an absolute path", k->name);
-            return CX_ERR_INVALID;
-        }
-        /* fall through */
-    case CX_CONF_STR: {
-        char *copy = strdup(v);
-        if (!copy)
-            return CX_ERR_NOMEM;
-        free(*(char **)base);
-        *(char **)base = copy;
-        return CX_OK;
-    }
-    case CX_CONF_UINT:
-    case CX_CONF_SIZE:
-        if (k->type == CX_CONF_UINT) {
-            if (!isdigit((unsigned char)*v))
-                goto bad_number;
-            errno = 0;
-            unsigned long long u = strtoull(v, &end, 10);
-            if (errno || *end)
-                goto bad_number;
-            n = u;
-        } else if (cx_conf_parse_size(v, &n)) {
-            snprintf(msg, msglen, "%s: expected a size such as 512, 64K, 8M or 5G", k->name);
-            return CX_ERR_INVALID;
-        }
-        if (n < k->min || n > k->max) {
-            snprintf(msg, msglen, "%s: %s is out of range [%llu, %llu]", k->name, v,
-                     (unsigned long long)k->min, (unsigned long long)k->max);
-            return CX_ERR_INVALID;
-        }
-        if (k->type == CX_CONF_UINT)
-            *(unsigned *)base = (unsigned)n;
-        else
-            *(uint64_t *)base = n;
-        return CX_OK;
-    case CX_CONF_MODE:
-        if (*v < '0' || *v > '7')
-            goto bad_mode;
-        errno = 0;
-        n = strtoull(v, &end, 8);
-        if (errno || *end || n > k->max)
-            goto bad_mode;
-        *(unsigned *)base = (unsigned)n;
-        return CX_OK;
-    case CX_CONF_BOOL:
-        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on") || !strcmp(v, "1"))
-            *(bool *)base = true;
-        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off") || !strcmp(v, "0"))
-            *(bool *)base = false;
-        else {
-            snprintf(msg, msglen, "%s: expected true or false", k->name);
-            return CX_ERR_INVALID;
-        }
-        return CX_OK;
-    case CX_CONF_LEVEL:
-        i = lookup(levels, sizeof(levels) / sizeof(levels[0]), v);
-        if (i < 0) {
-            snprintf(msg, msglen, "%s: expected error, warn, info or debug", k->name);
-            return CX_ERR_INVALID;
-        }
-        *(int *)base = i;
-        return CX_OK;
-    case CX_CONF_MODULES: {
-        char *list = NULL;
-        enum cx_err rc = parse_modules(v, &list);
-        if (rc == CX_ERR_INVALID)
-            snprintf(msg, msglen,
-                     "%s: expected Python module names separated by commas, such as "
-                     "\"numpy, pandas, matplotlib.pyplot\"",
-                     k->name);
-        if (rc)
-            return rc;
-        free(*(char **)base);
-        *(char **)base = list;
-        return CX_OK;
-    }
-    case CX_CONF_DELIVERY:
-        i = lookup(deliveries, sizeof(deliveries) / sizeof(deliveries[0]), v);
-        if (i < 0) {
-            snprintf(msg, msglen, "%s: expected direct, x-accel or x-sendfile", k->name);
-            return CX_ERR_INVALID;
-        }
-        *(int *)base = i;
-        return CX_OK;
-    }
-    return CX_ERR_INTERNAL;
-bad_number:
-    snprintf(msg, msglen, "%s: expected a non-negative integer", k->name);
-    return CX_ERR_INVALID;
-bad_mode:
-    snprintf(msg, msglen, "%s: expected an octal mode such as 0660", k->name);
-    return CX_ERR_INVALID;
+    if ((size_t)k->type >= sizeof(setters) / sizeof(setters[0]) || !setters[k->type])
+        return CX_ERR_INTERNAL;
+    return setters[k->type](k, (char *)cfg + k->off, v, msg, msglen);
 }
 
 static bool
@@ -277,7 +305,7 @@ cx_conf_cleanup(const struct cx_conf_key *keys, size_t n, void *base)
 enum cx_err
 cx_conf_defaults(const struct cx_conf_key *keys, size_t n, void *base)
 {
-    char msg[128];
+    char msg[CX_MSG_MAX];
     enum cx_err rc;
 
     for (size_t i = 0; i < n; i++) {
@@ -307,7 +335,7 @@ enum cx_err
 cx_conf_parse(const struct cx_conf_key *keys, size_t nkeys, void *cfg, const char *name,
               const char *text, char *errbuf, size_t errlen)
 {
-    char msg[256];
+    char msg[CX_MSG_MAX];
     char *copy = NULL, *line, *next;
     unsigned lineno = 0;
     unsigned char *seen;

@@ -11,22 +11,28 @@
 #define GiB   (1024ULL * MiB)
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
+/* Every key of codexec.conf with its default and range; README.md says what
+ * each does. */
 static const struct cx_conf_key keys[] = {
+    /* the process */
     {"listen", CX_CONF_STR, O(listen), "", 0, 0},
     {"socket_mode", CX_CONF_MODE, O(socket_mode), "0660", 0, 0777},
     {"workers", CX_CONF_UINT, O(workers), "16", 1, 1024},
     {"log_file", CX_CONF_STR, O(log_file), "", 0, 0},
     {"log_level", CX_CONF_LEVEL, O(log_level), "info", 0, 0},
+    /* the services it uses */
     {"database", CX_CONF_STR, O(database), "dbname=codexec", 0, 0},
     {"gateway_url", CX_CONF_STR, O(gateway_url), "http://127.0.0.1:8888", 0, 0},
     {"gateway_token", CX_CONF_STR, O(gateway_token), "", 0, 0},
     {"kernel_name", CX_CONF_STR, O(kernel_name), "python3", 0, 0},
     {"storage_dir", CX_CONF_STR, O(storage_dir), "/var/lib/codexec/storage", 0, 0},
     {"secret_file", CX_CONF_STR, O(secret_file), "/etc/codexec/secret", 0, 0},
+    /* who may do what, and how downloads leave */
     {"trust_remote_user", CX_CONF_BOOL, O(trust_remote_user), "false", 0, 0},
     {"require_approval", CX_CONF_BOOL, O(require_approval), "false", 0, 0},
     {"delivery", CX_CONF_DELIVERY, O(delivery), "direct", 0, 0},
     {"x_accel_prefix", CX_CONF_STR, O(x_accel_prefix), "/_codexec_storage/", 0, 0},
+    /* runs and sessions (SPEC §5) */
     {"default_timeout", CX_CONF_UINT, O(default_timeout), "30", 1, 86400},
     {"max_timeout", CX_CONF_UINT, O(max_timeout), "300", 1, 86400},
     {"default_ttl", CX_CONF_UINT, O(default_ttl), "600", 1, 30 * 86400},
@@ -34,16 +40,19 @@ static const struct cx_conf_key keys[] = {
     {"interrupt_grace", CX_CONF_UINT, O(interrupt_grace), "5", 1, 600},
     {"busy_wait", CX_CONF_UINT, O(busy_wait), "10", 0, 3600},
     {"approval_ttl", CX_CONF_UINT, O(approval_ttl), "3600", 1, 30 * 86400},
+    /* sizes (SPEC §5) */
     {"tail_chars", CX_CONF_UINT, O(tail_chars), "4000", 1, 1000000},
     {"max_output_bytes", CX_CONF_SIZE, O(max_output_bytes), "8M", 1024, 1 * GiB},
     {"max_code_bytes", CX_CONF_SIZE, O(max_code_bytes), "1M", 16, 64 * MiB},
     {"max_body_bytes", CX_CONF_SIZE, O(max_body_bytes), "64M", 1024, 64 * GiB},
     {"max_artifact_bytes", CX_CONF_SIZE, O(max_artifact_bytes), "100M", 1, 64 * GiB},
+    /* counts and quotas (SPEC §5) */
     {"max_captured_files", CX_CONF_UINT, O(max_captured_files), "64", 0, 100000},
     {"max_inputs", CX_CONF_UINT, O(max_inputs), "32", 0, 10000},
     {"user_quota_bytes", CX_CONF_SIZE, O(user_quota_bytes), "5G", 0, 1024 * GiB * 1024},
     {"user_quota_artifacts", CX_CONF_UINT, O(user_quota_artifacts), "5000", 0, 100000000},
     {"max_sessions_per_user", CX_CONF_UINT, O(max_sessions_per_user), "8", 1, 100000},
+    /* links, housekeeping, the kernel pool */
     {"link_default_expiry", CX_CONF_UINT, O(link_default_expiry), "300", 1, 365 * 86400},
     {"link_max_expiry", CX_CONF_UINT, O(link_max_expiry), "604800", 1, 365 * 86400},
     {"reaper_interval", CX_CONF_UINT, O(reaper_interval), "30", 1, 86400},
@@ -64,25 +73,36 @@ cx_config_defaults(struct cx_config *cfg)
     return cx_conf_defaults(keys, NKEYS, cfg);
 }
 
+/* Settings that must not exceed another. */
+static const struct {
+    size_t lo, hi;
+    bool wide; /* uint64_t, else unsigned */
+    const char *what;
+} ordered[] = {
+    {O(default_timeout), O(max_timeout), false, "default_timeout is above max_timeout"},
+    {O(default_ttl), O(max_ttl), false, "default_ttl is above max_ttl"},
+    {O(link_default_expiry), O(link_max_expiry), false,
+     "link_default_expiry is above link_max_expiry"},
+    {O(max_code_bytes), O(max_body_bytes), true, "max_code_bytes is above max_body_bytes"},
+};
+
+static uint64_t
+field(const struct cx_config *cfg, size_t off, bool wide)
+{
+    const char *p = (const char *)cfg + off;
+
+    return wide ? *(const uint64_t *)p : *(const unsigned *)p;
+}
+
 static enum cx_err
 check_whole(struct cx_config *cfg, char *msg, size_t msglen)
 {
-    if (cfg->default_timeout > cfg->max_timeout) {
-        snprintf(msg, msglen, "default_timeout is above max_timeout");
-        return CX_ERR_INVALID;
-    }
-    if (cfg->default_ttl > cfg->max_ttl) {
-        snprintf(msg, msglen, "default_ttl is above max_ttl");
-        return CX_ERR_INVALID;
-    }
-    if (cfg->link_default_expiry > cfg->link_max_expiry) {
-        snprintf(msg, msglen, "link_default_expiry is above link_max_expiry");
-        return CX_ERR_INVALID;
-    }
-    if (cfg->max_code_bytes > cfg->max_body_bytes) {
-        snprintf(msg, msglen, "max_code_bytes is above max_body_bytes");
-        return CX_ERR_INVALID;
-    }
+    for (size_t i = 0; i < sizeof(ordered) / sizeof(ordered[0]); i++)
+        if (field(cfg, ordered[i].lo, ordered[i].wide) >
+            field(cfg, ordered[i].hi, ordered[i].wide)) {
+            snprintf(msg, msglen, "%s", ordered[i].what);
+            return CX_ERR_INVALID;
+        }
     return CX_OK;
 }
 
@@ -90,7 +110,7 @@ enum cx_err
 cx_config_parse(struct cx_config *cfg, const char *name, const char *text, char *errbuf,
                 size_t errlen)
 {
-    char msg[256];
+    char msg[CX_MSG_MAX];
     enum cx_err rc;
 
     memset(cfg, 0, sizeof(*cfg));
@@ -105,7 +125,7 @@ cx_config_parse(struct cx_config *cfg, const char *name, const char *text, char 
 enum cx_err
 cx_config_load(struct cx_config *cfg, const char *path, char *errbuf, size_t errlen)
 {
-    char msg[256];
+    char msg[CX_MSG_MAX];
     enum cx_err rc;
 
     memset(cfg, 0, sizeof(*cfg));

@@ -67,7 +67,7 @@ cx_db_free(struct cx_db *db)
 static void
 log_conn_error(struct cx_db *db, const char *what)
 {
-    char msg[256];
+    char msg[CX_MSG_MAX];
     const char *e = db->conn ? PQerrorMessage(db->conn) : "out of memory";
 
     /* libpq's connection messages name hosts and sockets, never user data. */
@@ -134,6 +134,21 @@ retriable(struct cx_db *db, bool was_in_tx)
     return !was_in_tx && db->conn && PQstatus(db->conn) == CONNECTION_BAD;
 }
 
+/* After a failed call (r is cleared): true to try once more (the
+ * connection dropped outside a transaction, on the first attempt), else
+ * false with the error in *rc. */
+static bool
+retry_after(struct cx_db *db, PGresult *r, int id, bool was_in_tx, int attempt, enum cx_err *rc)
+{
+    *rc = result_error(db, r, id);
+    PQclear(r);
+    if (retriable(db, was_in_tx) && attempt == 0) {
+        disconnect(db);
+        return true;
+    }
+    return false;
+}
+
 enum cx_err
 cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresult **res)
 {
@@ -155,13 +170,8 @@ cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresu
         if (!(db->prepared[id / 8] & (1u << (id % 8)))) {
             r = PQprepare(db->conn, name, q->text, q->nparams, NULL);
             if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
-                rc = result_error(db, r, id);
-                PQclear(r);
-                r = NULL;
-                if (retriable(db, was_in_tx) && attempt == 0) {
-                    disconnect(db);
+                if (retry_after(db, r, id, was_in_tx, attempt, &rc))
                     continue;
-                }
                 return rc;
             }
             PQclear(r);
@@ -170,13 +180,11 @@ cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresu
         r = PQexecPrepared(db->conn, name, q->nparams, params, NULL, NULL, 0);
         if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK))
             break;
-        rc = result_error(db, r, id);
-        PQclear(r);
-        r = NULL;
-        if (retriable(db, was_in_tx) && attempt == 0) {
-            disconnect(db);
+        if (retry_after(db, r, id, was_in_tx, attempt, &rc)) {
+            r = NULL;
             continue;
         }
+        r = NULL;
         if (db->in_tx && PQstatus(db->conn) != CONNECTION_OK)
             disconnect(db);
         return rc;
@@ -340,7 +348,7 @@ fail:
 }
 
 enum cx_err
-cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const char *const *names,
+cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const char *columns,
            json_t **out)
 {
     PGresult *r = NULL;
@@ -353,10 +361,15 @@ cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const 
     rows = json_array();
     for (int i = 0; rows && i < PQntuples(r); i++) {
         json_t *row = json_object();
-        for (int c = 0; row && names[c] && c < PQnfields(r); c++)
-            json_object_set_new(row, names[c],
-                                PQgetisnull(r, i, c) ? json_null()
-                                                     : json_string(PQgetvalue(r, i, c)));
+        const char *name = columns;
+        for (int c = 0; row && *name && c < PQnfields(r); c++) {
+            char key[64];
+            size_t n = strcspn(name, " ");
+            snprintf(key, sizeof(key), "%.*s", (int)n, name);
+            name += n + (name[n] == ' ');
+            json_object_set_new(
+                row, key, PQgetisnull(r, i, c) ? json_null() : json_string(PQgetvalue(r, i, c)));
+        }
         if (!row || json_array_append_new(rows, row)) {
             json_decref(rows);
             rows = NULL;
@@ -365,4 +378,17 @@ cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const 
     PQclear(r);
     *out = rows;
     return rows ? CX_OK : CX_ERR_NOMEM;
+}
+
+enum cx_err
+cx_db_exec_row(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresult **res)
+{
+    enum cx_err rc = cx_db_exec(db, q, params, res);
+
+    if (rc == CX_OK && PQntuples(*res) != 1) {
+        PQclear(*res);
+        *res = NULL;
+        rc = CX_ERR_NOT_FOUND;
+    }
+    return rc;
 }

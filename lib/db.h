@@ -42,10 +42,16 @@ void cx_db_free(struct cx_db *db);
 enum cx_err cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params,
                        PGresult **res) CX_MUSTCHECK;
 
-/* Runs q and turns its rows into objects {names[i]: text or null} (names:
- * one per column, NULL-terminated). *out: new reference to the array. */
+/* cx_db_exec() for a statement that finds one row: CX_ERR_NOT_FOUND (and
+ * *res NULL) when it found none, or more than one. */
+enum cx_err cx_db_exec_row(struct cx_db *db, struct cx_sql *q, const char *const *params,
+                           PGresult **res) CX_MUSTCHECK;
+
+/* Runs q and turns its rows into objects {name: text or null}, the names
+ * space-separated in columns, one per column. *out: new reference to the
+ * array. */
 enum cx_err cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params,
-                       const char *const *names, json_t **out) CX_MUSTCHECK;
+                       const char *columns, json_t **out) CX_MUSTCHECK;
 
 /* Plain SQL without parameters (DDL, BEGIN, migrations). */
 enum cx_err cx_db_run(struct cx_db *db, const char *sql) CX_MUSTCHECK;

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "artifact.h"
+#include "authdb.h"
 #include "buf.h"
 #include "config.h"
 #include "db.h"
@@ -151,7 +153,7 @@ cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const char *id, 
              long long expires_in)
 {
     unsigned char tag[crypto_auth_BYTES];
-    char sig[64], when[32];
+    char sig[64], when[32], path[CX_CONTENT_URL_MAX];
     long long exp = (long long)time(NULL) + expires_in;
     struct cx_buf m, url;
     json_t *out = NULL;
@@ -167,7 +169,8 @@ cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const char *id, 
     cx_buf_cleanup(&m);
     sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
     cx_buf_init(&url, 8192);
-    cx_buf_addf(&url, "/v1/artifacts/%s/content?version=%d&u=", id, version);
+    cx_artifact_content_url(id, version, path);
+    cx_buf_addf(&url, "%s&u=", path);
     cx_http_pct_encode(&url, who->user, "-_.~");
     cx_buf_addf(&url, "&k=%s&exp=%lld&sig=%s", who->key_id, exp, sig);
     gmtime_r(&t, &tm);
@@ -176,6 +179,21 @@ cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const char *id, 
         out = json_pack("{s:s,s:s,s:i}", "url", url.data, "expires_at", when, "version", version);
     cx_buf_cleanup(&url);
     return out;
+}
+
+/* Whether tag is the link key's HMAC of the link's fields. */
+static bool
+signature_ok(struct cx_ctx *cx, const unsigned char *tag, const char *user, const char *id,
+             int version, long long exp, const char *key_id)
+{
+    struct cx_buf m;
+    bool good;
+
+    link_message(&m, user, id, version, exp, key_id);
+    good = !cx_buf_err(&m) && crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
+                                                 cx_auth_link_key(cx->auth)) == 0;
+    cx_buf_cleanup(&m);
+    return good;
 }
 
 CX_SQL(q_link_key, 1, "SELECT user_id FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");
@@ -191,8 +209,11 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
     char *end;
     long v;
 
-    if (cx_http_query_get(query, "sig", sig, sizeof(sig)) != CX_OK)
-        return CX_ERR_NOT_FOUND;
+    switch (cx_http_query_get(query, "sig", sig, sizeof(sig))) {
+    case CX_OK: break;
+    case CX_ERR_NOT_FOUND: return CX_ERR_NOT_FOUND; /* not a link */
+    default: return CX_ERR_FORBIDDEN;               /* a signature, but a broken one */
+    }
     if (cx_http_query_get(query, "u", user, CX_USER_MAX + 1) ||
         cx_http_query_get(query, "version", ver, sizeof(ver)) ||
         cx_http_query_get(query, "exp", exps, sizeof(exps)) ||
@@ -203,6 +224,7 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
     v = strtol(ver, &end, 10);
     if (errno || *end || v < 1 || v > 1000000000)
         return CX_ERR_FORBIDDEN;
+    errno = 0;
     exp = strtoll(exps, &end, 10);
     if (errno || *end || exp <= 0)
         return CX_ERR_FORBIDDEN;
@@ -210,16 +232,8 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
                           sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
         taglen != crypto_auth_BYTES)
         return CX_ERR_FORBIDDEN;
-    {
-        struct cx_buf m;
-        int bad;
-        link_message(&m, user, id, v, exp, key_id);
-        bad = cx_buf_err(&m) || crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
-                                                   cx_auth_link_key(cx->auth)) != 0;
-        cx_buf_cleanup(&m);
-        if (bad)
-            return CX_ERR_FORBIDDEN;
-    }
+    if (!signature_ok(cx, tag, user, id, (int)v, exp, key_id))
+        return CX_ERR_FORBIDDEN;
     /* Only a genuine link learns that it expired. */
     if (exp < (long long)time(NULL))
         return CX_ERR_EXPIRED;

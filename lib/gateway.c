@@ -189,13 +189,13 @@ cx_gateway_token(const struct cx_gateway *gw)
 static bool
 url_safe(const char *s)
 {
-    if (!*s || strlen(s) > 200)
+    if (!*s || strlen(s) > 200 || strstr(s, ".."))
         return false;
     for (; *s; s++)
         if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
               *s == '-' || *s == '_' || *s == '.'))
             return false;
-    return !strstr(s, "..");
+    return true;
 }
 
 /* method prefix<id>suffix */
@@ -274,10 +274,16 @@ cx_gateway_kernel_interrupt(struct cx_gateway *gw, const char *id)
     return kernel_post(gw, id, "/interrupt");
 }
 
+/* Jupyter Server answers 500, not 404, to a restart of a kernel it does not
+ * know: a GET tells the two apart. */
 enum cx_err
 cx_gateway_kernel_restart(struct cx_gateway *gw, const char *id)
 {
-    return kernel_post(gw, id, "/restart");
+    enum cx_err rc = kernel_post(gw, id, "/restart");
+
+    if (rc == CX_ERR_GATEWAY && cx_gateway_kernel_get(gw, id, NULL) == CX_ERR_NOT_FOUND)
+        rc = CX_ERR_NOT_FOUND;
+    return rc;
 }
 
 enum cx_err

@@ -23,7 +23,7 @@ bool
 cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name,
                 const char *storage_dir, json_t **out)
 {
-    char msg[256];
+    char msg[CX_MSG_MAX];
     json_t *checks = json_object();
     int ok = 1, rc;
 

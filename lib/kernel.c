@@ -250,12 +250,92 @@ iso_now(char out[64])
              tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
 }
 
+static enum cx_err
+send_message(struct cx_kernel_conn *c, json_t *m)
+{
+    char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+    enum cx_err rc;
+
+    json_decref(m);
+    if (!text)
+        return CX_ERR_NOMEM;
+    rc = cx_ws_send(c->ws, CX_WS_TEXT, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+/* A kernel_info_request; msg_id receives its id. */
+static enum cx_err
+send_kernel_info(struct cx_kernel_conn *c, char msg_id[40])
+{
+    char date[64];
+
+    cx_uuid_generate(msg_id);
+    iso_now(date);
+    return send_message(c, json_pack("{s:{s:s,s:s,s:s,s:s,s:s,s:s},s:{},s:{},s:{},s:s,s:[]}",
+                                     "header", "msg_id", msg_id, "username", "codexec", "session",
+                                     c->session, "date", date, "msg_type", "kernel_info_request",
+                                     "version", "5.3", "parent_header", "metadata", "content",
+                                     "channel", "shell", "buffers"));
+}
+
+/* A message during cx_kernel_ready(): CX_OK when it is on iopub with a
+ * parent in ids[0..n), CX_ERR_KERNEL_DIED for the server's notice that the
+ * kernel is dead or restarting, CX_ERR_TIMEOUT (keep waiting) otherwise. */
+static enum cx_err
+ready_answer(const struct cx_buf *msg, char ids[][40], int n)
+{
+    json_t *m = json_loadb(msg->data, msg->len, 0, NULL);
+    const char *channel = json_string_value(json_object_get(m, "channel"));
+    const char *parent =
+        json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
+    const char *state =
+        json_string_value(json_object_get(json_object_get(m, "content"), "execution_state"));
+    enum cx_err rc = CX_ERR_TIMEOUT;
+
+    if (!parent && state && (!strcmp(state, "dead") || !strcmp(state, "restarting")))
+        rc = CX_ERR_KERNEL_DIED;
+    for (int i = 0; channel && parent && !strcmp(channel, "iopub") && i < n && rc; i++)
+        if (!strcmp(parent, ids[i]))
+            rc = CX_OK;
+    json_decref(m);
+    return rc;
+}
+
+enum cx_err
+cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
+{
+    char ids[64][40];
+    int n = 0;
+
+    while (cx_now_us() < deadline_us) {
+        int64_t window = cx_now_us() + 200000;
+        enum cx_ws_opcode op;
+        enum cx_err rc;
+
+        if (n == 64)
+            n = 0; /* the oldest nudges are long answered or lost */
+        rc = send_kernel_info(c, ids[n++]);
+        if (rc)
+            return rc;
+        while ((rc = cx_ws_recv(c->ws, window < deadline_us ? window : deadline_us, &c->msg,
+                                &op)) == CX_OK) {
+            c->messages++;
+            rc = op == CX_WS_TEXT ? ready_answer(&c->msg, ids, n) : CX_ERR_TIMEOUT;
+            if (rc != CX_ERR_TIMEOUT)
+                return rc;
+        }
+        if (rc != CX_ERR_TIMEOUT && rc != CX_ERR_TOO_LARGE)
+            return rc;
+    }
+    return CX_ERR_TIMEOUT;
+}
+
 enum cx_err
 cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
 {
     char date[64];
     json_t *m;
-    char *text;
     enum cx_err rc;
 
     cx_uuid_generate(e->msg_id);
@@ -273,12 +353,7 @@ cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
         json_object_set_new(m, "metadata", json_object());
     if (!e->user_expressions)
         json_object_set_new(json_object_get(m, "content"), "user_expressions", json_object());
-    text = json_dumps(m, JSON_COMPACT);
-    json_decref(m);
-    if (!text)
-        return CX_ERR_NOMEM;
-    rc = cx_ws_send(c->ws, CX_WS_TEXT, text, strlen(text));
-    free(text);
+    rc = send_message(c, m);
     if (rc == CX_OK)
         e->sent = true;
     return rc;

@@ -70,6 +70,14 @@ void cx_kernel_pool_drain_idle(void);
 /* Frees every pooled connection (at exit). */
 void cx_kernel_pool_clear(void);
 
+/* Until the kernel's output channel is live: a kernel_info_request every
+ * 200 ms until an iopub message answers one (jupyter_client's
+ * wait_for_ready). After a (re)start, the server's subscription to the new
+ * kernel's iopub may not be in place yet, and what the kernel publishes
+ * meanwhile is lost. CX_ERR_TIMEOUT at the deadline, CX_ERR_KERNEL_DIED
+ * when the server says the kernel is dead or restarting. */
+enum cx_err cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us) CX_MUSTCHECK;
+
 /* Sends e as an execute_request on the shell channel; fills e->msg_id. */
 enum cx_err cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e) CX_MUSTCHECK;
 

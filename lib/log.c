@@ -70,12 +70,6 @@ cx_log_set_request_id(const char *id)
     request_id[i] = '\0';
 }
 
-const char *
-cx_log_request_id(void)
-{
-    return request_id;
-}
-
 void
 cx_log_write(int level, int errnum, const char *fmt, ...)
 {

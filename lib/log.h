@@ -18,7 +18,6 @@ int cx_log_level(void);
 
 /* The calling thread's request id (copied, at most 32 chars); NULL clears. */
 void cx_log_set_request_id(const char *id);
-const char *cx_log_request_id(void);
 
 /* errnum: an errno value appended as "(N: text)", or 0. */
 void cx_log_write(int level, int errnum, const char *fmt, ...) CX_PRINTF(3, 4);

@@ -25,11 +25,16 @@ struct histogram {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t counters[CX_COUNT__N];
-static const char *const counter_names[CX_COUNT__N] = {
-    [CX_COUNT_GATEWAY_REST] = "gateway_rest_requests",
-    [CX_COUNT_GATEWAY_WS_CONNECT] = "gateway_ws_connects",
-    [CX_COUNT_GATEWAY_BATCHES] = "gateway_round_trips",
-    [CX_COUNT_GATEWAY_STALE] = "gateway_stale_messages",
+/* codexec_<name>_total and its HELP line */
+static const struct {
+    const char *name, *help;
+} counter_info[CX_COUNT__N] = {
+    [CX_COUNT_GATEWAY_REST] = {"gateway_rest_requests", "REST calls to the gateway."},
+    [CX_COUNT_GATEWAY_WS_CONNECT] = {"gateway_ws_connects", "Kernel WebSockets opened."},
+    [CX_COUNT_GATEWAY_BATCHES] = {"gateway_round_trips", "Pipelined batches sent and awaited."},
+    [CX_COUNT_GATEWAY_STALE] = {"gateway_stale_messages",
+                                "Kernel messages read and dropped (not for a run of ours)."},
+    [CX_COUNT_ACCEPT_ERRORS] = {"accept_errors", "accept() failures a worker backed off from."},
 };
 
 void
@@ -86,8 +91,12 @@ void
 cx_metrics_render(struct cx_buf *b)
 {
     for (int c = 0; c < CX_COUNT__N; c++)
-        cx_buf_addf(b, "# TYPE codexec_%s_total counter\ncodexec_%s_total %llu\n", counter_names[c],
-                    counter_names[c], (unsigned long long)cx_metrics_counter((enum cx_counter)c));
+        cx_buf_addf(b,
+                    "# HELP codexec_%s_total %s\n# TYPE codexec_%s_total counter\n"
+                    "codexec_%s_total %llu\n",
+                    counter_info[c].name, counter_info[c].help, counter_info[c].name,
+                    counter_info[c].name,
+                    (unsigned long long)cx_metrics_counter((enum cx_counter)c));
     pthread_mutex_lock(&lock);
     cx_buf_adds(b, "# HELP codexec_http_requests_total HTTP requests by route and status.\n"
                    "# TYPE codexec_http_requests_total counter\n");

@@ -16,6 +16,7 @@ enum cx_counter {
     CX_COUNT_GATEWAY_WS_CONNECT, /* channel WebSockets opened */
     CX_COUNT_GATEWAY_BATCHES,    /* pipelined request batches sent and awaited */
     CX_COUNT_GATEWAY_STALE,      /* messages read and dropped: not for a run of ours */
+    CX_COUNT_ACCEPT_ERRORS,      /* accept() failures a worker backed off from */
     CX_COUNT__N
 };
 void cx_metrics_count(enum cx_counter c);

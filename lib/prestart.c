@@ -11,6 +11,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "prestart.h"
+#include "session.h"
 #include "util.h"
 
 CX_SQL(q_claim, 2,
@@ -53,13 +54,20 @@ cx_prestart_claim(struct cx_ctx *cx, char id_out[37], char kernel_out[64], bool 
     return CX_OK;
 }
 
+/* Sets a flag the refilling thread waits on and wakes it. */
+static void
+raise_flag(bool *flag)
+{
+    pthread_mutex_lock(&wake_lock);
+    *flag = true;
+    pthread_cond_broadcast(&wake_cond);
+    pthread_mutex_unlock(&wake_lock);
+}
+
 void
 cx_prestart_kick(void)
 {
-    pthread_mutex_lock(&wake_lock);
-    kicked = true;
-    pthread_cond_signal(&wake_cond);
-    pthread_mutex_unlock(&wake_lock);
+    raise_flag(&kicked);
 }
 
 bool
@@ -83,10 +91,7 @@ cx_prestart_wait(unsigned seconds)
 void
 cx_prestart_shutdown(void)
 {
-    pthread_mutex_lock(&wake_lock);
-    shut = true;
-    pthread_cond_broadcast(&wake_cond);
-    pthread_mutex_unlock(&wake_lock);
+    raise_flag(&shut);
 }
 
 static bool
@@ -100,19 +105,13 @@ shutting_down(void)
     return s;
 }
 
-static void
-workspace_of(const char *id, char out[48])
-{
-    snprintf(out, 48, "w-%s", id);
-}
-
 /* Deletes a pooled kernel whose row we removed (or never inserted). */
 static void
 discard(struct cx_ctx *cx, const char *id, const char *kernel_id)
 {
-    char ws[48];
+    char ws[CX_WORKSPACE_MAX];
 
-    workspace_of(id, ws);
+    cx_session_workspace_name(id, ws);
     cx_kernel_pool_forget(kernel_id);
     if (cx_gateway_kernel_delete(cx->gw, kernel_id) || cx_gateway_dir_delete(cx->gw, ws))
         cx_log_warn(0, "could not delete pooled kernel %s or its workspace", kernel_id);
@@ -215,7 +214,7 @@ warm_ok(const struct cx_exec *e)
 static enum cx_err
 start_one(struct cx_ctx *cx)
 {
-    char id[37], ws[48], kid[64], msg[160];
+    char id[37], ws[CX_WORKSPACE_MAX], kid[64], msg[CX_MSG_MAX];
     const char *p[4] = {id, cx_gateway_url(cx->gw), cx->cfg->kernel_name, kid};
     struct cx_kernel_conn *c = NULL;
     struct cx_exec e = {.silent = true};
@@ -225,7 +224,7 @@ start_one(struct cx_ctx *cx)
     enum cx_err rc;
 
     cx_uuid_generate(id);
-    workspace_of(id, ws);
+    cx_session_workspace_name(id, ws);
     rc = cx_gateway_dir_create(cx->gw, ws, msg, sizeof(msg));
     if (rc)
         return rc;
@@ -315,10 +314,9 @@ cx_prestart_drain(struct cx_ctx *cx, int *deleted)
 {
     const char *p[1] = {cx_gateway_url(cx->gw)};
     PGresult *r = NULL;
-    enum cx_err rc;
+    enum cx_err rc = cx_db_exec(cx->db, &q_list, p, &r);
 
     *deleted = 0;
-    rc = cx_db_exec(cx->db, &q_list, p, &r);
     for (int i = 0; rc == CX_OK && i < PQntuples(r); i++) {
         rc = take(cx, PQgetvalue(r, i, 0));
         if (rc == CX_OK)

@@ -37,21 +37,15 @@ text_or_null(PGresult *r, int col)
 }
 
 enum cx_err
-cx_run_get(struct cx_db *db, const char *user, const char *run_id, json_t **out)
+cx_run_get(struct cx_ctx *cx, const char *user, const char *run_id, json_t **out)
 {
     const char *params[2] = {run_id, user};
     PGresult *r = NULL;
     enum cx_err rc;
 
-    if (!cx_uuid_valid(run_id))
-        return CX_ERR_NOT_FOUND;
-    rc = cx_db_exec(db, &q_run_get, params, &r);
+    rc = cx_uuid_valid(run_id) ? cx_db_exec_row(cx->db, &q_run_get, params, &r) : CX_ERR_NOT_FOUND;
     if (rc)
         return rc;
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        return CX_ERR_NOT_FOUND;
-    }
     *out = json_pack(
         "{s:s,s:s,s:s,s:I,s:s,s:o,s:b,s:b,s:o,s:o,s:o,s:o}", "run_id", PQgetvalue(r, 0, 0),
         "conversation_id", PQgetvalue(r, 0, 1), "status", PQgetvalue(r, 0, 2), "code_length",
@@ -64,6 +58,11 @@ cx_run_get(struct cx_db *db, const char *user, const char *run_id, json_t **out)
     PQclear(r);
     return *out ? CX_OK : CX_ERR_NOMEM;
 }
+
+CX_SQL(q_run_status, 2,
+       "UPDATE runs SET status = $2, started_at = CASE WHEN $2 = 'running'"
+       " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
+       " THEN now() ELSE finished_at END WHERE id = $1::uuid");
 
 CX_SQL(q_run_insert, 6,
        "INSERT INTO runs (id, user_id, conversation_id, api_key_id, status, code_length,"
@@ -363,11 +362,6 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     return rc;
 }
 
-CX_SQL(q_run_status, 2,
-       "UPDATE runs SET status = $2, started_at = CASE WHEN $2 = 'running'"
-       " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
-       " THEN now() ELSE finished_at END WHERE id = $1::uuid");
-
 /* Loads the inputs (again: they may be gone since the request was checked)
  * and runs. A missing input now fails the run as a 404. */
 static enum cx_err
@@ -461,13 +455,9 @@ take_pending(struct cx_ctx *cx, const struct cx_principal *who, const char *run_
     rc = cx_db_begin(cx->db);
     if (rc)
         return rc;
-    rc = cx_db_exec(cx->db, &q_pending_take, p, &r);
+    rc = cx_db_exec_row(cx->db, &q_pending_take, p, &r);
     if (rc)
         goto fail;
-    if (PQntuples(r) != 1) {
-        rc = CX_ERR_NOT_FOUND;
-        goto fail;
-    }
     expired = PQgetvalue(r, 0, 1)[0] == 't';
     if (expired)
         u[1] = "expired";
@@ -497,6 +487,20 @@ fail:
     return rc;
 }
 
+/* A decision on a pending run: never by a key that itself waits for
+ * approval (its runs wait for someone else). *request: new reference. */
+static enum cx_err
+decide(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+       const char *new_status, json_t **request, char *msg, size_t msglen)
+{
+    *request = NULL;
+    if (who->require_approval) {
+        snprintf(msg, msglen, "a key that requires approval can't approve or reject runs");
+        return CX_ERR_FORBIDDEN;
+    }
+    return take_pending(cx, who, run_id, new_status, request, msg, msglen);
+}
+
 enum cx_err
 cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id, json_t **out,
                char *msg, size_t msglen)
@@ -506,12 +510,7 @@ cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *ru
     enum cx_err rc;
 
     *out = NULL;
-    if (who->require_approval) {
-        /* Its runs wait for someone else: it never decides one. */
-        snprintf(msg, msglen, "a key that requires approval can't approve or reject runs");
-        return CX_ERR_FORBIDDEN;
-    }
-    rc = take_pending(cx, who, run_id, "running", &request, msg, msglen);
+    rc = decide(cx, who, run_id, "running", &request, msg, msglen);
     if (rc)
         return rc;
     /* Validated again: the limits may have changed while it waited. */
@@ -536,11 +535,7 @@ cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run
     enum cx_err rc;
 
     *out = NULL;
-    if (who->require_approval) {
-        snprintf(msg, msglen, "a key that requires approval can't approve or reject runs");
-        return CX_ERR_FORBIDDEN;
-    }
-    rc = take_pending(cx, who, run_id, "rejected", &request, msg, msglen);
+    rc = decide(cx, who, run_id, "rejected", &request, msg, msglen);
     json_decref(request);
     if (rc)
         return rc;

@@ -10,7 +10,7 @@
 #include "util.h"
 
 struct cx_config;
-struct cx_db;
+struct cx_ctx;
 
 /* A validated POST /v1/runs body. Strings and arrays are borrowed from
  * root, which the struct holds a reference to: cx_run_request_cleanup(). */
@@ -37,10 +37,9 @@ void cx_run_request_cleanup(struct cx_run_request *req);
 
 /* The user's run record (never the code). CX_ERR_NOT_FOUND for a missing
  * run, another user's run and a malformed id alike. *out: new reference. */
-enum cx_err cx_run_get(struct cx_db *db, const char *user, const char *run_id,
+enum cx_err cx_run_get(struct cx_ctx *cx, const char *user, const char *run_id,
                        json_t **out) CX_MUSTCHECK;
 
-struct cx_ctx;
 struct cx_principal;
 
 /* POST /v1/runs: runs the request in the caller's conversation, or, when

@@ -398,6 +398,16 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
     reqs[CX_REQ_EPILOGUE] = (struct cx_exec){
         .code = "", .silent = true, .user_expressions = uexpr, .metadata = capmeta};
     st->carrier = last;
+    /* A kernel codexec (or the gateway, after a death) just started, on a
+     * connection that has heard nothing from it yet: its output channel may
+     * not be live, and output sent before it is would be lost. */
+    if (s->kernel_fresh && cx_kernel_conn_messages(st->conn) == 0) {
+        rc = cx_kernel_ready(st->conn, deadline);
+        if (rc == CX_ERR_KERNEL_DIED || rc == CX_ERR_IO)
+            goto out;
+        if (rc)
+            cx_log_warn(0, "kernel %s: output channel not confirmed live", s->kernel_id);
+    }
     /* Leftovers of an earlier run or of other clients (a restart notice,
      * say) must not be taken for this run's news. */
     cx_kernel_drain(st->conn, 0);

@@ -61,61 +61,73 @@ f_code(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char 
     return CX_OK;
 }
 
+/* One element of an array field; false with a message when it is not. */
+typedef bool (*element_fn)(json_t *array, size_t i, json_t *e, char *msg, size_t msglen);
+
+/* An optional array of at most max elements that each pass ok: *out is
+ * v, or NULL when absent or null. */
 static enum cx_err
-f_inputs(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
-         size_t msglen)
+array_field(json_t *v, size_t max, const char *what, element_fn ok, json_t **out, char *msg,
+            size_t msglen)
 {
     size_t i;
     json_t *e;
 
+    *out = NULL;
     if (!v || json_is_null(v))
         return CX_OK;
-    if (!json_is_array(v))
-        return fail(msg, msglen, CX_ERR_INVALID, "inputs must be an array of artifact ids");
-    if (json_array_size(v) > cfg->max_inputs) {
-        snprintf(msg, msglen, "inputs holds more than %u artifact ids", cfg->max_inputs);
+    if (!json_is_array(v) || json_array_size(v) > max) {
+        snprintf(msg, msglen, "%s must be an array of at most %zu %s", what, max,
+                 !strcmp(what, "inputs") ? "artifact ids" : "globs");
         return CX_ERR_INVALID;
     }
     json_array_foreach(v, i, e)
     {
-        if (!json_is_string(e) || !cx_uuid_valid(json_string_value(e))) {
-            snprintf(msg, msglen, "inputs[%zu] is not an artifact id", i);
+        if (!ok(v, i, e, msg, msglen))
             return CX_ERR_INVALID;
-        }
-        for (size_t k = 0; k < i; k++)
-            if (!strcasecmp(json_string_value(json_array_get(v, k)), json_string_value(e))) {
-                snprintf(msg, msglen, "inputs[%zu] repeats inputs[%zu]", i, k);
-                return CX_ERR_INVALID;
-            }
     }
-    req->inputs = v;
+    *out = v;
     return CX_OK;
+}
+
+/* An artifact id, not repeated. */
+static bool
+input_ok(json_t *array, size_t i, json_t *e, char *msg, size_t msglen)
+{
+    if (!json_is_string(e) || !cx_uuid_valid(json_string_value(e))) {
+        snprintf(msg, msglen, "inputs[%zu] is not an artifact id", i);
+        return false;
+    }
+    for (size_t k = 0; k < i; k++)
+        if (!strcasecmp(json_string_value(json_array_get(array, k)), json_string_value(e))) {
+            snprintf(msg, msglen, "inputs[%zu] repeats inputs[%zu]", i, k);
+            return false;
+        }
+    return true;
+}
+
+static bool
+glob_ok(json_t *array, size_t i, json_t *e, char *msg, size_t msglen)
+{
+    if (json_is_string(e) && json_string_length(e) > 0 && json_string_length(e) <= MAX_GLOB_BYTES)
+        return true;
+    snprintf(msg, msglen, "outputs[%zu] must be a non-empty string of at most %d bytes", i,
+             MAX_GLOB_BYTES);
+    return false;
+}
+
+static enum cx_err
+f_inputs(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+         size_t msglen)
+{
+    return array_field(v, cfg->max_inputs, "inputs", input_ok, &req->inputs, msg, msglen);
 }
 
 static enum cx_err
 f_outputs(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
           size_t msglen)
 {
-    size_t i;
-    json_t *e;
-
-    if (!v || json_is_null(v))
-        return CX_OK;
-    if (!json_is_array(v) || json_array_size(v) > MAX_OUTPUT_GLOBS) {
-        snprintf(msg, msglen, "outputs must be an array of at most %d globs", MAX_OUTPUT_GLOBS);
-        return CX_ERR_INVALID;
-    }
-    json_array_foreach(v, i, e)
-    {
-        if (!json_is_string(e) || json_string_length(e) == 0 ||
-            json_string_length(e) > MAX_GLOB_BYTES) {
-            snprintf(msg, msglen, "outputs[%zu] must be a non-empty string of at most %d bytes", i,
-                     MAX_GLOB_BYTES);
-            return CX_ERR_INVALID;
-        }
-    }
-    req->outputs = v;
-    return CX_OK;
+    return array_field(v, MAX_OUTPUT_GLOBS, "outputs", glob_ok, &req->outputs, msg, msglen);
 }
 
 static enum cx_err
@@ -241,8 +253,8 @@ cx_run_request_parse(const struct cx_config *cfg, json_t *body, struct cx_run_re
 void
 cx_run_request_cleanup(struct cx_run_request *req)
 {
-    if (!req)
-        return;
-    json_decref(req->root);
-    memset(req, 0, sizeof(*req));
+    if (req) {
+        json_decref(req->root);
+        memset(req, 0, sizeof(*req));
+    }
 }

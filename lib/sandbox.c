@@ -22,6 +22,7 @@
 #include <seccomp.h>
 
 #include "conf.h"
+#include "util.h"
 
 #define O(f)  offsetof(struct cx_sandbox_conf, f)
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -61,12 +62,9 @@ cgroup_name_valid(const char *s)
         return false;
     while (*p) {
         const char *start = p;
-        while (*p && *p != '/') {
-            char ch = *p++;
-            if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                  (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
-                return false;
-        }
+        p += strcspn(p, "/");
+        if (!cx_name_chars(start, (size_t)(p - start), "._-"))
+            return false;
         if (p == start || (p - start == 1 && start[0] == '.') ||
             (p - start == 2 && start[0] == '.' && start[1] == '.'))
             return false;
@@ -129,15 +127,7 @@ cx_sandbox_conf_cleanup(struct cx_sandbox_conf *sc)
 static bool
 name_valid(const char *s, size_t n)
 {
-    if (n == 0 || n >= 200 || s[0] == '.')
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-'))
-            return false;
-    }
-    return true;
+    return n > 0 && n < 200 && s[0] != '.' && cx_name_chars(s, n, "._-");
 }
 
 /* Reads at most max bytes of a regular file, never through a symlink. */
@@ -511,6 +501,13 @@ cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir
 /* ------------------------------------------------------------------------ */
 /* Sealing: the private directory becomes read-only inside the sandbox      */
 
+/* A bind remount replaces the mount's flags: these it keeps (statvfs's
+ * flag, mount's flag). */
+static const unsigned long kept_flags[][2] = {
+    {ST_NOSUID, MS_NOSUID},   {ST_NODEV, MS_NODEV},           {ST_NOEXEC, MS_NOEXEC},
+    {ST_NOATIME, MS_NOATIME}, {ST_NODIRATIME, MS_NODIRATIME}, {ST_RELATIME, MS_RELATIME},
+};
+
 enum cx_err
 cx_sandbox_seal(int pid, const char *runtime, const struct stat *expect, char *msg, size_t msglen)
 {
@@ -541,18 +538,9 @@ cx_sandbox_seal(int pid, const char *runtime, const struct stat *expect, char *m
         goto out;
     }
     flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
-    if (sv.f_flag & ST_NOSUID)
-        flags |= MS_NOSUID;
-    if (sv.f_flag & ST_NODEV)
-        flags |= MS_NODEV;
-    if (sv.f_flag & ST_NOEXEC)
-        flags |= MS_NOEXEC;
-    if (sv.f_flag & ST_NOATIME)
-        flags |= MS_NOATIME;
-    if (sv.f_flag & ST_NODIRATIME)
-        flags |= MS_NODIRATIME;
-    if (sv.f_flag & ST_RELATIME)
-        flags |= MS_RELATIME;
+    for (size_t i = 0; i < sizeof(kept_flags) / sizeof(kept_flags[0]); i++)
+        if (sv.f_flag & kept_flags[i][0])
+            flags |= kept_flags[i][1];
     if (mount(NULL, runtime, NULL, flags, NULL) != 0) {
         snprintf(msg, msglen, "cannot make the runtime directory read-only inside the sandbox");
         goto out;
@@ -1093,11 +1081,16 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
 {
     struct argv a = {0};
     char python[CX_SANDBOX_PATH_MAX + 16];
+    struct statvfs sv;
 
     add(&a, sc->bwrap);
     add(&a, "--unshare-all");
     add(&a, "--unshare-user");
-    add(&a, "--disable-userns");
+    /* bwrap does this by writing /proc/sys/user/max_user_namespaces in the
+     * sandbox; where /proc/sys is read-only (a container) it can't, and the
+     * seccomp filter alone refuses new namespaces. */
+    if (statvfs("/proc/sys/user", &sv) == 0 && !(sv.f_flag & ST_RDONLY))
+        add(&a, "--disable-userns");
     add3(&a, "--uid", "65534", NULL);
     add3(&a, "--gid", "65534", NULL);
     add(&a, "--die-with-parent");

@@ -40,10 +40,10 @@ CX_SQL(q_lru, 2,
        "SELECT conversation_id FROM sessions WHERE user_id = $1 AND conversation_id <> $2"
        " AND kernel_id IS NOT NULL ORDER BY last_used_at LIMIT 64");
 CX_SQL(q_evicted, 1, "UPDATE sessions SET kernel_id = NULL WHERE id = $1::uuid");
-CX_SQL(q_insert, 5,
-       "INSERT INTO sessions (id, user_id, conversation_id, gateway_url, workspace, expires_at)"
-       " VALUES ($1::uuid, $2, $3, $4, 'w-' || $1, now() + make_interval(secs => $5::int))"
-       " RETURNING workspace, " EXPIRES);
+CX_SQL(q_insert, 6,
+       "INSERT INTO sessions (id, user_id, conversation_id, gateway_url, expires_at, workspace)"
+       " VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5::int), $6)"
+       " RETURNING " EXPIRES);
 CX_SQL(q_set_kernel, 3,
        "UPDATE sessions SET kernel_id = $2, gateway_url = $3, kernel_fresh = true"
        " WHERE id = $1::uuid");
@@ -57,6 +57,12 @@ CX_SQL(q_delete, 1, "DELETE FROM sessions WHERE id = $1::uuid");
 CX_SQL(q_expired, 1,
        "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), workspace FROM sessions"
        " WHERE expires_at < now() ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED");
+
+void
+cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX])
+{
+    snprintf(out, CX_WORKSPACE_MAX, "w-%s", id);
+}
 
 /* Takes the conversation's lock if no one holds it; never waits. */
 static enum cx_err
@@ -121,7 +127,7 @@ empty_in(struct cx_ctx *cx, const char *kernel_id)
 {
     struct cx_kernel_conn *c = NULL;
     struct cx_exec e = {.code = empty_cell, .silent = true};
-    char msg[160];
+    char msg[CX_MSG_MAX];
     enum cx_err rc;
 
     rc = cx_kernel_conn_get(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kernel_id, &c, msg,
@@ -141,7 +147,7 @@ empty_in(struct cx_ctx *cx, const char *kernel_id)
 static enum cx_err
 empty_workspace(struct cx_ctx *cx, const char *kernel_id, const char *workspace)
 {
-    char tmp[64], msg[160];
+    char tmp[64], msg[CX_MSG_MAX];
     enum cx_err rc = kernel_id && *kernel_id ? empty_in(cx, kernel_id) : CX_ERR_NOT_FOUND;
 
     if (rc == CX_OK)
@@ -189,16 +195,11 @@ close_by_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool
 {
     const char *p[2] = {user, cid};
     PGresult *r = NULL;
-    enum cx_err rc;
+    enum cx_err rc = cx_db_exec_row(cx->db, &q_get, p, &r);
 
-    rc = cx_db_exec(cx->db, &q_get, p, &r);
-    if (rc)
-        return rc;
-    if (PQntuples(r) == 1)
+    if (rc == CX_OK)
         rc = close_locked(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
                           keep_row);
-    else
-        rc = CX_ERR_NOT_FOUND;
     PQclear(r);
     return rc;
 }
@@ -265,17 +266,19 @@ start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
     return CX_OK;
 }
 
-/* Inserts the session's row (s->id set): its workspace and expiry. */
+/* Inserts the session's row (s->id set; p[5] is s->workspace): its
+ * workspace and expiry. */
 static enum cx_err
 insert_row(struct cx_ctx *cx, struct cx_session *s, const char *const *p)
 {
     PGresult *r = NULL;
-    enum cx_err rc = cx_db_exec(cx->db, &q_insert, p, &r);
+    enum cx_err rc;
 
+    cx_session_workspace_name(s->id, s->workspace);
+    rc = cx_db_exec(cx->db, &q_insert, p, &r);
     if (rc)
         return rc;
-    snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 0));
-    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 1));
+    snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     return CX_OK;
 }
@@ -317,24 +320,46 @@ fail:
     return rc;
 }
 
+/* Ends room_begin(). */
+static void
+room_end(struct cx_ctx *cx, const struct cx_session *s)
+{
+    const char *ul[1] = {s->user};
+
+    if (cx_db_exec(cx->db, &q_user_unlock, ul, NULL))
+        cx_log_warn(0, "user advisory unlock failed");
+}
+
+/* Before a session of the user gets a kernel: takes the user's lock (so
+ * two creations can't both see room) and makes room under the cap. On
+ * CX_OK the caller ends with room_end(). */
+static enum cx_err
+room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msglen)
+{
+    const char *ul[1] = {s->user};
+    enum cx_err rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
+
+    if (rc)
+        return rc;
+    rc = make_room(cx, s->user, s->conversation_id);
+    if (rc == CX_ERR_QUOTA)
+        snprintf(msg, msglen, "all %u sessions of this user are busy",
+                 cx->cfg->max_sessions_per_user);
+    if (rc)
+        room_end(cx, s);
+    return rc;
+}
+
 static enum cx_err
 create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
 {
     char ttl_s[16];
-    const char *ul[1] = {s->user};
-    const char *p[5] = {s->id, s->user, s->conversation_id, cx_gateway_url(cx->gw), ttl_s};
-    enum cx_err rc;
+    const char *p[6] = {s->id, s->user,     s->conversation_id, cx_gateway_url(cx->gw),
+                        ttl_s, s->workspace};
+    enum cx_err rc = room_begin(cx, s, msg, msglen);
 
-    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
     if (rc)
         return rc;
-    rc = make_room(cx, s->user, s->conversation_id);
-    if (rc) {
-        if (rc == CX_ERR_QUOTA)
-            snprintf(msg, msglen, "all %u sessions of this user are busy",
-                     cx->cfg->max_sessions_per_user);
-        goto out;
-    }
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
     if (cx->cfg->kernel_pool_size > 0) {
         bool got = false;
@@ -359,8 +384,7 @@ create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t 
     s->created = true;
     cx_log_info("session %s created", s->id);
 out:
-    if (cx_db_exec(cx->db, &q_user_unlock, ul, NULL))
-        cx_log_warn(0, "user advisory unlock failed");
+    room_end(cx, s);
     return rc;
 }
 
@@ -404,13 +428,19 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
     snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 5));
     got = strcmp(PQgetvalue(r, 0, 4), cx_gateway_url(cx->gw)) == 0;
     PQclear(r);
-    if (!s->kernel_id[0] || !got) {
-        /* No kernel yet (a creation that failed half-way), or one on
-         * another gateway: start one here. */
-        rc = cx_session_replace_kernel(cx, s, msg, msglen);
+    if (!s->kernel_id[0]) {
+        /* Evicted, or a creation that failed half-way: a kernel again,
+         * within the user's cap like a new session. */
+        rc = room_begin(cx, s, msg, msglen);
         if (rc)
             goto fail;
+        rc = cx_session_replace_kernel(cx, s, msg, msglen);
+        room_end(cx, s);
+    } else if (!got) {
+        rc = cx_session_replace_kernel(cx, s, msg, msglen); /* on another gateway */
     }
+    if (rc)
+        goto fail;
     return CX_OK;
 fail:
     cx_session_release(cx, s);
@@ -530,9 +560,7 @@ CX_SQL(q_list, 1,
 enum cx_err
 cx_session_list(struct cx_ctx *cx, const char *user, json_t **out)
 {
-    static const char *const names[] = {"id",        "user",      "conversation", "kernel",
-                                        "workspace", "last_used", "expires",      NULL};
     const char *p[1] = {user};
 
-    return cx_db_rows(cx->db, &q_list, p, names, out);
+    return cx_db_rows(cx->db, &q_list, p, CX_SESSION_LIST_COLUMNS, out);
 }

@@ -14,12 +14,17 @@
 #include "err.h"
 #include "util.h"
 
+/* A session's workspace directory on the gateway: "w-<session id>", the
+ * same for a pooled kernel's (its id becomes the session's). */
+#define CX_WORKSPACE_MAX 48
+void cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX]);
+
 struct cx_session {
     char id[37];
     char user[CX_USER_MAX + 1];
     char conversation_id[CX_CONVERSATION_MAX + 1];
     char kernel_id[64];
-    char workspace[48];
+    char workspace[CX_WORKSPACE_MAX];
     char expires_at[32];
     bool created;        /* this acquire made the session */
     bool reset;          /* its kernel was replaced: state lost */
@@ -58,8 +63,8 @@ enum cx_err cx_session_close(struct cx_ctx *cx, const char *user,
 enum cx_err cx_session_reap(struct cx_ctx *cx, int limit, int *closed) CX_MUSTCHECK;
 
 /* The sessions (of user, or all with NULL), most recently used first, as
- * objects with "id", "user", "conversation", "kernel" (null without one),
- * "workspace", "last_used", "expires". */
+ * objects with these members ("kernel" null without one). */
+#define CX_SESSION_LIST_COLUMNS "id user conversation kernel workspace last_used expires"
 enum cx_err cx_session_list(struct cx_ctx *cx, const char *user, json_t **out) CX_MUSTCHECK;
 
 #endif

@@ -54,15 +54,8 @@ user_key_plain(const char *user)
 {
     size_t n = strlen(user);
 
-    if (n < 1 || n > 64 || !strcmp(user, ".") || !strcmp(user, ".."))
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = user[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == '-'))
-            return false;
-    }
-    return true;
+    return n >= 1 && n <= 64 && strcmp(user, ".") != 0 && strcmp(user, "..") != 0 &&
+           cx_name_chars(user, n, "_.-");
 }
 
 void

@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 #include <sodium.h>
 #include <time.h>
 #include <unistd.h>
@@ -133,19 +134,21 @@ cx_sha256_hex(const void *data, size_t len, char out[65])
 }
 
 bool
-cx_conversation_id_valid(const char *s)
+cx_name_chars(const char *s, size_t n, const char *extra)
 {
-    size_t n = 0;
-
-    if (!s)
-        return false;
-    for (; s[n]; n++) {
-        char c = s[n];
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
         if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == ':' || c == '-'))
-            return false;
-        if (n >= CX_CONVERSATION_MAX)
+              (c && strchr(extra, c))))
             return false;
     }
-    return n >= 1;
+    return true;
+}
+
+bool
+cx_conversation_id_valid(const char *s)
+{
+    size_t n = s ? strnlen(s, CX_CONVERSATION_MAX + 1) : 0;
+
+    return n >= 1 && n <= CX_CONVERSATION_MAX && cx_name_chars(s, n, "._:-");
 }

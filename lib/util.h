@@ -14,6 +14,10 @@ bool cx_utf8_valid(const char *s, size_t len);
 /* 8-4-4-4-12 hex, any case. */
 bool cx_uuid_valid(const char *s);
 
+/* Whether s[0..n) holds only ASCII letters, digits and characters of
+ * extra. */
+bool cx_name_chars(const char *s, size_t n, const char *extra);
+
 /* A conversation id: a name inside a user's namespace, 1 to
  * CX_CONVERSATION_MAX of [A-Za-z0-9._:-]. */
 #define CX_CONVERSATION_MAX 128

@@ -223,56 +223,52 @@ handshake(struct cx_ws *ws, const struct cx_ws_options *opt, const char *host_po
     return CX_OK;
 }
 
-enum cx_err
-cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, char *msg, size_t msglen)
+/* A ws:// or wss:// URL as the http(s) URL curl connects to, the
+ * "host:port" of the Host header and the request target. */
+static enum cx_err
+split_url(const char *url, char http_url[2048], char host_port[512], char target[2048], char *msg,
+          size_t msglen)
 {
-    char http_url[2048], host_port[512], target[2048];
     char *host = NULL, *port = NULL, *path = NULL, *query = NULL;
-    struct cx_ws *ws = NULL;
-    CURLU *u = NULL;
+    bool tls = strncmp(url, "wss://", 6) == 0;
+    CURLU *u;
     enum cx_err rc = CX_ERR_INVALID;
-    CURLcode cc;
-    const char *rest;
-    bool tls;
 
-    *out = NULL;
-    if (strncmp(opt->url, "ws://", 5) == 0) {
-        tls = false;
-        rest = opt->url + 5;
-    } else if (strncmp(opt->url, "wss://", 6) == 0) {
-        tls = true;
-        rest = opt->url + 6;
-    } else {
+    if (!tls && strncmp(url, "ws://", 5) != 0) {
         snprintf(msg, msglen, "not a ws:// or wss:// URL");
         return CX_ERR_INVALID;
     }
-    snprintf(http_url, sizeof(http_url), "%s://%s", tls ? "https" : "http", rest);
+    snprintf(http_url, 2048, "%s://%s", tls ? "https" : "http", url + (tls ? 6 : 5));
     u = curl_url();
     if (!u || curl_url_set(u, CURLUPART_URL, http_url, 0) != CURLUE_OK ||
         curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
         curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
         curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK) {
         snprintf(msg, msglen, "malformed WebSocket URL");
-        goto out;
+    } else {
+        (void)curl_url_get(u, CURLUPART_QUERY, &query, 0);
+        snprintf(host_port, 512, "%s:%s", host, port);
+        snprintf(target, 2048, "%s%s%s", path, query ? "?" : "", query ? query : "");
+        rc = CX_OK;
     }
-    (void)curl_url_get(u, CURLUPART_QUERY, &query, 0);
-    snprintf(host_port, sizeof(host_port), "%s:%s", host, port);
-    snprintf(target, sizeof(target), "%s%s%s", path, query ? "?" : "", query ? query : "");
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_free(query);
+    curl_url_cleanup(u);
+    return rc;
+}
 
-    ws = calloc(1, sizeof(*ws));
-    if (!ws) {
-        rc = CX_ERR_NOMEM;
-        goto out;
-    }
-    ws->fd = CURL_SOCKET_BAD;
-    ws->quickack = !opt->no_quickack;
-    ws->max_message = opt->max_message ? opt->max_message : 64u << 20;
-    cx_buf_init(&ws->in, ws->max_message + MAX_HANDSHAKE + 64);
+/* TCP (and TLS) through curl, which then hands over the socket. */
+static enum cx_err
+curl_connect(struct cx_ws *ws, const struct cx_ws_options *opt, const char *http_url, char *msg,
+             size_t msglen)
+{
+    CURLcode cc;
+
     ws->curl = curl_easy_init();
-    if (!ws->curl) {
-        rc = CX_ERR_NOMEM;
-        goto out;
-    }
+    if (!ws->curl)
+        return CX_ERR_NOMEM;
     curl_easy_setopt(ws->curl, CURLOPT_URL, http_url);
     curl_easy_setopt(ws->curl, CURLOPT_CONNECT_ONLY, 1L);
     curl_easy_setopt(ws->curl, CURLOPT_NOSIGNAL, 1L);
@@ -283,32 +279,45 @@ cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, char *msg, si
     cc = curl_easy_perform(ws->curl);
     if (cc != CURLE_OK) {
         snprintf(msg, msglen, "WebSocket connect failed: %s", curl_easy_strerror(cc));
-        rc = CX_ERR_GATEWAY;
-        goto out;
+        return CX_ERR_GATEWAY;
     }
     if (curl_easy_getinfo(ws->curl, CURLINFO_ACTIVESOCKET, &ws->fd) != CURLE_OK ||
         ws->fd == CURL_SOCKET_BAD) {
         snprintf(msg, msglen, "WebSocket connect: no socket");
-        rc = CX_ERR_GATEWAY;
-        goto out;
+        return CX_ERR_GATEWAY;
     }
-    rc = handshake(ws, opt, host_port, target, msg, msglen);
+    return CX_OK;
+}
+
+enum cx_err
+cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, char *msg, size_t msglen)
+{
+    char http_url[2048], host_port[512], target[2048];
+    struct cx_ws *ws;
+    enum cx_err rc;
+
+    *out = NULL;
+    rc = split_url(opt->url, http_url, host_port, target, msg, msglen);
     if (rc)
-        goto out;
-    ws->alive = true;
-    *out = ws;
-    ws = NULL;
-out:
-    if (ws) {
+        return rc;
+    ws = calloc(1, sizeof(*ws));
+    if (!ws)
+        return CX_ERR_NOMEM;
+    ws->fd = CURL_SOCKET_BAD;
+    ws->quickack = !opt->no_quickack;
+    ws->max_message = opt->max_message ? opt->max_message : 64u << 20;
+    cx_buf_init(&ws->in, ws->max_message + MAX_HANDSHAKE + 64);
+    rc = curl_connect(ws, opt, http_url, msg, msglen);
+    if (rc == CX_OK)
+        rc = handshake(ws, opt, host_port, target, msg, msglen);
+    if (rc) {
         ws->close_sent = true; /* never opened: nothing to close */
         cx_ws_free(ws);
+        return rc;
     }
-    curl_free(host);
-    curl_free(port);
-    curl_free(path);
-    curl_free(query);
-    curl_url_cleanup(u);
-    return rc;
+    ws->alive = true;
+    *out = ws;
+    return CX_OK;
 }
 
 enum cx_err
@@ -426,119 +435,147 @@ discard_buffered(struct cx_ws *ws)
     ws->discard_left -= n;
 }
 
+/* The frame at ws->off, once enough of it is buffered. */
+struct frame {
+    size_t hlen;
+    uint64_t plen;
+    unsigned opcode;
+    bool fin;
+    bool ready; /* false: read more first */
+    const unsigned char *payload;
+};
+
+/* Parses the next frame, after skipping what is buffered of a frame being
+ * discarded. CX_ERR_TOO_LARGE when a discarded message just ended (the
+ * connection lives on); CX_ERR_PROTOCOL for a malformed header. */
+static enum cx_err
+next_frame(struct cx_ws *ws, struct cx_buf *out, struct frame *f)
+{
+    enum cx_err rc;
+
+    memset(f, 0, sizeof(*f));
+    if (ws->discard_left > 0) {
+        discard_buffered(ws);
+        if (ws->discard_left > 0)
+            return CX_OK; /* every buffered byte of it is gone: read more */
+        if (ws->discard_fin) {
+            ws->in_message = false;
+            ws->discarding = false;
+            cx_buf_reset(out);
+            return CX_ERR_TOO_LARGE;
+        }
+    }
+    rc = frame_header(ws, &f->hlen, &f->fin, &f->opcode, &f->plen);
+    if (rc || !f->hlen)
+        return rc; /* an incomplete header: read more */
+    if (f->opcode < 0x8 && (ws->discarding || out->len + f->plen > ws->max_message))
+        f->ready = true; /* to be skipped: the header is enough */
+    else
+        f->ready = ws->in.len - ws->off - f->hlen >= f->plen;
+    f->payload = (const unsigned char *)ws->in.data + ws->off + f->hlen;
+    return CX_OK;
+}
+
+/* Ping, pong, close. CX_ERR_IO once the peer closed. */
+static enum cx_err
+control_frame(struct cx_ws *ws, const struct frame *f)
+{
+    ws->off += f->hlen + (size_t)f->plen;
+    switch (f->opcode) {
+    case CX_WS_PING:
+        /* the payload points into ws->in, which a send does not touch */
+        return cx_ws_send(ws, CX_WS_PONG, f->payload, (size_t)f->plen) ? CX_ERR_IO : CX_OK;
+    case CX_WS_CLOSE:
+        if (!ws->close_sent)
+            send_close(ws, f->payload, f->plen >= 2 ? 2 : 0);
+        ws->alive = false;
+        return CX_ERR_IO;
+    default: return CX_OK; /* pong */
+    }
+}
+
+/* A data frame: starts or continues a message, skips one too large to
+ * keep (in bounded memory, reported once all of it has passed), or
+ * completes one (*done). */
+static enum cx_err
+data_frame(struct cx_ws *ws, const struct frame *f, struct cx_buf *out, enum cx_ws_opcode *op,
+           bool *done)
+{
+    if (f->opcode != CX_WS_CONT) {
+        if (ws->in_message) {
+            fail(ws, 1002); /* a new message inside a fragmented one */
+            return CX_ERR_PROTOCOL;
+        }
+        ws->in_message = true;
+        ws->discarding = false;
+        ws->message_op = f->opcode;
+        cx_buf_reset(out);
+    } else if (!ws->in_message) {
+        fail(ws, 1002);
+        return CX_ERR_PROTOCOL;
+    }
+    if (ws->discarding || out->len + f->plen > ws->max_message) {
+        ws->discarding = true;
+        ws->off += f->hlen;
+        ws->discard_left = f->plen;
+        ws->discard_fin = f->fin;
+        cx_buf_reset(out);
+        if (f->plen > 0 || !f->fin)
+            return CX_OK;
+        ws->in_message = ws->discarding = false;
+        return CX_ERR_TOO_LARGE;
+    }
+    ws->off += f->hlen + (size_t)f->plen;
+    cx_buf_add(out, f->payload, (size_t)f->plen);
+    if (cx_buf_err(out)) {
+        fail(ws, 1009);
+        return CX_ERR_TOO_LARGE;
+    }
+    if (!f->fin)
+        return CX_OK;
+    ws->in_message = false;
+    if (ws->message_op == CX_WS_TEXT && !cx_utf8_valid(out->data ? out->data : "", out->len)) {
+        fail(ws, 1007);
+        return CX_ERR_PROTOCOL;
+    }
+    *op = ws->message_op;
+    *done = true;
+    return CX_OK;
+}
+
 enum cx_err
 cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws_opcode *op)
 {
     enum cx_err rc;
+    bool done = false;
 
     if (!ws->alive)
         return CX_ERR_IO;
     if (!ws->in_message)
         cx_buf_reset(out);
-    for (;;) {
-        const unsigned char *payload;
-        uint64_t plen = 0;
-        unsigned opcode = 0;
-        size_t hlen = 0;
-        bool fin = false, need_more;
+    while (!done) {
+        struct frame f;
 
-        if (ws->discard_left > 0) {
-            discard_buffered(ws);
-            if (ws->discard_left == 0 && ws->discard_fin) {
-                /* The oversized message is over; the connection lives on. */
-                ws->in_message = false;
-                ws->discarding = false;
-                cx_buf_reset(out);
-                return CX_ERR_TOO_LARGE;
-            }
-        }
-        rc = ws->discard_left ? CX_OK : frame_header(ws, &hlen, &fin, &opcode, &plen);
+        rc = next_frame(ws, out, &f);
+        if (rc == CX_ERR_TOO_LARGE)
+            return rc;
         if (rc) {
             fail(ws, 1002);
             return rc;
         }
-        if (ws->discard_left > 0)
-            need_more = true; /* every buffered byte of it is gone */
-        else if (!hlen)
-            need_more = true; /* the header is incomplete */
-        else if (opcode < 0x8 && (ws->discarding || out->len + plen > ws->max_message))
-            need_more = false; /* to be skipped: the header is enough */
-        else
-            need_more = ws->in.len - ws->off - hlen < plen;
-        if (need_more) {
+        if (!f.ready) {
             rc = read_some(ws, deadline_us);
-            if (rc == CX_ERR_TIMEOUT)
-                return rc;
-            if (rc) {
+            if (rc && rc != CX_ERR_TIMEOUT)
                 ws->alive = false;
+            if (rc)
                 return rc;
-            }
             continue;
         }
-        payload = (const unsigned char *)ws->in.data + ws->off + hlen;
-        switch (opcode) {
-        case CX_WS_PING:
-            ws->off += hlen + (size_t)plen;
-            /* payload points into ws->in, which a send does not touch */
-            if (cx_ws_send(ws, CX_WS_PONG, payload, (size_t)plen))
-                return CX_ERR_IO;
-            continue;
-        case CX_WS_PONG: ws->off += hlen + (size_t)plen; continue;
-        case CX_WS_CLOSE:
-            ws->off += hlen + (size_t)plen;
-            if (!ws->close_sent)
-                send_close(ws, payload, plen >= 2 ? 2 : 0);
-            ws->alive = false;
-            return CX_ERR_IO;
-        case CX_WS_TEXT:
-        case CX_WS_BINARY:
-            if (ws->in_message) {
-                fail(ws, 1002); /* a new message inside a fragmented one */
-                return CX_ERR_PROTOCOL;
-            }
-            ws->in_message = true;
-            ws->discarding = false;
-            ws->message_op = opcode;
-            cx_buf_reset(out);
-            break;
-        default: /* CX_WS_CONT */
-            if (!ws->in_message) {
-                fail(ws, 1002);
-                return CX_ERR_PROTOCOL;
-            }
-            break;
-        }
-        if (ws->discarding || out->len + plen > ws->max_message) {
-            /* Too large to keep: skip it as it streams by, in bounded memory,
-             * and report it once the whole message has passed. */
-            ws->discarding = true;
-            ws->off += hlen;
-            ws->discard_left = plen;
-            ws->discard_fin = fin;
-            cx_buf_reset(out);
-            if (plen == 0 && fin) {
-                ws->in_message = false;
-                ws->discarding = false;
-                return CX_ERR_TOO_LARGE;
-            }
-            continue;
-        }
-        ws->off += hlen + (size_t)plen;
-        cx_buf_add(out, payload, (size_t)plen);
-        if (cx_buf_err(out)) {
-            fail(ws, 1009);
-            return CX_ERR_TOO_LARGE;
-        }
-        if (!fin)
-            continue;
-        ws->in_message = false;
-        if (ws->message_op == CX_WS_TEXT && !cx_utf8_valid(out->data ? out->data : "", out->len)) {
-            fail(ws, 1007);
-            return CX_ERR_PROTOCOL;
-        }
-        *op = ws->message_op;
-        return CX_OK;
+        rc = f.opcode >= 0x8 ? control_frame(ws, &f) : data_frame(ws, &f, out, op, &done);
+        if (rc)
+            return rc;
     }
+    return CX_OK;
 }
 
 bool

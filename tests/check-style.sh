@@ -23,6 +23,38 @@ if command -v clang-format >/dev/null 2>&1; then
 else
   check 1 "clang-format is installed"
 fi
+# No function in lib/ or fcgi/ longer than 80 lines (curl's
+# top-complexity, by length): short named steps. No exceptions.
+long=$(awk -v max=80 -f tools/funclen.awk lib/*.c fcgi/*.c 2>/dev/null | grep -v '^lib/migrations.c\|^lib/capture-helper.c')
+[ -z "$long" ]; check $? "no function longer than 80 lines"
+[ -n "$long" ] && printf '%s\n' "$long" | sed 's/^/# /'
+
+# The headers' layers (docs/internals/map.md): a header includes only
+# headers of a lower layer, so there can be no cycle.
+layer() {
+  case "$1" in
+    err.h|ctx.h) echo 0 ;;
+    buf.h) echo 1 ;;
+    util.h|log.h|conf.h|config.h|mime.h|storage.h|http.h|metrics.h|sandbox.h|health.h) echo 2 ;;
+    db.h|ws.h|gateway.h) echo 3 ;;
+    auth.h|kernel.h|run.h|capture.h) echo 4 ;;
+    authdb.h|session.h|prestart.h|artifact.h|download.h|page.h|maint.h|stage.h|runexec.h|host.h) echo 5 ;;
+    codexec.h) echo 6 ;;
+    *) echo unknown ;;
+  esac
+}
+cycles=""
+for h in lib/*.h; do
+  name=${h#lib/}; mine=$(layer "$name")
+  if [ "$mine" = unknown ]; then cycles="$cycles $name(not in a layer)"; continue; fi
+  for inc in $(grep -o '#include "[a-z_]*\.h"' "$h" | sed 's/#include "//; s/"//'); do
+    theirs=$(layer "$inc")
+    if [ "$theirs" = unknown ] || [ "$theirs" -ge "$mine" ]; then cycles="$cycles $name->$inc"; fi
+  done
+done
+[ -z "$cycles" ]; check $? "headers include only lower layers"
+[ -n "$cycles" ] && echo "# against the layers:$cycles"
+
 # The Python that drives the tests and benchmarks: no unused imports, no
 # undefined names (Debian's pyflakes3).
 if command -v pyflakes3 >/dev/null 2>&1; then

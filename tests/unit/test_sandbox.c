@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,7 +108,8 @@ test_conn(void)
 
     snprintf(path, sizeof(path), "%s/kernel-tcp.json", dir);
     write_text(path, "{\"transport\": \"tcp\", \"ip\": \"127.0.0.1\", \"shell_port\": 1}");
-    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_ERR_INVALID && strstr(msg, "ipc"),
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_ERR_INVALID &&
+           strstr(msg, "ipc"),
        "tcp is refused: the sandbox has no network");
     snprintf(path, sizeof(path), "%s/kernel-far.json", dir);
     write_text(path, "{\"transport\": \"ipc\", \"ip\": \"/elsewhere/k-ipc\", \"shell_port\": 1, "
@@ -128,8 +130,7 @@ test_conn(void)
     ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_OK, "read again");
     ok(cx_sandbox_runtime_prepare(&c, private_dir, sizeof(private_dir), msg, sizeof(msg)) == CX_OK,
        "a private directory");
-    ok(stat(private_dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700,
-       "0700");
+    ok(stat(private_dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700, "0700");
     snprintf(link, sizeof(link), "%s/kernel-abc.json", private_dir);
     ok(stat(link, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600,
        "the kernel's copy of the connection file");
@@ -244,10 +245,17 @@ test_argv(void)
         strncat(joined, *a, sizeof(joined) - strlen(joined) - 2);
         strncat(joined, " ", sizeof(joined) - strlen(joined) - 1);
     }
-    ok(strstr(joined, "--unshare-all --unshare-user --disable-userns") != NULL, "namespaces");
+    ok(strstr(joined, "--unshare-all --unshare-user") != NULL, "namespaces");
+    {
+        struct statvfs sv;
+        bool rw = statvfs("/proc/sys/user", &sv) == 0 && !(sv.f_flag & ST_RDONLY);
+        ok(rw == (strstr(joined, "--disable-userns") != NULL),
+           "no nested user namespaces, where /proc/sys can say so");
+    }
     ok(strstr(joined, "--cap-drop ALL") != NULL, "no capabilities");
     ok(strstr(joined, "--size 314572800 --tmpfs /workspace") != NULL, "a sized workspace");
-    ok(strstr(joined, "--tmpfs /tmp") && strstr(joined, "--tmpfs /dev/shm"), "sized /tmp and /dev/shm");
+    ok(strstr(joined, "--tmpfs /tmp") && strstr(joined, "--tmpfs /dev/shm"),
+       "sized /tmp and /dev/shm");
     ok(strstr(joined, "--seccomp 7") && strstr(joined, "--info-fd 9"), "seccomp and info fds");
     ok(strstr(joined, "--ro-bind /opt/env /opt/env") != NULL, "the Python environment read-only");
     ok(strstr(joined, "/opt/env/bin/python3 -m ipykernel_launcher -f") != NULL, "its python");

@@ -1,0 +1,45 @@
+#include "host.h"
+
+#include "config.h"
+#include "db.h"
+#include "gateway.h"
+#include "kernel.h"
+
+enum cx_err
+cx_host_ctx_open(struct cx_ctx *cx, const struct cx_config *cfg, const struct cx_auth *auth)
+{
+    enum cx_err rc;
+
+    *cx = (struct cx_ctx){.cfg = cfg, .auth = auth};
+    rc = cx_db_new(cfg->database, &cx->db);
+    if (rc == CX_OK)
+        rc = cx_gateway_new(cfg->gateway_url, cfg->gateway_token, &cx->gw);
+    return rc;
+}
+
+void
+cx_host_ctx_close(struct cx_ctx *cx)
+{
+    cx_gateway_free(cx->gw);
+    cx_db_free(cx->db);
+    cx->gw = NULL;
+    cx->db = NULL;
+}
+
+void
+cx_host_tick(void)
+{
+    cx_kernel_pool_drain_idle();
+}
+
+void
+cx_host_shutdown(void)
+{
+    cx_kernel_pool_clear();
+}
+
+enum cx_err
+cx_host_migrate(struct cx_ctx *cx, int *applied)
+{
+    return cx_db_migrate(cx->db, applied);
+}

@@ -1,0 +1,184 @@
+/* The capture's receiving side fed the records a hostile kernel could send:
+ * forged sizes and digests, path tricks, chunks out of order, files never
+ * ended, oversized files, invented skipped entries. A real storage
+ * directory; no kernel needed (the records are what a kernel sends). */
+#include <sodium.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "../../lib/capture.h"
+#include "../../lib/config.h"
+#include "../../lib/log.h"
+#include "tap.h"
+
+static struct cx_config cfg;
+static char root[64];
+
+static void
+feed(struct cx_capture *c, json_t *m)
+{
+    cx_capture_on_message(c, m);
+    json_decref(m);
+}
+
+static void
+hex_sha(const char *data, size_t len, char out[65])
+{
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, (const unsigned char *)data, len);
+    sodium_bin2hex(out, 65, h, sizeof(h));
+}
+
+/* One file as the helper sends it; size and sha as given (NULL: true ones). */
+static void
+send_file(struct cx_capture *c, int n, const char *path, const char *data, json_int_t size,
+          const char *sha)
+{
+    char b64[256], mine[65];
+
+    sodium_bin2base64(b64, sizeof(b64), (const unsigned char *)data, strlen(data),
+                      sodium_base64_VARIANT_ORIGINAL);
+    hex_sha(data, strlen(data), mine);
+    /* unchecked: a path that is not UTF-8 must reach the check too */
+    feed(c, json_pack("{s:s,s:i,s:o}", "op", "file", "n", n, "path", json_string_nocheck(path)));
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "chunk", "n", n, "data", b64));
+    feed(c, json_pack("{s:s,s:i,s:I,s:s}", "op", "end", "n", n, "size",
+                      size < 0 ? (json_int_t)strlen(data) : size, "sha256", sha ? sha : mine));
+}
+
+/* The reason recorded for path in the skipped list, or "". */
+static const char *
+skipped_reason(struct cx_capture *c, const char *path)
+{
+    json_t *e;
+    size_t i;
+
+    json_array_foreach(cx_capture_skipped(c), i, e)
+    {
+        if (!strcmp(json_string_value(json_object_get(e, "path")), path))
+            return json_string_value(json_object_get(e, "reason"));
+    }
+    return "";
+}
+
+static void
+honest(void)
+{
+    struct cx_capture *c = NULL;
+    struct cx_captured *f;
+
+    ok(cx_capture_new(&cfg, &c) == CX_OK, "capture");
+    send_file(c, 1, "out/data.csv", "a,b\n1,2\n", -1, NULL);
+    is_int(cx_capture_count(c), 1, "an honest file is received");
+    f = cx_capture_file(c, 0);
+    ok(f && !strcmp(f->path, "out/data.csv") && f->size == 8, "with its path and size");
+    is_str(f ? f->mime : "", "text/csv", "and a MIME type from the bytes");
+    ok(cx_capture_file(c, 1) == NULL, "no second file");
+    ok(!cx_capture_done(c), "not done before the done record");
+    feed(c, json_pack("{s:s,s:[]}", "op", "done", "skipped"));
+    ok(cx_capture_done(c), "done");
+    cx_capture_free(c);
+}
+
+static const char *const bad_paths[] = {
+    "/etc/passwd", "../x", "a/../../x", "a/..", "..", "", "a\xff.txt",
+};
+
+static void
+hostile(void)
+{
+    struct cx_capture *c = NULL;
+    char b64[64];
+
+    ok(cx_capture_new(&cfg, &c) == CX_OK, "capture");
+    send_file(c, 1, "lie.txt", "abc", 4, NULL);
+    is_str(skipped_reason(c, "lie.txt"), "corrupt_transfer", "a size that lies is refused");
+    send_file(c, 2, "lie2.txt", "abc", -1,
+              "0000000000000000000000000000000000000000000000000000000000000000");
+    is_str(skipped_reason(c, "lie2.txt"), "corrupt_transfer", "a digest that lies is refused");
+    for (size_t i = 0; i < sizeof(bad_paths) / sizeof(bad_paths[0]); i++)
+        send_file(c, 10 + (int)i, bad_paths[i], "x", -1, NULL);
+    is_int(cx_capture_count(c), 0, "no path trick is received");
+    is_str(skipped_reason(c, "../x"), "invalid_name", "a traversal is reported as invalid_name");
+
+    /* a chunk of another file's number is ignored; a bad base64 drops the file */
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "file", "n", 30, "path", "mixed.txt"));
+    sodium_bin2base64(b64, sizeof(b64), (const unsigned char *)"zz", 2,
+                      sodium_base64_VARIANT_ORIGINAL);
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "chunk", "n", 31, "data", b64));
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "chunk", "n", 30, "data", "!!not base64!!"));
+    is_str(skipped_reason(c, "mixed.txt"), "corrupt_transfer", "bad base64: corrupt_transfer");
+    /* a file never ended, then another */
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "file", "n", 40, "path", "half.txt"));
+    send_file(c, 41, "whole.txt", "w", -1, NULL);
+    is_str(skipped_reason(c, "half.txt"), "incomplete_transfer", "a file never ended is dropped");
+    is_int(cx_capture_count(c), 1, "the next one arrives");
+    /* bigger than max_artifact_bytes (32 here) while arriving */
+    send_file(c, 50, "big.bin", "0123456789abcdef0123456789abcdefXYZ", -1, NULL);
+    is_str(skipped_reason(c, "big.bin"), "too_large", "over max_artifact_bytes: too_large");
+    /* records without an op, of unknown ops, with wrong types */
+    feed(c, json_pack("{s:i}", "n", 1));
+    feed(c, json_pack("{s:s}", "op", "nonsense"));
+    feed(c, json_pack("{s:i,s:i}", "op", 3, "n", 1));
+    feed(c, json_pack("{s:s,s:s,s:i}", "op", "file", "n", "x", "path", 7));
+    is_int(cx_capture_count(c), 1, "malformed records change nothing");
+    /* skipped entries the kernel invents are filtered */
+    feed(c,
+         json_pack("{s:s,s:[{s:s,s:s},{s:s,s:s},{s:i}]}", "op", "done", "skipped", "path", "ok.txt",
+                   "reason", "too_large", "path", "../../x", "reason", "x", "path", 1));
+    is_str(skipped_reason(c, "ok.txt"), "too_large", "a plausible skipped entry is kept");
+    is_str(skipped_reason(c, "../../x"), "", "a traversal in skipped is dropped");
+    cx_capture_free(c);
+}
+
+static void
+outputs(void)
+{
+    static const char png[] = "\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\1\0\0\0\1\x08\x02\0\0\0";
+    struct cx_capture *c = NULL;
+
+    ok(cx_capture_new(&cfg, &c) == CX_OK, "capture");
+    cx_capture_add_output(c, "image/png", png, sizeof(png) - 1);
+    cx_capture_add_output(c, "text/html", "<p>x</p>", 8);
+    is_int(cx_capture_count(c), 2, "rich outputs become files");
+    is_str(cx_capture_file(c, 0)->path, "output-1.png", "named output-<n>.<ext>");
+    is_str(cx_capture_file(c, 1)->path, "output-2.html", "in order");
+    is_str(cx_capture_file(c, 0)->mime, "image/png", "with the type of their bytes");
+    cx_capture_add_output(c, "image/png", "0123456789abcdef0123456789abcdefXYZ", 35);
+    is_str(skipped_reason(c, "output-3.png"), "too_large", "an output over the limit is skipped");
+    cx_capture_free(c);
+}
+
+int
+main(void)
+{
+    char conf[256], err[256];
+
+    if (cx_log_open(NULL, CX_LOG_ERR) || sodium_init() < 0)
+        return 1;
+    snprintf(root, sizeof(root), "/tmp/cx-unit-capture-XXXXXX");
+    if (!mkdtemp(root))
+        return 1;
+    snprintf(conf, sizeof(conf), "storage_dir = %s\nmax_artifact_bytes = 32\n", root);
+    if (cx_config_parse(&cfg, "unit", conf, err, sizeof(err))) {
+        printf("Bail out! %s\n", err);
+        return 1;
+    }
+    honest();
+    hostile();
+    outputs();
+    {
+        json_t *md = cx_capture_metadata(&cfg, "k", NULL, false);
+        ok(md != NULL, "request metadata builds");
+        json_decref(md);
+    }
+    ok(strlen(cx_capture_expression()) > 0, "the loader expression exists");
+    cx_config_cleanup(&cfg);
+    {
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+        if (system(cmd) != 0)
+            printf("# could not remove %s\n", root);
+    }
+    return tap_done();
+}

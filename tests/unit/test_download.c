@@ -1,0 +1,179 @@
+/* Downloads: who may read which bytes (signed links, REMOTE_USER, API
+ * keys), with every way a link can be forged, moved or outlived. Real
+ * PostgreSQL and storage. */
+#include <unistd.h>
+
+#include "../../lib/download.h"
+#include "cxtest.h"
+
+/* The query part of a signed link. */
+static void
+link_query(struct cxtest *t, const struct cx_principal *who, const char *id, int version,
+           long long expires_in, char *out, size_t outlen)
+{
+    json_t *l = cx_link_sign(&t->cx, who, id, version, expires_in);
+    const char *url = json_string_value(json_object_get(l, "url"));
+    const char *q = url ? strchr(url, '?') : NULL;
+
+    snprintf(out, outlen, "%s", q ? q + 1 : "");
+    json_decref(l);
+}
+
+/* query with the value of name replaced by value. */
+static void
+with_param(const char *query, const char *name, const char *value, char *out, size_t outlen)
+{
+    char want[32];
+    const char *p, *end;
+
+    snprintf(want, sizeof(want), "%s=", name);
+    p = strstr(query, want);
+    if (!p) {
+        snprintf(out, outlen, "%s", query);
+        return;
+    }
+    end = strchr(p, '&');
+    snprintf(out, outlen, "%.*s%s%s%s", (int)(p - query), query, want, value, end ? end : "");
+}
+
+static enum cx_err
+verify(struct cxtest *t, const char *query, const char *id)
+{
+    char user[CX_USER_MAX + 1];
+    int version = 0;
+    return cx_link_verify(&t->cx, query, id, user, &version);
+}
+
+/* One parameter of a genuine link changed. */
+static const struct {
+    const char *name, *value, *what;
+} tampered[] = {
+    {"version", "2", "another version"},
+    {"version", "-1", "a negative version"},
+    {"version", "1x", "a version with a tail"},
+    {"u", "alice", "another user"},
+    {"u", "bob%00", "a NUL after the user"},
+    {"exp", "99999999999", "a longer life"},
+    {"exp", "-5", "a negative expiry"},
+    {"k", "", "the key dropped"},
+    {"k", "00000000-0000-0000-0000-000000000000", "another key"},
+    {"sig", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "another signature"},
+    {"sig", "%00", "a NUL in the signature"},
+    {"sig", "", "an empty signature"},
+};
+
+static void
+links(struct cxtest *t, const struct cx_principal *bob, const char *id, const char *other)
+{
+    char q[2048], bad[2100], user[CX_USER_MAX + 1];
+    int version = 0;
+
+    link_query(t, bob, id, 1, 300, q, sizeof(q));
+    ok(cx_link_verify(&t->cx, q, id, user, &version) == CX_OK, "a fresh link verifies");
+    is_str(user, "bob", "for bob");
+    is_int(version, 1, "for version 1");
+    is_int(verify(t, q, other), CX_ERR_FORBIDDEN, "moved to another artifact: forbidden");
+    for (size_t i = 0; i < sizeof(tampered) / sizeof(tampered[0]); i++) {
+        with_param(q, tampered[i].name, tampered[i].value, bad, sizeof(bad));
+        is_int(verify(t, bad, id), CX_ERR_FORBIDDEN, "%s: forbidden", tampered[i].what);
+    }
+    snprintf(bad, sizeof(bad), "u=alice&%s", q);
+    is_int(verify(t, bad, id), CX_ERR_FORBIDDEN, "a user parameter put first: forbidden");
+    is_int(verify(t, "version=1", id), CX_ERR_NOT_FOUND, "no signature: not a link");
+    is_int(verify(t, q, "../../etc"), CX_ERR_FORBIDDEN, "a malformed id: forbidden");
+
+    link_query(t, bob, id, 1, -10, q, sizeof(q));
+    is_int(verify(t, q, id), CX_ERR_EXPIRED, "an old link: expired");
+    with_param(q, "sig", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", bad, sizeof(bad));
+    is_int(verify(t, bad, id), CX_ERR_FORBIDDEN, "only a genuine link learns it expired");
+}
+
+static void
+revoked(struct cxtest *t, const char *id)
+{
+    struct cx_principal p = cxtest_principal(t, "bob");
+    char q[2048];
+
+    link_query(t, &p, id, 1, 300, q, sizeof(q));
+    is_int(verify(t, q, id), CX_OK, "a link of a live key verifies");
+    ok(cx_auth_key_revoke(t->cx.db, p.key_id) == CX_OK, "its key revoked");
+    is_int(verify(t, q, id), CX_ERR_FORBIDDEN, "then its link is forbidden");
+}
+
+static enum cx_err
+authorize(struct cxtest *t, const char *id, const char *query, const char *remote_user,
+          const char *authorization, struct cx_download *d)
+{
+    struct cx_download_request q = {id, query, remote_user, authorization};
+    struct cx_principal who;
+    char msg[CX_MSG_MAX];
+    return cx_download_authorize(&t->cx, &q, &who, d, msg, sizeof(msg));
+}
+
+static void
+requests(struct cxtest *t, const struct cx_principal *bob, const char *id, const char *bearer)
+{
+    struct cx_download d;
+    char q[2048], buf[16];
+    int fd = -1;
+    ssize_t n;
+
+    link_query(t, bob, id, 1, 300, q, sizeof(q));
+    ok(authorize(t, id, q, NULL, NULL, &d) == CX_OK && d.version == 1 && d.size == 5,
+       "a link alone downloads version 1");
+    ok(cx_download_open(&t->cx, &d, &fd) == CX_OK && fd >= 0, "its bytes open");
+    n = fd >= 0 ? read(fd, buf, sizeof(buf)) : -1;
+    ok(n == 5 && !memcmp(buf, "first", 5), "and are version 1's");
+    if (fd >= 0)
+        close(fd);
+    ok(authorize(t, id, "", "bob", NULL, &d) == CX_OK && d.version == 2,
+       "REMOTE_USER bob gets the current version");
+    is_int(authorize(t, id, "", "eve", NULL, &d), CX_ERR_NOT_FOUND,
+           "REMOTE_USER eve: not found, as if missing");
+    ok(authorize(t, id, "version=1", NULL, bearer, &d) == CX_OK && d.version == 1,
+       "bob's key with ?version=1");
+    is_int(authorize(t, id, "version=3", NULL, bearer, &d), CX_ERR_NOT_FOUND,
+           "a version that does not exist: not found");
+    is_int(authorize(t, id, "version=x", NULL, bearer, &d), CX_ERR_INVALID, "?version=x: invalid");
+    is_int(authorize(t, id, "version=x", NULL, NULL, &d), CX_ERR_UNAUTHORIZED,
+           "without credentials a bad version is still 401");
+    is_int(authorize(t, id, "", NULL, "Bearer cx_nope", &d), CX_ERR_UNAUTHORIZED, "a bad key: 401");
+    is_int(authorize(t, id, "", NULL, NULL, &d), CX_ERR_UNAUTHORIZED, "nothing: 401");
+    is_int(authorize(t, "not-a-uuid", "", NULL, bearer, &d), CX_ERR_NOT_FOUND,
+           "a malformed id: not found");
+    ok(cx_download_resolve(&t->cx, "bob", id, 0, &d) == CX_OK && d.version == 2,
+       "resolve version 0 is the current one");
+    is_int(cx_download_resolve(&t->cx, "alice", id, 0, &d), CX_ERR_NOT_FOUND,
+           "resolve for another user: not found");
+}
+
+int
+main(void)
+{
+    struct cxtest t;
+    struct cx_principal bob;
+    char msg[CX_MSG_MAX], id[37], other[37], key[CX_KEY_CHARS + 1], bearer[64];
+    json_t *a = NULL, *b = NULL;
+
+    cxtest_open(&t, "download", "");
+    bob = cxtest_principal(&t, "bob");
+    ok(cxtest_upload(&t, "bob", "c1", "f.txt", "first", 5, &a, msg, sizeof(msg)) == CX_OK &&
+           cxtest_upload(&t, "bob", "c1", "f.txt", "second", 6, &b, msg, sizeof(msg)) == CX_OK,
+       "two versions uploaded");
+    snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(a, "artifact_id")));
+    json_decref(a);
+    json_decref(b);
+    ok(cxtest_upload(&t, "bob", "c1", "g.txt", "other", 5, &a, msg, sizeof(msg)) == CX_OK,
+       "another artifact");
+    snprintf(other, sizeof(other), "%s", json_string_value(json_object_get(a, "artifact_id")));
+    json_decref(a);
+    ok(cx_auth_key_create(t.auth, t.cx.db, "bob", "dl", false, key, bob.key_id) == CX_OK,
+       "bob's key");
+    snprintf(bearer, sizeof(bearer), "Bearer %s", key);
+
+    links(&t, &bob, id, other);
+    revoked(&t, id);
+    requests(&t, &bob, id, bearer);
+    cxtest_close(&t);
+    return tap_done();
+}

@@ -1,0 +1,161 @@
+/* Sessions against the suite's PostgreSQL and Jupyter server: creation and
+ * reuse, the conversation lock between two processes' connections, the
+ * per-user cap and its eviction, a vanished kernel, close and reap. */
+#include <unistd.h>
+
+#include "../../lib/gateway.h"
+#include "../../lib/session.h"
+#include "cxtest.h"
+
+#define CONF "kernel_name = python3-sandbox\nbusy_wait = 1\nmax_sessions_per_user = 2\n"
+
+static enum cx_err
+acquire(struct cx_ctx *cx, const char *cid, unsigned ttl, struct cx_session *s)
+{
+    char msg[CX_MSG_MAX] = "";
+    enum cx_err rc = cx_session_acquire(cx, "bob", cid, ttl, s, msg, sizeof(msg));
+
+    if (rc)
+        printf("# acquire %s: %d %s\n", cid, rc, msg);
+    return rc;
+}
+
+static void
+create_and_reuse(struct cxtest *t, struct cx_ctx *other)
+{
+    struct cx_session s, again, busy;
+    char ws[CX_WORKSPACE_MAX], id[37], kid[64];
+
+    ok(acquire(&t->cx, "c1", 60, &s) == CX_OK, "a first acquire");
+    ok(s.created && s.locked && !s.reset && s.kernel_id[0],
+       "creates a locked session with a kernel");
+    cx_session_workspace_name(s.id, ws);
+    is_str(s.workspace, ws, "its workspace is named after it");
+    ok(cx_gateway_kernel_get(t->cx.gw, s.kernel_id, NULL) == CX_OK, "its kernel runs");
+    is_int(acquire(other, "c1", 60, &busy), CX_ERR_CONFLICT,
+           "another connection waits busy_wait, then: conflict");
+    is_int(cx_session_close(other, "bob", "c1"), CX_ERR_CONFLICT,
+           "closing a held session: conflict");
+    snprintf(id, sizeof(id), "%s", s.id);
+    snprintf(kid, sizeof(kid), "%s", s.kernel_id);
+    cx_session_release(&t->cx, &s);
+    cx_session_release(&t->cx, &s);
+    ok(!s.locked, "released (twice is safe)");
+    ok(acquire(other, "c1", 60, &again) == CX_OK, "then the other connection gets it");
+    ok(!again.created && !strcmp(again.id, id) && !strcmp(again.kernel_id, kid),
+       "the same session and kernel");
+    cx_session_release(other, &again);
+}
+
+static void
+vanished(struct cxtest *t)
+{
+    struct cx_session s;
+    char msg[CX_MSG_MAX], old[64];
+
+    ok(acquire(&t->cx, "c1", 60, &s) == CX_OK, "acquire c1");
+    snprintf(old, sizeof(old), "%s", s.kernel_id);
+    ok(cx_gateway_kernel_delete(t->cx.gw, s.kernel_id) == CX_OK, "its kernel deleted behind it");
+    ok(cx_session_replace_kernel(&t->cx, &s, msg, sizeof(msg)) == CX_OK && s.reset &&
+           strcmp(s.kernel_id, old) != 0,
+       "replaced: a new kernel, and the session says reset");
+    cx_session_release(&t->cx, &s);
+}
+
+/* bob's sessions that have a kernel. */
+static int
+with_kernels(struct cxtest *t)
+{
+    json_t *l = NULL, *row;
+    size_t i;
+    int n = 0;
+
+    if (cx_session_list(&t->cx, "bob", &l) != CX_OK)
+        return -1;
+    json_array_foreach(l, i, row)
+    {
+        n += json_is_string(json_object_get(row, "kernel"));
+    }
+    json_decref(l);
+    return n;
+}
+
+/* An advisory lock is re-entrant on its own connection, so the holders of
+ * the two busy sessions are two other connections (as two workers are). */
+static void
+cap_and_eviction(struct cxtest *t, struct cx_ctx *other, struct cx_ctx *third)
+{
+    struct cx_session a, b, c;
+
+    ok(acquire(&t->cx, "c2", 60, &a) == CX_OK, "a second conversation (at the cap of 2)");
+    cx_session_release(&t->cx, &a);
+    ok(acquire(&t->cx, "c3", 60, &a) == CX_OK && a.created, "a third evicts the least recent");
+    cx_session_release(&t->cx, &a);
+    ok(acquire(other, "c1", 60, &b) == CX_OK && b.reset,
+       "the evicted conversation comes back reset (its state is gone)");
+    is_int(with_kernels(t), 2, "never more kernels than the cap, evicted ones coming back too");
+    ok(acquire(third, "c3", 60, &c) == CX_OK, "c3 held by a third connection");
+    is_int(acquire(&t->cx, "c4", 60, &a), CX_ERR_QUOTA, "all sessions busy: quota");
+    cx_session_release(third, &c);
+    cx_session_release(other, &b);
+}
+
+static void
+list_close_reap(struct cxtest *t)
+{
+    struct cx_session s;
+    json_t *l = NULL;
+    int closed = -1;
+
+    ok(cx_session_list(&t->cx, "bob", &l) == CX_OK && json_array_size(l) >= 2,
+       "bob's sessions listed");
+    ok(json_object_get(json_array_get(l, 0), "workspace") != NULL, "with the documented columns");
+    json_decref(l);
+    ok(cx_session_list(&t->cx, "eve", &l) == CX_OK && json_array_size(l) == 0, "eve has none");
+    json_decref(l);
+    ok(cx_session_close(&t->cx, "bob", "c1") == CX_OK, "close c1");
+    is_int(cx_session_close(&t->cx, "bob", "c1"), CX_ERR_NOT_FOUND, "closing it again: not found");
+    is_int(cx_session_close(&t->cx, "eve", "c3"), CX_ERR_NOT_FOUND, "eve cannot close bob's");
+    ok(acquire(&t->cx, "short", 1, &s) == CX_OK, "a session with a 1 s ttl");
+    cx_session_release(&t->cx, &s);
+    sleep(3); /* its expiry passes; the ttl of acquire only ever extends */
+    ok(cx_session_reap(&t->cx, 10, &closed) == CX_OK && closed >= 1, "the reaper closes it (%d)",
+       closed);
+    is_int(cx_gateway_kernel_get(t->cx.gw, s.kernel_id, NULL), CX_ERR_NOT_FOUND,
+           "and its kernel is gone");
+}
+
+int
+main(void)
+{
+    struct cxtest t;
+    struct cx_ctx other, third;
+
+    cxtest_open(&t, "session", CONF);
+    if (cx_host_ctx_open(&other, &t.cfg, t.auth) || cx_host_ctx_open(&third, &t.cfg, t.auth)) {
+        printf("Bail out! a second context\n");
+        return 1;
+    }
+    create_and_reuse(&t, &other);
+    vanished(&t);
+    cap_and_eviction(&t, &other, &third);
+    list_close_reap(&t);
+    /* leave nothing running on the suite's gateway */
+    {
+        json_t *l = NULL;
+        size_t i;
+        json_t *row;
+        if (cx_session_list(&t.cx, NULL, &l) == CX_OK)
+            json_array_foreach(l, i, row)
+            {
+                const char *cid = json_string_value(json_object_get(row, "conversation"));
+                if (cid && cx_session_close(&t.cx, "bob", cid))
+                    printf("# could not close %s\n", cid);
+            }
+        json_decref(l);
+    }
+    cx_host_ctx_close(&other);
+    cx_host_ctx_close(&third);
+    cxtest_close(&t);
+    return tap_done();
+}
