@@ -30,6 +30,10 @@ cx_h_health(struct cx_req *r)
     bool ok =
         cx_health_check(r->w->db, r->w->gw, r->w->cfg->kernel_name, r->w->cfg->storage_dir, &body);
 
+    if (!body) {
+        cx_req_send_lib_error(r, CX_ERR_NOMEM, NULL);
+        return;
+    }
     if (!ok) {
         json_object_set_new(body, "error",
                             json_pack("{s:s,s:s}", "code", "unavailable", "message",
@@ -45,6 +49,11 @@ cx_h_metrics(struct cx_req *r)
 {
     struct cx_buf b;
 
+    if (!cx_addr_list_match(r->w->cfg->metrics_allow, cx_req_param(r, "REMOTE_ADDR"))) {
+        cx_req_send_error(r, 403, "forbidden",
+                          "metrics are served only to the addresses in metrics_allow");
+        return;
+    }
     cx_buf_init(&b, 4 * 1024 * 1024);
     cx_metrics_render(&b);
     if (cx_buf_err(&b))
@@ -85,7 +94,9 @@ cx_h_runs_create(struct cx_req *r)
 
     if (!cx_req_authenticate(r))
         return;
-    body = cx_req_json_body(r, r->w->cfg->max_body_bytes);
+    body = cx_req_json_body(r, r->w->cfg->max_run_body_bytes < r->w->cfg->max_body_bytes
+                                   ? r->w->cfg->max_run_body_bytes
+                                   : r->w->cfg->max_body_bytes);
     if (!body)
         return;
     rc = cx_run_request_parse(r->w->cfg, body, &req, msg, sizeof(msg));

@@ -138,3 +138,18 @@ cx_buf_keep_tail(struct cx_buf *b, size_t keep)
     b->len = keep;
     b->data[b->len] = '\0';
 }
+
+void
+cx_buf_shrink(struct cx_buf *b, size_t max_alloc)
+{
+    size_t want = b->len + 1 > 64 ? b->len + 1 : 64;
+    char *p;
+
+    if (!b->data || b->alloc <= max_alloc || want > max_alloc)
+        return;
+    p = realloc(b->data, want);
+    if (p) { /* a failed shrink keeps the larger block: nothing is lost */
+        b->data = p;
+        b->alloc = want;
+    }
+}

@@ -31,6 +31,9 @@ void cx_buf_vaddf(struct cx_buf *b, const char *fmt, va_list ap) CX_PRINTF(2, 0)
 enum cx_err cx_buf_err(const struct cx_buf *b);
 /* Drops all but the last keep bytes (a no-op when it holds no more). */
 void cx_buf_keep_tail(struct cx_buf *b, size_t keep);
+/* Gives memory back after a large use: when more than max_alloc bytes are
+ * allocated and the contents fit in max_alloc, the block shrinks to fit. */
+void cx_buf_shrink(struct cx_buf *b, size_t max_alloc);
 /* Hands the data to the caller (free() it); the buffer is left empty. */
 char *cx_buf_take(struct cx_buf *b, size_t *len);
 

@@ -31,8 +31,17 @@ struct cx_capture {
     json_t *skipped;
     bool done;
     int outputs;
-    uint64_t bytes;
+    /* What a run's kernel can make us hold, counted here: a record user
+     * code forges in its own cell is as welcome as the helper's, so the
+     * caps apply to what arrives, not to what the helper promised. */
+    size_t max_files;   /* files and rich outputs: max_captured_files */
+    size_t max_skipped; /* then one "too_many_skipped" entry */
+    bool skipped_full;
+    uint64_t output_bytes; /* rich outputs, within max_output_bytes */
 };
+
+/* Entries of the skipped list beyond max_captured_files. */
+#define SKIPPED_EXTRA 256
 
 enum cx_err
 cx_capture_new(const struct cx_config *cfg, struct cx_capture **out)
@@ -42,6 +51,8 @@ cx_capture_new(const struct cx_config *cfg, struct cx_capture **out)
     if (!c)
         return CX_ERR_NOMEM;
     c->cfg = cfg;
+    c->max_files = cfg->max_captured_files;
+    c->max_skipped = cfg->max_captured_files + SKIPPED_EXTRA;
     c->chunk = malloc(CHUNK);
     c->skipped = json_array();
     if (!c->chunk || !c->skipped) {
@@ -143,7 +154,21 @@ cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *
 void
 cx_capture_skip(struct cx_capture *c, const char *path, const char *reason)
 {
+    if (c->skipped_full)
+        return;
+    if (json_array_size(c->skipped) >= c->max_skipped) {
+        c->skipped_full = true; /* said once, never silently */
+        path = "";
+        reason = "too_many_skipped";
+    }
     json_array_append_new(c->skipped, json_pack("{s:s,s:s}", "path", path, "reason", reason));
+}
+
+/* Whether another file or output may be held. */
+static bool
+room_for_file(const struct cx_capture *c)
+{
+    return c->nfiles < c->max_files;
 }
 
 static void
@@ -228,7 +253,6 @@ add_bytes(struct cx_capture *c, const unsigned char *data, size_t len)
         memcpy(c->head + c->head_len, data, n);
         c->head_len += n;
     }
-    c->bytes += len;
     return cx_storage_writer_write(c->cur.w, data, len);
 }
 
@@ -247,6 +271,10 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg)
         if (!path || !path_ok(path)) {
             if (path && strlen(path) < 1024 && cx_utf8_valid(path, strlen(path)))
                 cx_capture_skip(c, path, "invalid_name");
+            return;
+        }
+        if (!room_for_file(c)) {
+            cx_capture_skip(c, path, "too_many_files");
             return;
         }
         memset(&c->cur, 0, sizeof(c->cur));
@@ -319,6 +347,15 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         cx_capture_skip(c, f.path, "too_large");
         return;
     }
+    if (!room_for_file(c)) {
+        cx_capture_skip(c, f.path, "too_many_files");
+        return;
+    }
+    if (c->output_bytes + len > c->cfg->max_output_bytes) {
+        cx_capture_skip(c, f.path, "output_limit");
+        return;
+    }
+    c->output_bytes += len;
     if (cx_storage_writer_new(c->cfg->storage_dir, &f.w) ||
         cx_storage_writer_write(f.w, data, len) || cx_storage_writer_finish(f.w, &got, f.sha256)) {
         cx_storage_writer_abort(f.w);
@@ -326,7 +363,6 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         return;
     }
     f.size = got;
-    c->bytes += len;
     if (cx_mime_detect(data, len < MAGIC_BYTES ? len : MAGIC_BYTES, f.path, f.mime, sizeof(f.mime)))
         snprintf(f.mime, sizeof(f.mime), "%s", mime);
     if (!keep(c, &f)) {

@@ -13,6 +13,12 @@
 #include "mime.h"
 #include "storage.h"
 
+CX_SQL(q_key_known, 1, "SELECT 1 FROM artifact_versions WHERE storage_key = $1");
+/* Held (shared) from the first rename into place until COMMIT; fsck takes
+ * it exclusively before it removes a file no row names, so a file between
+ * its rename and its COMMIT is never taken for an orphan. */
+CX_SQL(q_storage_lock_shared, 0,
+       "SELECT pg_advisory_xact_lock_shared(hashtextextended('storage', 3))");
 CX_SQL(q_quota_lock, 1,
        "SELECT pg_advisory_xact_lock(hashtextextended('quota' || E'\\n' || $1, 2))");
 CX_SQL(q_usage, 1,
@@ -75,6 +81,34 @@ remove_files(struct commit *c)
     for (size_t i = 0; i < c->np; i++)
         if (c->p[i].renamed && cx_storage_remove(c->cx->cfg->storage_dir, c->p[i].key))
             cx_log_warn(0, "could not remove %s after a failed commit; fsck will", c->p[i].id);
+}
+
+/* The COMMIT's reply was lost with its connection: the rows say whether it
+ * took effect. Files are removed only when it surely did not; when that
+ * can't be told (the connection held the conversation's lock and can't be
+ * replaced yet), they stay for fsck, which finds them either way. */
+static enum cx_err
+commit_outcome(struct commit *c)
+{
+    const char *p[1] = {c->np ? c->p[0].key : ""};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    if (c->np == 0)
+        return CX_ERR_DB;
+    rc = cx_db_exec(c->cx->db, &q_key_known, p, &r);
+    if (rc == CX_OK && PQntuples(r) == 1) {
+        PQclear(r);
+        cx_log_warn(0, "a COMMIT's reply was lost; its rows are there: stored");
+        return CX_OK;
+    }
+    PQclear(r);
+    if (rc == CX_OK) {
+        remove_files(c);
+        return CX_ERR_DB;
+    }
+    cx_log_warn(0, "a COMMIT's outcome is unknown; its %zu file(s) stay for fsck", c->np);
+    return CX_ERR_DB;
 }
 
 /* Allocations, BEGIN, and the user's usage under the quota lock. */
@@ -160,8 +194,12 @@ commit_file(struct commit *c, struct cx_captured *f)
 static enum cx_err
 commit_bytes(struct commit *c)
 {
+    enum cx_err rc = c->np ? cx_db_exec(c->cx->db, &q_storage_lock_shared, NULL, NULL) : CX_OK;
+
+    if (rc)
+        return rc;
     for (size_t i = 0; i < c->np; i++) {
-        enum cx_err rc = cx_storage_writer_commit(c->p[i].f->w, c->p[i].key);
+        rc = cx_storage_writer_commit(c->p[i].f->w, c->p[i].key);
         c->p[i].f->w = NULL;
         if (rc)
             return rc;
@@ -210,9 +248,11 @@ cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid,
         rc = commit_bytes(&c);
     if (rc == CX_OK) {
         rc = cx_db_commit(cx->db);
-        if (rc)
+        if (rc && cx_db_commit_unknown(cx->db))
+            rc = commit_outcome(&c);
+        else if (rc)
             remove_files(&c); /* the rows are gone with the transaction */
-        else
+        if (rc == CX_OK)
             commit_answer(&c, artifacts);
     } else if (c.begun) {
         cx_db_rollback(cx->db);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "util.h"
 
 #define KiB 1024ULL
 #define MiB (1024ULL * KiB)
@@ -265,10 +266,24 @@ set_modules(const struct cx_conf_key *k, char *base, const char *v, char *msg, s
     return rc ? rc : take_string(base, list);
 }
 
+static enum cx_err
+set_addrs(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    char *list = NULL;
+    enum cx_err rc = cx_addr_list_normalize(v, &list);
+
+    if (rc == CX_ERR_INVALID)
+        return invalid(k, msg, msglen,
+                       "addresses or networks separated by commas, such as \"127.0.0.0/8, ::1\", "
+                       "or * for every address");
+    return rc ? rc : take_string(base, list);
+}
+
 static const set_fn setters[] = {
-    [CX_CONF_STR] = set_str,   [CX_CONF_UINT] = set_number,     [CX_CONF_SIZE] = set_number,
-    [CX_CONF_BOOL] = set_bool, [CX_CONF_LEVEL] = set_choice,    [CX_CONF_DELIVERY] = set_choice,
-    [CX_CONF_MODE] = set_mode, [CX_CONF_MODULES] = set_modules, [CX_CONF_PATH] = set_path,
+    [CX_CONF_STR] = set_str,     [CX_CONF_UINT] = set_number,     [CX_CONF_SIZE] = set_number,
+    [CX_CONF_BOOL] = set_bool,   [CX_CONF_LEVEL] = set_choice,    [CX_CONF_DELIVERY] = set_choice,
+    [CX_CONF_MODE] = set_mode,   [CX_CONF_MODULES] = set_modules, [CX_CONF_PATH] = set_path,
+    [CX_CONF_ADDRS] = set_addrs,
 };
 
 /* Sets one key; on failure writes a message (without position) to msg. */
@@ -283,7 +298,8 @@ set_value(void *cfg, const struct cx_conf_key *k, const char *v, char *msg, size
 static bool
 is_string(const struct cx_conf_key *k)
 {
-    return k->type == CX_CONF_STR || k->type == CX_CONF_MODULES || k->type == CX_CONF_PATH;
+    return k->type == CX_CONF_STR || k->type == CX_CONF_MODULES || k->type == CX_CONF_PATH ||
+           k->type == CX_CONF_ADDRS;
 }
 
 void

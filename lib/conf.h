@@ -23,6 +23,7 @@ enum cx_conf_type {
     CX_CONF_MODE,     /* unsigned, octal, at most max */
     CX_CONF_MODULES,  /* char *: Python module names, normalised "a,b.c" */
     CX_CONF_PATH,     /* char *: "" or an absolute path without ".." or control chars */
+    CX_CONF_ADDRS,    /* char *: an address list, normalised (util.h cx_addr_list_*) */
 };
 
 struct cx_conf_key {

@@ -45,6 +45,7 @@ static const struct cx_conf_key keys[] = {
     {"max_output_bytes", CX_CONF_SIZE, O(max_output_bytes), "8M", 1024, 1 * GiB},
     {"max_code_bytes", CX_CONF_SIZE, O(max_code_bytes), "1M", 16, 64 * MiB},
     {"max_body_bytes", CX_CONF_SIZE, O(max_body_bytes), "64M", 1024, 64 * GiB},
+    {"max_run_body_bytes", CX_CONF_SIZE, O(max_run_body_bytes), "4M", 1024, 1 * GiB},
     {"max_artifact_bytes", CX_CONF_SIZE, O(max_artifact_bytes), "100M", 1, 64 * GiB},
     /* counts and quotas (SPEC §5) */
     {"max_captured_files", CX_CONF_UINT, O(max_captured_files), "64", 0, 100000},
@@ -52,12 +53,15 @@ static const struct cx_conf_key keys[] = {
     {"user_quota_bytes", CX_CONF_SIZE, O(user_quota_bytes), "5G", 0, 1024 * GiB * 1024},
     {"user_quota_artifacts", CX_CONF_UINT, O(user_quota_artifacts), "5000", 0, 100000000},
     {"max_sessions_per_user", CX_CONF_UINT, O(max_sessions_per_user), "8", 1, 100000},
+    {"max_pending_runs_per_user", CX_CONF_UINT, O(max_pending_runs_per_user), "16", 1, 100000},
     /* links, housekeeping, the kernel pool */
     {"link_default_expiry", CX_CONF_UINT, O(link_default_expiry), "300", 1, 365 * 86400},
     {"link_max_expiry", CX_CONF_UINT, O(link_max_expiry), "604800", 1, 365 * 86400},
     {"reaper_interval", CX_CONF_UINT, O(reaper_interval), "30", 1, 86400},
     {"kernel_pool_size", CX_CONF_UINT, O(kernel_pool_size), "0", 0, 1024},
     {"kernel_preload", CX_CONF_MODULES, O(kernel_preload), "", 0, 0},
+    /* who may read /metrics (REMOTE_ADDR, as the web server passes it) */
+    {"metrics_allow", CX_CONF_ADDRS, O(metrics_allow), "127.0.0.0/8, ::1", 0, 0},
 };
 
 void
@@ -83,7 +87,7 @@ static const struct {
     {O(default_ttl), O(max_ttl), false, "default_ttl is above max_ttl"},
     {O(link_default_expiry), O(link_max_expiry), false,
      "link_default_expiry is above link_max_expiry"},
-    {O(max_code_bytes), O(max_body_bytes), true, "max_code_bytes is above max_body_bytes"},
+    {O(max_code_bytes), O(max_run_body_bytes), true, "max_code_bytes is above max_run_body_bytes"},
 };
 
 static uint64_t

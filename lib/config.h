@@ -41,17 +41,20 @@ struct cx_config {
     unsigned tail_chars;
     uint64_t max_output_bytes;
     uint64_t max_code_bytes;
-    uint64_t max_body_bytes;
+    uint64_t max_body_bytes;     /* uploads */
+    uint64_t max_run_body_bytes; /* POST /v1/runs: code and arguments */
     uint64_t max_artifact_bytes;
     unsigned max_captured_files;
     unsigned max_inputs;
     uint64_t user_quota_bytes;
     unsigned user_quota_artifacts;
     unsigned max_sessions_per_user;
+    unsigned max_pending_runs_per_user; /* runs waiting for approval */
     unsigned link_default_expiry, link_max_expiry;
     unsigned reaper_interval;
     unsigned kernel_pool_size;
     char *kernel_preload; /* "numpy,pandas": modules pooled kernels import while warming */
+    char *metrics_allow;  /* normalised address list (util.h) */
 };
 
 /* Fills *cfg with every default. Free with cx_config_cleanup(). */

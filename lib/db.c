@@ -12,6 +12,9 @@ struct cx_db {
     char *conninfo;
     PGconn *conn;
     bool in_tx;
+    unsigned pins;       /* cx_db_pin() depth */
+    bool lost;           /* the connection broke while pinned */
+    bool commit_unknown; /* the last COMMIT's outcome */
     char sqlstate[6];
     unsigned char prepared[MAX_STATEMENTS / 8];
 };
@@ -79,8 +82,14 @@ log_conn_error(struct cx_db *db, const char *what)
 static enum cx_err
 ensure_connected(struct cx_db *db)
 {
-    if (db->conn && PQstatus(db->conn) == CONNECTION_OK)
+    if (db->conn && PQstatus(db->conn) == CONNECTION_OK && !db->lost)
         return CX_OK;
+    if (db->pins) {
+        if (!db->lost)
+            cx_log_err(0, "PostgreSQL connection lost with the locks it held");
+        db->lost = true;
+        return CX_ERR_DB; /* a new connection would not hold them */
+    }
     disconnect(db);
     db->conn = PQconnectdb(db->conninfo);
     if (!db->conn || PQstatus(db->conn) != CONNECTION_OK) {
@@ -131,7 +140,57 @@ result_error(struct cx_db *db, PGresult *r, int id)
 static bool
 retriable(struct cx_db *db, bool was_in_tx)
 {
-    return !was_in_tx && db->conn && PQstatus(db->conn) == CONNECTION_BAD;
+    if (db->conn && PQstatus(db->conn) == CONNECTION_BAD && db->pins)
+        db->lost = true;
+    return !was_in_tx && !db->pins && db->conn && PQstatus(db->conn) == CONNECTION_BAD;
+}
+
+void
+cx_db_pin(struct cx_db *db)
+{
+    db->pins++;
+}
+
+void
+cx_db_unpin(struct cx_db *db)
+{
+    if (db->pins && --db->pins == 0 && db->lost) {
+        disconnect(db); /* the next call starts afresh */
+        db->lost = false;
+    }
+}
+
+/* Reads what the server sent without waiting. A terminated backend sends
+ * its FATAL message, then closes: the first read takes the message, the
+ * second meets the end. */
+static bool
+still_up(PGconn *c)
+{
+    for (int i = 0; i < 2; i++) {
+        if (!PQconsumeInput(c))
+            return false;
+        (void)PQisBusy(c); /* parses what was read */
+    }
+    return PQstatus(c) == CONNECTION_OK;
+}
+
+bool
+cx_db_connection_ok(struct cx_db *db)
+{
+    if (!db->conn || db->lost)
+        return false;
+    if (!still_up(db->conn)) {
+        if (db->pins)
+            db->lost = true;
+        return false;
+    }
+    return true;
+}
+
+bool
+cx_db_commit_unknown(const struct cx_db *db)
+{
+    return db->commit_unknown;
 }
 
 /* After a failed call (r is cleared): true to try once more (the
@@ -238,26 +297,55 @@ cx_db_begin(struct cx_db *db)
     return rc;
 }
 
+#ifdef CX_TEST_HOOKS
+/* Test builds only, a stand-in for a fault that cannot be produced on
+ * demand: with CODEXEC_TEST_LOSE_COMMIT_REPLY=1 a COMMIT that succeeded
+ * is reported as if its reply was lost with the connection. */
+static bool
+lose_commit_reply(void)
+{
+    const char *v = getenv("CODEXEC_TEST_LOSE_COMMIT_REPLY");
+    return v && !strcmp(v, "1");
+}
+#endif
+
 enum cx_err
 cx_db_commit(struct cx_db *db)
 {
     enum cx_err rc;
     PGresult *r;
 
+    db->commit_unknown = false;
     if (!db->conn)
         return CX_ERR_DB;
     /* Never retried: whether a COMMIT that lost its connection took effect
-     * is unknown, so the caller treats it as failed. */
+     * is unknown; the caller is told so. */
     r = PQexec(db->conn, "COMMIT");
     db->in_tx = false;
+#ifdef CX_TEST_HOOKS
+    if (r && PQresultStatus(r) == PGRES_COMMAND_OK && lose_commit_reply()) {
+        PQclear(r); /* as if the reply was lost with the connection */
+        db->commit_unknown = true;
+        if (db->pins)
+            db->lost = true;
+        else
+            disconnect(db);
+        return CX_ERR_DB;
+    }
+#endif
     if (r && PQresultStatus(r) == PGRES_COMMAND_OK) {
         PQclear(r);
         return CX_OK;
     }
+    db->commit_unknown = !r || PQstatus(db->conn) != CONNECTION_OK;
     rc = result_error(db, r, 0);
     PQclear(r);
-    if (PQstatus(db->conn) != CONNECTION_OK)
-        disconnect(db);
+    if (PQstatus(db->conn) != CONNECTION_OK) {
+        if (db->pins)
+            db->lost = true;
+        else
+            disconnect(db);
+    }
     return rc == CX_OK ? CX_ERR_DB : rc;
 }
 

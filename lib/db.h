@@ -6,7 +6,9 @@
  * restarted, a network cut), the next call reconnects and re-prepares; a
  * statement that failed because the connection was already dead is retried
  * once when no transaction is open. Inside a transaction the error is
- * returned: the transaction is gone and the caller must start over. */
+ * returned: the transaction is gone and the caller must start over. While
+ * the caller holds session state on the connection (cx_db_pin()), nothing
+ * reconnects: the error is returned. */
 #ifndef CX_DB_H
 #define CX_DB_H
 
@@ -60,6 +62,23 @@ enum cx_err cx_db_begin(struct cx_db *db) CX_MUSTCHECK;
 enum cx_err cx_db_commit(struct cx_db *db) CX_MUSTCHECK;
 /* Never fails from the caller's view: a failed rollback drops the connection. */
 void cx_db_rollback(struct cx_db *db);
+
+/* COMMIT. When the connection broke during it, whether it took effect is
+ * unknown: CX_ERR_DB, and cx_db_commit_unknown() is true until the next
+ * commit (the caller finds out from the data it wrote). */
+bool cx_db_commit_unknown(const struct cx_db *db);
+
+/* Session state the connection carries (advisory locks): while pinned, a
+ * broken connection is not replaced behind the caller's back, as a new one
+ * would silently lack the locks. Calls fail with CX_ERR_DB until the last
+ * unpin; the next call after it reconnects. Pins nest. */
+void cx_db_pin(struct cx_db *db);
+void cx_db_unpin(struct cx_db *db);
+
+/* Without waiting: reads what the server sent (a termination notice) and
+ * tells whether the connection is still up, and, pinned, never was lost
+ * meanwhile. */
+bool cx_db_connection_ok(struct cx_db *db);
 
 /* SELECT 1, reconnecting if needed. */
 enum cx_err cx_db_ping(struct cx_db *db) CX_MUSTCHECK;

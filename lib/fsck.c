@@ -6,9 +6,13 @@
 #include "artifact.h"
 #include "config.h"
 #include "db.h"
+#include "log.h"
 #include "storage.h"
 
 CX_SQL(q_key_known, 1, "SELECT 1 FROM artifact_versions WHERE storage_key = $1");
+/* commit.c holds it shared from a file's rename to its COMMIT. */
+CX_SQL(q_storage_lock, 0, "SELECT pg_advisory_lock(hashtextextended('storage', 3))");
+CX_SQL(q_storage_unlock, 0, "SELECT pg_advisory_unlock(hashtextextended('storage', 3))");
 CX_SQL(q_all_versions, 0,
        "SELECT artifact_id, version, storage_key, size, sha256 FROM artifact_versions"
        " ORDER BY artifact_id, version");
@@ -20,24 +24,47 @@ struct fsck {
     int problems;
 };
 
+static enum cx_err
+key_known(struct fsck *f, const char *const *p, bool *known)
+{
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(f->cx->db, &q_key_known, p, &r);
+
+    *known = rc == CX_OK && PQntuples(r) == 1;
+    PQclear(r);
+    return rc;
+}
+
 /* A file in storage: known to a row, else an orphan (removed with repair). */
 static enum cx_err
 check_file(void *ctx, const char *key, bool staging)
 {
     struct fsck *f = ctx;
     const char *p[1] = {key};
-    PGresult *r = NULL;
     enum cx_err rc = CX_OK;
-    bool known = false;
+    bool known = false, removed = false;
 
     if (!staging) {
-        rc = cx_db_exec(f->cx->db, &q_key_known, p, &r);
-        known = rc == CX_OK && PQntuples(r) == 1;
-        PQclear(r);
+        rc = key_known(f, p, &known);
+        if (rc == CX_OK && !known) {
+            /* No row: perhaps one whose COMMIT is under way. Ask again
+             * once no commit is between rename and COMMIT. */
+            cx_db_pin(f->cx->db);
+            rc = cx_db_exec(f->cx->db, &q_storage_lock, NULL, NULL);
+            if (rc == CX_OK)
+                rc = key_known(f, p, &known);
+            if (rc == CX_OK && !known && f->repair)
+                removed = cx_storage_remove(f->cx->cfg->storage_dir, key) == CX_OK;
+            if (cx_db_exec(f->cx->db, &q_storage_unlock, NULL, NULL))
+                cx_log_warn(0, "fsck: the storage lock ends with the connection");
+            cx_db_unpin(f->cx->db);
+        }
+    } else if (f->repair) {
+        removed = cx_storage_remove(f->cx->cfg->storage_dir, key) == CX_OK;
     }
     if (rc || known)
         return rc;
-    if (f->repair && cx_storage_remove(f->cx->cfg->storage_dir, key) == CX_OK) {
+    if (removed) {
         fprintf(f->report, "removed %s %s\n", staging ? "stale staging file" : "orphan file", key);
     } else {
         fprintf(f->report, "%s %s\n", staging ? "stale staging file" : "orphan file", key);

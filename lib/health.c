@@ -1,9 +1,12 @@
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "db.h"
 #include "gateway.h"
 #include "health.h"
 #include "storage.h"
+#include "util.h"
 
 static void
 record(json_t *checks, const char *name, int failed, const char *msg, int *all_ok)
@@ -19,9 +22,9 @@ record(json_t *checks, const char *name, int failed, const char *msg, int *all_o
     json_object_set_new(checks, name, json_string(text));
 }
 
-bool
-cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name,
-                const char *storage_dir, json_t **out)
+static bool
+check_now(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name, const char *storage_dir,
+          json_t **out)
 {
     char msg[CX_MSG_MAX];
     json_t *checks = json_object();
@@ -51,4 +54,56 @@ cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name
     record(checks, "storage", rc != 0, msg, &ok);
     *out = json_pack("{s:s,s:o}", "status", ok ? "ok" : "unavailable", "checks", checks);
     return ok;
+}
+
+/* The last result, shared by every thread: a check costs a PostgreSQL
+ * query, two gateway calls and a synced file, so it runs at most once a
+ * second however often it is asked; while one thread refreshes it the
+ * others answer the previous result rather than queue behind a slow
+ * service. */
+#define FRESH_MS 1000
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cache_cond = PTHREAD_COND_INITIALIZER;
+static json_t *cached;
+static bool cached_ok, refreshing;
+static int64_t cached_at;
+
+bool
+cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name,
+                const char *storage_dir, json_t **out)
+{
+    json_t *fresh = NULL;
+    bool ok;
+
+    pthread_mutex_lock(&cache_lock);
+    if (!refreshing && (!cached || cx_now_ms() - cached_at >= FRESH_MS)) {
+        refreshing = true;
+        pthread_mutex_unlock(&cache_lock);
+        ok = check_now(db, gw, kernel_name, storage_dir, &fresh);
+        pthread_mutex_lock(&cache_lock);
+        if (fresh) {
+            json_decref(cached);
+            cached = fresh;
+            cached_ok = ok;
+            cached_at = cx_now_ms();
+        }
+        refreshing = false;
+        pthread_cond_broadcast(&cache_cond);
+    }
+    while (!cached && refreshing)
+        pthread_cond_wait(&cache_cond, &cache_lock); /* the very first check */
+    ok = cached && cached_ok;
+    *out = cached ? json_deep_copy(cached) : NULL;
+    pthread_mutex_unlock(&cache_lock);
+    return ok && *out;
+}
+
+void
+cx_health_forget(void)
+{
+    pthread_mutex_lock(&cache_lock);
+    json_decref(cached);
+    cached = NULL;
+    pthread_mutex_unlock(&cache_lock);
 }

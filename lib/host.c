@@ -3,6 +3,7 @@
 #include "config.h"
 #include "db.h"
 #include "gateway.h"
+#include "health.h"
 #include "kernel.h"
 
 enum cx_err
@@ -36,6 +37,7 @@ void
 cx_host_shutdown(void)
 {
     cx_kernel_pool_clear();
+    cx_health_forget();
 }
 
 enum cx_err

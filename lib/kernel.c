@@ -14,6 +14,8 @@
 #define POOL_MAX       256
 #define POOL_IDLE_US   (300 * 1000000LL)
 #define MAX_WS_MESSAGE (32u << 20)
+#define DRAIN_MAX      1024          /* messages one drain reads at most */
+#define MSG_KEEP_ALLOC (256u * 1024) /* what an idle connection keeps */
 
 struct cx_kernel_conn {
     struct cx_kernel_conn *next;
@@ -209,8 +211,11 @@ cx_kernel_pool_drain_idle(void)
 
     while ((c = list)) {
         list = c->next;
-        cx_kernel_drain(c, 0);
-        pool_push(c); /* back, keeping its idle time */
+        if (cx_kernel_drain(c, 0) && cx_ws_alive(c->ws)) {
+            pool_push(c); /* back, keeping its idle time */
+        } else {
+            cx_kernel_conn_free(c); /* gone, or talking without end */
+        }
     }
 }
 
@@ -454,13 +459,23 @@ cx_exec_cleanup(struct cx_exec *reqs, int n)
     }
 }
 
-void
+bool
 cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms)
 {
+    int64_t deadline = cx_now_us() + wait_ms * 1000LL;
     enum cx_ws_opcode op;
 
-    while (cx_ws_recv(c->ws, cx_now_us() + wait_ms * 1000LL, &c->msg, &op) == CX_OK) {
-        c->messages++;
-        cx_metrics_count(CX_COUNT_GATEWAY_STALE);
+    /* One deadline for the whole drain and a bounded count: a kernel whose
+     * background thread prints forever never holds the caller. */
+    enum cx_err rc = CX_OK;
+
+    for (int i = 0; i < DRAIN_MAX && (rc == CX_OK || rc == CX_ERR_TOO_LARGE); i++) {
+        rc = cx_ws_recv(c->ws, deadline, &c->msg, &op);
+        if (rc == CX_OK || rc == CX_ERR_TOO_LARGE) {
+            c->messages++;
+            cx_metrics_count(CX_COUNT_GATEWAY_STALE);
+        }
     }
+    cx_buf_shrink(&c->msg, MSG_KEEP_ALLOC); /* after a large message */
+    return rc == CX_ERR_TIMEOUT;
 }

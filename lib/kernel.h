@@ -92,9 +92,11 @@ enum cx_err cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n
 /* Releases the replies held by reqs. */
 void cx_exec_cleanup(struct cx_exec *reqs, int n);
 
-/* Reads and discards whatever is queued, until nothing arrives for wait_ms
- * (stale messages from an earlier run). */
-void cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
+/* Reads and discards what arrives within wait_ms (stale messages from an
+ * earlier run), at most 1024 messages. True when it went quiet; false when
+ * the connection failed or the kernel kept talking (a pooled connection
+ * is then better closed). */
+bool cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
 
 /* WebSocket messages received on this connection (for tests and metrics). */
 uint64_t cx_kernel_conn_messages(const struct cx_kernel_conn *c);

@@ -382,19 +382,60 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
     return rc;
 }
 
-CX_SQL(q_pending_insert, 8,
-       "WITH r AS (INSERT INTO runs (id, user_id, conversation_id, api_key_id, status,"
-       " code_length, code_sha256) VALUES ($1::uuid, $2, $3, nullif($4, '')::uuid,"
-       " 'pending_approval', $5::int, $6) RETURNING id)"
+/* At most $9 pending runs per user: the user's transaction lock makes the
+ * count and the insert one step. */
+CX_SQL(q_pending_lock, 1,
+       "SELECT pg_advisory_xact_lock(hashtextextended('pending' || E'\\n' || $1, 2))");
+CX_SQL(q_pending_insert, 9,
+       "WITH n AS (SELECT count(*) AS c FROM runs WHERE user_id = $2"
+       " AND status = 'pending_approval'),"
+       " r AS (INSERT INTO runs (id, user_id, conversation_id, api_key_id, status,"
+       " code_length, code_sha256) SELECT $1::uuid, $2, $3, nullif($4, '')::uuid,"
+       " 'pending_approval', $5::int, $6 FROM n WHERE n.c < $9::int RETURNING id)"
        " INSERT INTO pending_runs (run_id, request, expires_at)"
-       " SELECT id, $7::jsonb, now() + make_interval(secs => $8::int) FROM r");
+       " SELECT id, $7::jsonb, now() + make_interval(secs => $8::int) FROM r RETURNING run_id");
+
+/* Records a run that waits for approval, within the user's cap. */
+static enum cx_err
+submit_pending(struct cx_ctx *cx, const struct cx_run_request *req, const char **p, char *msg,
+               size_t msglen)
+{
+    char ttl[16], max[16], *request = json_dumps(req->root, JSON_COMPACT);
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    if (!request)
+        return CX_ERR_NOMEM;
+    snprintf(ttl, sizeof(ttl), "%u", cx->cfg->approval_ttl);
+    snprintf(max, sizeof(max), "%u", cx->cfg->max_pending_runs_per_user);
+    p[6] = request;
+    p[7] = ttl;
+    p[8] = max;
+    rc = cx_db_begin(cx->db);
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_pending_lock, p + 1, NULL);
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_pending_insert, p, &r);
+    if (rc == CX_OK && PQntuples(r) == 0) {
+        snprintf(msg, msglen, "%u runs of this user already wait for approval",
+                 cx->cfg->max_pending_runs_per_user);
+        rc = CX_ERR_QUOTA;
+    }
+    PQclear(r);
+    if (rc == CX_OK)
+        rc = cx_db_commit(cx->db);
+    else
+        cx_db_rollback(cx->db);
+    free(request);
+    return rc;
+}
 
 enum cx_err
 cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
               json_t **out, bool *pending, char *msg, size_t msglen)
 {
     char run_id[37], len_s[24], sha[65];
-    const char *p[8] = {run_id, who->user, req->conversation_id, who->key_id, len_s, sha};
+    const char *p[9] = {run_id, who->user, req->conversation_id, who->key_id, len_s, sha};
     struct cx_inputs in;
     enum cx_err rc;
 
@@ -410,14 +451,7 @@ cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_r
     cx_sha256_hex(req->code, req->code_len, sha);
     cx_log_info("run %s requested: code_len=%zu code_sha256=%s", run_id, req->code_len, sha);
     if (cx->cfg->require_approval || who->require_approval) {
-        char ttl[16], *request = json_dumps(req->root, JSON_COMPACT);
-        if (!request)
-            return CX_ERR_NOMEM;
-        snprintf(ttl, sizeof(ttl), "%u", cx->cfg->approval_ttl);
-        p[6] = request;
-        p[7] = ttl;
-        rc = cx_db_exec(cx->db, &q_pending_insert, p, NULL);
-        free(request);
+        rc = submit_pending(cx, req, p, msg, msglen);
         if (rc)
             return rc;
         *out = json_pack("{s:s,s:s}", "run_id", run_id, "status", "pending_approval");

@@ -6,6 +6,7 @@
 
 #include "capture.h"
 #include "config.h"
+#include "db.h"
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
@@ -302,6 +303,12 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
         }
         if (rc != CX_ERR_TIMEOUT)
             return rc;
+        if (!cx_db_connection_ok(st->cx->db)) {
+            /* The conversation's lock went with the connection: another run
+             * may enter this kernel now. Stop rather than run unguarded. */
+            cx_log_err(0, "run stopped: the conversation's lock was lost with PostgreSQL");
+            return CX_ERR_DB;
+        }
         silent = replied && cx_kernel_conn_reads(st->conn) == before ? silent + 1 : 0;
         if (silent >= 2) {
             st->events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);

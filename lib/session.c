@@ -74,6 +74,8 @@ try_lock(struct cx_ctx *cx, const char *user, const char *cid, bool *got)
 
     *got = rc == CX_OK && PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
+    if (*got)
+        cx_db_pin(cx->db); /* the lock lives on this connection */
     return rc;
 }
 
@@ -89,9 +91,10 @@ lock_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool *go
         return try_lock(cx, user, cid, got);
     snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait);
     rc = cx_db_exec(cx->db, &q_lock_wait, p, NULL);
-    if (rc == CX_OK)
+    if (rc == CX_OK) {
         *got = true;
-    else if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
+        cx_db_pin(cx->db);
+    } else if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
         rc = CX_OK; /* lock_timeout: busy */
     if (cx_db_exec(cx->db, &q_lock_reset, NULL, NULL))
         cx_log_warn(0, "could not reset lock_timeout");
@@ -105,6 +108,7 @@ unlock_conversation(struct cx_ctx *cx, const char *user, const char *cid)
 
     if (cx_db_exec(cx->db, &q_unlock, p, NULL))
         cx_log_warn(0, "advisory unlock failed; the lock ends with the connection");
+    cx_db_unpin(cx->db);
 }
 
 /* Empties the workspace through a kernel running in it: Jupyter Server's
@@ -328,6 +332,7 @@ room_end(struct cx_ctx *cx, const struct cx_session *s)
 
     if (cx_db_exec(cx->db, &q_user_unlock, ul, NULL))
         cx_log_warn(0, "user advisory unlock failed");
+    cx_db_unpin(cx->db);
 }
 
 /* Before a session of the user gets a kernel: takes the user's lock (so
@@ -341,6 +346,7 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
 
     if (rc)
         return rc;
+    cx_db_pin(cx->db);
     rc = make_room(cx, s->user, s->conversation_id);
     if (rc == CX_ERR_QUOTA)
         snprintf(msg, msglen, "all %u sessions of this user are busy",

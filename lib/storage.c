@@ -125,12 +125,31 @@ cx_storage_key(const char *user, const char *artifact_id, int version, const cha
     return n < 0 || (size_t)n >= outlen ? CX_ERR_TOO_LARGE : CX_OK;
 }
 
+/* A relative key whose components are neither empty, "." nor "..": a
+ * name such as "john..doe" is fine, only a step up is not. */
+static bool
+key_safe(const char *key)
+{
+    const char *c = key;
+
+    if (!*key)
+        return false;
+    for (;;) {
+        size_t n = strcspn(c, "/");
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+            return false;
+        if (!c[n])
+            return true;
+        c += n + 1;
+    }
+}
+
 enum cx_err
 cx_storage_path(const char *root, const char *key, char *out, size_t outlen)
 {
     int n;
 
-    if (strstr(key, "..") || key[0] == '/')
+    if (!key_safe(key))
         return CX_ERR_INVALID;
     n = snprintf(out, outlen, "%s/%s", root, key);
     return n < 0 || (size_t)n >= outlen ? CX_ERR_TOO_LARGE : CX_OK;
@@ -214,6 +233,10 @@ cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha25
         cx_log_err(errno, "fsync() in storage failed");
         return CX_ERR_IO;
     }
+    /* A finished writer holds no descriptor: a run may finish many before
+     * they commit, and descriptors are the process's to run out of. */
+    close(w->fd);
+    w->fd = -1;
     crypto_hash_sha256_final(&w->sha, h);
     sodium_bin2hex(sha256, 65, h, sizeof(h));
     *size = w->size;
@@ -243,8 +266,6 @@ cx_storage_writer_commit(struct cx_storage_writer *w, const char *key)
         cx_storage_writer_abort(w);
         return CX_ERR_IO;
     }
-    close(w->fd);
-    w->fd = -1;
     if (rename(w->tmp, final) != 0) {
         cx_log_err(errno, "rename() in storage failed");
         cx_storage_writer_abort(w);

@@ -1,10 +1,14 @@
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sodium.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "buf.h"
 #include "util.h"
 
 bool
@@ -151,4 +155,152 @@ cx_conversation_id_valid(const char *s)
     size_t n = s ? strnlen(s, CX_CONVERSATION_MAX + 1) : 0;
 
     return n >= 1 && n <= CX_CONVERSATION_MAX && cx_name_chars(s, n, "._:-");
+}
+
+#define ADDR_LIST_MAX 32
+
+struct net {
+    int family;
+    unsigned char addr[16];
+    unsigned bits;
+};
+
+/* One "address[/bits]" of n characters. */
+static bool
+net_parse(const char *s, size_t n, struct net *out)
+{
+    char text[64], *slash, *end;
+    unsigned long bits;
+
+    if (n == 0 || n >= sizeof(text))
+        return false;
+    memcpy(text, s, n);
+    text[n] = '\0';
+    slash = strchr(text, '/');
+    if (slash)
+        *slash = '\0';
+    if (inet_pton(AF_INET, text, out->addr) == 1)
+        out->family = AF_INET;
+    else if (inet_pton(AF_INET6, text, out->addr) == 1)
+        out->family = AF_INET6;
+    else
+        return false;
+    out->bits = out->family == AF_INET ? 32 : 128;
+    if (slash) {
+        if (!isdigit((unsigned char)slash[1]))
+            return false;
+        errno = 0;
+        bits = strtoul(slash + 1, &end, 10);
+        if (errno || *end || bits > out->bits)
+            return false;
+        out->bits = (unsigned)bits;
+    }
+    return true;
+}
+
+static bool
+net_contains(const struct net *net, int family, const unsigned char *addr)
+{
+    unsigned full = net->bits / 8, rest = net->bits % 8;
+
+    if (family != net->family || memcmp(net->addr, addr, full) != 0)
+        return false;
+    return rest == 0 || ((net->addr[full] ^ addr[full]) & (0xff << (8 - rest))) == 0;
+}
+
+/* Calls fn for each item of a list; false at the first it refuses. */
+static bool
+addr_list_each(const char *list, bool (*fn)(void *, const char *, size_t), void *ctx)
+{
+    const char *p = list;
+    unsigned count = 0;
+
+    for (;;) {
+        size_t n;
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        if (!*p)
+            return true;
+        n = strcspn(p, " \t,");
+        if (++count > ADDR_LIST_MAX || !fn(ctx, p, n))
+            return false;
+        p += n;
+    }
+}
+
+static bool
+add_normalized(void *ctx, const char *item, size_t n)
+{
+    struct cx_buf *b = ctx;
+    char text[INET6_ADDRSTRLEN];
+    struct net net;
+
+    if (!net_parse(item, n, &net) || !inet_ntop(net.family, net.addr, text, sizeof(text)))
+        return false;
+    cx_buf_addf(b, "%s%s/%u", b->len ? "," : "", text, net.bits);
+    return true;
+}
+
+enum cx_err
+cx_addr_list_normalize(const char *text, char **out)
+{
+    struct cx_buf b;
+    const char *t = text + strspn(text, " \t");
+    size_t len;
+
+    if (!strncmp(t, "*", 1) && t[1 + strspn(t + 1, " \t")] == '\0') {
+        *out = strdup("*");
+        return *out ? CX_OK : CX_ERR_NOMEM;
+    }
+    cx_buf_init(&b, 4096);
+    cx_buf_adds(&b, "");
+    if (!addr_list_each(text, add_normalized, &b) || cx_buf_err(&b)) {
+        enum cx_err rc = cx_buf_err(&b) ? cx_buf_err(&b) : CX_ERR_INVALID;
+        cx_buf_cleanup(&b);
+        return rc;
+    }
+    *out = cx_buf_take(&b, &len);
+    return *out ? CX_OK : CX_ERR_NOMEM;
+}
+
+struct match {
+    int family;
+    unsigned char addr[16];
+    bool found;
+};
+
+static bool
+match_one(void *ctx, const char *item, size_t n)
+{
+    struct match *m = ctx;
+    struct net net;
+
+    if (net_parse(item, n, &net) && net_contains(&net, m->family, m->addr))
+        m->found = true;
+    return !m->found; /* stop at the first match */
+}
+
+bool
+cx_addr_list_match(const char *list, const char *addr)
+{
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    struct match m = {0};
+
+    if (!list || !addr)
+        return false;
+    if (!strcmp(list, "*"))
+        return true;
+    if (inet_pton(AF_INET, addr, m.addr) == 1) {
+        m.family = AF_INET;
+    } else if (inet_pton(AF_INET6, addr, m.addr) == 1) {
+        m.family = AF_INET6;
+        if (!memcmp(m.addr, mapped, sizeof(mapped))) { /* ::ffff:a.b.c.d */
+            memmove(m.addr, m.addr + 12, 4);
+            m.family = AF_INET;
+        }
+    } else {
+        return false;
+    }
+    addr_list_each(list, match_one, &m);
+    return m.found;
 }

@@ -39,4 +39,14 @@ void cx_uuid_generate(char out[37]);
 /* SHA-256 of data as 64 lower-case hex characters. out: 65 bytes. */
 void cx_sha256_hex(const void *data, size_t len, char out[65]);
 
+/* Address lists ("127.0.0.0/8, ::1, 10.1.2.3"): IPv4 and IPv6 addresses
+ * with an optional prefix length, separated by commas or spaces, at most
+ * 32; "*" alone allows every address, "" none. _normalize checks text and
+ * makes the canonical form ("127.0.0.0/8,::1/128") in a new string (free()
+ * it): CX_ERR_INVALID for a bad list. _match tells whether addr (an IPv4,
+ * IPv6 or IPv4-mapped IPv6 address as a web server passes REMOTE_ADDR) is in
+ * a normalised list. */
+enum cx_err cx_addr_list_normalize(const char *text, char **out) CX_MUSTCHECK;
+bool cx_addr_list_match(const char *list, const char *addr);
+
 #endif

@@ -19,6 +19,8 @@
 #define MAX_HANDSHAKE 16384
 #define SEND_CHUNK    65536
 #define READ_CHUNK    65536
+/* What an idle connection keeps of its buffers after a large message. */
+#define WS_KEEP_ALLOC (256u * 1024)
 
 struct cx_ws {
     CURL *curl;
@@ -68,6 +70,23 @@ wait_fd(struct cx_ws *ws, short events, int64_t deadline_us)
     return rc;
 }
 
+/* Drops the parsed bytes before n more are added: always when nothing
+ * unparsed is left, when they are most of the buffer (moving the rest is
+ * then cheap), and whenever n would not fit otherwise, so that a message
+ * up to max_message always fits whatever came before it. */
+static void
+compact(struct cx_ws *ws, size_t n)
+{
+    size_t rest = ws->in.len - ws->off;
+
+    if (ws->off == 0)
+        return;
+    if (rest == 0 || ws->off >= rest || ws->in.len + n > ws->in.cap) {
+        cx_buf_keep_tail(&ws->in, rest);
+        ws->off = 0;
+    }
+}
+
 /* Reads what is available into ws->in, waiting until the deadline.
  * CX_OK when at least one byte arrived. */
 static enum cx_err
@@ -84,15 +103,7 @@ read_some(struct cx_ws *ws, int64_t deadline_us)
             quickack(ws);
             if (n == 0)
                 return CX_ERR_IO; /* orderly shutdown by the peer */
-            /* compact before growing */
-            if (ws->off > 0 && ws->off == ws->in.len) {
-                cx_buf_reset(&ws->in);
-                ws->off = 0;
-            } else if (ws->off > (1u << 20)) {
-                memmove(ws->in.data, ws->in.data + ws->off, ws->in.len - ws->off);
-                ws->in.len -= ws->off;
-                ws->off = 0;
-            }
+            compact(ws, n);
             cx_buf_add(&ws->in, chunk, n);
             return cx_buf_err(&ws->in) ? CX_ERR_TOO_LARGE : CX_OK;
         }
@@ -553,8 +564,14 @@ cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws
         return CX_ERR_IO;
     if (!ws->in_message)
         cx_buf_reset(out);
-    while (!done) {
+    for (int step = 0; !done; step++) {
         struct frame f;
+
+        /* The deadline holds while data keeps arriving: after the first
+         * step (what is buffered may always be looked at), every frame
+         * and every read is checked against it. */
+        if (step > 0 && cx_now_us() >= deadline_us)
+            return CX_ERR_TIMEOUT;
 
         rc = next_frame(ws, out, &f);
         if (rc == CX_ERR_TOO_LARGE)
@@ -574,6 +591,12 @@ cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out, enum cx_ws
         rc = f.opcode >= 0x8 ? control_frame(ws, &f) : data_frame(ws, &f, out, op, &done);
         if (rc)
             return rc;
+    }
+    /* After a large message, give its memory back. */
+    if (ws->in.alloc > WS_KEEP_ALLOC) {
+        cx_buf_keep_tail(&ws->in, ws->in.len - ws->off);
+        ws->off = 0;
+        cx_buf_shrink(&ws->in, WS_KEEP_ALLOC);
     }
     return CX_OK;
 }

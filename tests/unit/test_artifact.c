@@ -83,12 +83,18 @@ hostile_uploads(struct cxtest *t)
     /* mallory: a user of their own, clear of bob's quota */
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         a = NULL;
-        ok(cxtest_upload(t, "mallory", "hostile", names[i].name, "x", 1, &a, msg, sizeof(msg)) == CX_OK,
+        ok(cxtest_upload(t, "mallory", "hostile", names[i].name, "x", 1, &a, msg, sizeof(msg)) ==
+               CX_OK,
            "hostile name %zu stored (%s)", i, msg);
         is_str(str(a, "filename"), names[i].want, "hostile name %zu made safe", i);
         ok(!strchr(str(a, "path"), '/'), "hostile name %zu: no separator in the path", i);
         json_decref(a);
     }
+    a = NULL;
+    a = NULL;
+    ok(cxtest_upload(t, "john..doe", "c", "a..b.txt", "x", 1, &a, msg, sizeof(msg)) == CX_OK,
+       "a user id and a file name with .. inside are stored (%s)", msg);
+    json_decref(a);
     a = NULL;
     is_int(cxtest_upload(t, "bob", "../c", "x.txt", "x", 1, &a, msg, sizeof(msg)), CX_ERR_INVALID,
            "a bad conversation id is refused");

@@ -36,5 +36,21 @@ main(void)
     cx_buf_cleanup(&b);
     cx_buf_cleanup(&b);
     ok(1, "cleanup twice is safe");
+    {
+        struct cx_buf s;
+        cx_buf_init(&s, 1 << 24);
+        for (int i = 0; i < 100000; i++)
+            cx_buf_adds(&s, "0123456789");
+        cx_buf_shrink(&s, 4096);
+        ok(s.alloc > 4096, "a large buffer still in use keeps its memory");
+        cx_buf_reset(&s);
+        cx_buf_adds(&s, "small");
+        cx_buf_shrink(&s, 4096);
+        ok(s.alloc <= 4096 && !strcmp(s.data, "small"),
+           "emptied, it gives it back, keeping its contents");
+        cx_buf_adds(&s, " again");
+        is_str(s.data, "small again", "and grows again after");
+        cx_buf_cleanup(&s);
+    }
     return tap_done();
 }

@@ -2,6 +2,7 @@
  * forged sizes and digests, path tricks, chunks out of order, files never
  * ended, oversized files, invented skipped entries. A real storage
  * directory; no kernel needed (the records are what a kernel sends). */
+#include <dirent.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -149,6 +150,66 @@ outputs(void)
     cx_capture_free(c);
 }
 
+static int
+open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    while (d && readdir(d))
+        n++;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* The caps hold whoever sends the records: 3 files here. */
+static void
+caps(void)
+{
+    struct cx_config small;
+    struct cx_capture *c = NULL;
+    char conf[256], err[256], name[32];
+    int fds = open_fds();
+    size_t n;
+
+    snprintf(conf, sizeof(conf),
+             "storage_dir = %s\nmax_captured_files = 3\nmax_output_bytes = 1024\n", root);
+    if (cx_config_parse(&small, "unit", conf, err, sizeof(err)) || cx_capture_new(&small, &c)) {
+        ok(0, "capture with caps: %s", err);
+        return;
+    }
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof(name), "f%d.txt", i);
+        send_file(c, i + 1, name, "bytes", -1, NULL);
+    }
+    is_int(cx_capture_count(c), 3, "at most max_captured_files files are held");
+    is_str(skipped_reason(c, "f3.txt"), "too_many_files", "the next is too_many_files");
+    is_int(open_fds(), fds, "received files hold no descriptor until they commit");
+    cx_capture_add_output(c, "text/html", "<p>x</p>", 8);
+    is_str(skipped_reason(c, "output-1.html"), "too_many_files", "outputs count as files");
+    for (int i = 0; i < 2000; i++)
+        cx_capture_skip(c, "x", "invalid_name");
+    n = json_array_size(cx_capture_skipped(c));
+    is_int(n, 3 + 256 + 1, "the skipped list is capped");
+    is_str(
+        json_string_value(json_object_get(json_array_get(cx_capture_skipped(c), n - 1), "reason")),
+        "too_many_skipped", "and says so once at its end");
+    cx_capture_free(c);
+
+    ok(cx_capture_new(&small, &c) == CX_OK, "another capture");
+    {
+        char big[700];
+        memset(big, 'a', sizeof(big));
+        cx_capture_add_output(c, "text/html", big, sizeof(big));
+        cx_capture_add_output(c, "text/html", big, sizeof(big));
+    }
+    is_int(cx_capture_count(c), 1, "rich outputs stop at max_output_bytes");
+    is_str(skipped_reason(c, "output-2.html"), "output_limit", "as output_limit");
+    cx_capture_free(c);
+    cx_config_cleanup(&small);
+}
+
 int
 main(void)
 {
@@ -167,6 +228,7 @@ main(void)
     honest();
     hostile();
     outputs();
+    caps();
     {
         json_t *md = cx_capture_metadata(&cfg, "k", NULL, false);
         ok(md != NULL, "request metadata builds");

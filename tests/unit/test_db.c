@@ -29,13 +29,16 @@ main(void)
     ok(cx_db_new(conninfo, &db) == CX_OK, "handle created");
     ok(cx_db_migrate(db, &applied) == CX_OK && applied >= 1, "migrations apply (%d)", applied);
     ok(cx_db_migrate(db, &applied) == CX_OK && applied == 0, "a second migrate applies nothing");
-    ok(cx_db_run(db, "SELECT 1 FROM api_keys, sessions, runs, artifacts, artifact_versions LIMIT 0")
-           == CX_OK, "the spec's tables exist");
+    ok(cx_db_run(db,
+                 "SELECT 1 FROM api_keys, sessions, runs, artifacts, artifact_versions LIMIT 0") ==
+           CX_OK,
+       "the spec's tables exist");
     ok(cx_db_run(db, "CREATE TABLE t (k text PRIMARY KEY, v text)") == CX_OK, "create table");
     {
         const char *p[2] = {"a", "it's; DROP TABLE t; --"};
         ok(cx_db_exec(db, &q_insert, p, NULL) == CX_OK, "parameterised insert");
-        is_int(cx_db_exec(db, &q_insert, p, NULL), CX_ERR_CONFLICT, "unique violation is a conflict");
+        is_int(cx_db_exec(db, &q_insert, p, NULL), CX_ERR_CONFLICT,
+               "unique violation is a conflict");
         is_str(cx_db_sqlstate(db), "23505", "SQLSTATE kept");
     }
     {
@@ -73,6 +76,19 @@ main(void)
     }
     cx_db_rollback(db);
     ok(cx_db_ping(db) == CX_OK, "and the handle works again afterwards");
+
+    /* Pinned (advisory locks on the connection): no silent reconnect. */
+    ok(cx_db_exec(db, &q_pid, NULL, &r) == CX_OK, "backend pid");
+    snprintf(pid, sizeof(pid), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    cx_db_pin(db);
+    ok(cx_db_connection_ok(db), "a pinned connection is up");
+    kill_backend(pid);
+    ok(!cx_db_connection_ok(db), "its termination is seen without a query");
+    is_int(cx_db_ping(db), CX_ERR_DB, "pinned, a lost connection is an error, not a new one");
+    is_int(cx_db_ping(db), CX_ERR_DB, "and stays one while pinned");
+    cx_db_unpin(db);
+    ok(cx_db_ping(db) == CX_OK, "unpinned, the next call reconnects");
     ok(cx_db_begin(db) == CX_OK, "begin");
     {
         const char *p[2] = {"c", "y"};

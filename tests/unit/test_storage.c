@@ -20,7 +20,11 @@ static const struct {
     {"a\r\nb.txt", 8, "ab.txt"},
     {"q\"uote.txt", 10, "quote.txt"},
     {"nul\0byte", 8, "nulbyte"},
-    {"\xc3\xbc" "ber.txt", 9, "\xc3\xbc" "ber.txt"},
+    {"\xc3\xbc"
+     "ber.txt",
+     9,
+     "\xc3\xbc"
+     "ber.txt"},
     {"bad\xff.txt", 8, "bad_.txt"},
     {"dir/", 4, "file"},
 };
@@ -67,33 +71,57 @@ main(void)
            "the artifact id must be a uuid");
     is_int(cx_storage_path(root, "../etc/passwd", path, sizeof(path)), CX_ERR_INVALID,
            "no .. in keys");
+    {
+        static const struct {
+            const char *key;
+            enum cx_err want;
+        } keys[] = {
+            {"artifacts/a/b", CX_OK},        {"artifacts/john..doe/x", CX_OK},
+            {"artifacts/a/b..c", CX_OK},     {"artifacts/a/..", CX_ERR_INVALID},
+            {"a/../b", CX_ERR_INVALID},      {"./a", CX_ERR_INVALID},
+            {"a//b", CX_ERR_INVALID},        {"a/", CX_ERR_INVALID},
+            {"/etc/passwd", CX_ERR_INVALID}, {"", CX_ERR_INVALID},
+            {"..", CX_ERR_INVALID},
+        };
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            is_int(cx_storage_path(root, keys[i].key, path, sizeof(path)), keys[i].want,
+                   "key \"%s\"", keys[i].key);
+    }
+    ok(cx_storage_key("john..doe", "123e4567-e89b-12d3-a456-426614174000", 1, "a..b.txt", key,
+                      sizeof(key)) == CX_OK &&
+           cx_storage_path(root, key, path, sizeof(path)) == CX_OK,
+       "a user and a file name with .. inside have a usable key");
 
     ok(cx_storage_writer_new(root, &w) == CX_OK, "writer");
-    ok(cx_storage_writer_write(w, "hello ", 6) == CX_OK && cx_storage_writer_write(w, "world", 5) == CX_OK,
+    ok(cx_storage_writer_write(w, "hello ", 6) == CX_OK &&
+           cx_storage_writer_write(w, "world", 5) == CX_OK,
        "writes");
     ok(cx_storage_writer_finish(w, &size, sha) == CX_OK && size == 11, "finish");
     is_str(sha, "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9", "sha256");
     ok(cx_storage_writer_commit(w, "artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt") ==
            CX_OK,
        "commit");
-    snprintf(path, sizeof(path), "%s/artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt", root);
+    snprintf(path, sizeof(path), "%s/artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt",
+             root);
     ok(stat(path, &st) == 0 && st.st_size == 11, "in place");
-    ok(cx_storage_remove(root, "artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt") == CX_OK &&
+    ok(cx_storage_remove(root, "artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt") ==
+               CX_OK &&
            stat(path, &st) != 0,
        "removed");
     snprintf(path, sizeof(path), "%s/artifacts", root);
     ok(stat(path, &st) != 0, "empty parents removed too");
     ok(stat(root, &st) == 0, "root kept");
-    ok(cx_storage_writer_new(root, &w) == CX_OK && cx_storage_writer_write(w, "x", 1) == CX_OK, "writer");
+    ok(cx_storage_writer_new(root, &w) == CX_OK && cx_storage_writer_write(w, "x", 1) == CX_OK,
+       "writer");
     cx_storage_writer_abort(w);
     snprintf(path, sizeof(path), "%s/.staging", root);
     ok(rmdir(path) == 0, "abort leaves the staging directory empty");
 
     /* MIME and kinds */
     {
-        static const unsigned char png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0,
-                                            13, 'I', 'H', 'D', 'R', 0, 0, 0, 1, 0, 0, 0, 1, 8, 2,
-                                            0, 0, 0};
+        static const unsigned char png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0,
+                                            0,    13,  'I', 'H', 'D',  'R',  0,    0,    0, 1,
+                                            0,    0,   0,   1,   8,    2,    0,    0,    0};
         static const char zip[] = "PK\x03\x04\x14\x00\x00\x00\x00\x00";
         char m[128];
         ok(cx_mime_detect(png, sizeof(png), "x.bin", m, sizeof(m)) == CX_OK, "detect");
@@ -108,7 +136,8 @@ main(void)
         ok(!strcmp(m, "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet") ||
                !strncmp(m, "application/", 12),
            "zip refined for .xlsx (%s)", m);
-        ok(cx_mime_detect("<html><body>x</body></html>", 27, "p.html", m, sizeof(m)) == CX_OK, "detect");
+        ok(cx_mime_detect("<html><body>x</body></html>", 27, "p.html", m, sizeof(m)) == CX_OK,
+           "detect");
         is_str(m, "text/html", "html");
         ok(cx_mime_detect("", 0, "empty", m, sizeof(m)) == CX_OK, "detect");
         is_str(m, "application/octet-stream", "empty file");
@@ -118,7 +147,8 @@ main(void)
         is_str(cx_mime_kind("application/pdf"), "document", "kind document");
         is_str(cx_mime_kind("application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"),
                "spreadsheet", "kind spreadsheet");
-        is_str(cx_mime_kind("application/vnd.openxmlformats-officedocument.presentationml.presentation"),
+        is_str(cx_mime_kind(
+                   "application/vnd.openxmlformats-officedocument.presentationml.presentation"),
                "presentation", "kind presentation");
         is_str(cx_mime_kind("text/plain"), "file", "kind file");
     }

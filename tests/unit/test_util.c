@@ -21,10 +21,67 @@ static const struct {
     {"ok\xe2\x82", 4, 0, "truncated at the end"},
 };
 
+static const struct {
+    const char *text;
+    const char *norm; /* NULL: refused */
+} lists[] = {
+    {"127.0.0.0/8, ::1", "127.0.0.0/8,::1/128"},
+    {"10.1.2.3", "10.1.2.3/32"},
+    {"  ", ""},
+    {"", ""},
+    {"*", "*"},
+    {" * ", "*"},
+    {"2001:db8::/32 192.168.0.0/16", "2001:db8::/32,192.168.0.0/16"},
+    {"10.0.0.0/33", NULL},
+    {"::1/129", NULL},
+    {"10.0.0.1/", NULL},
+    {"10.0.0.1/-1", NULL},
+    {"example.com", NULL},
+    {"10.0.0.256", NULL},
+    {"*, 10.0.0.1", NULL},
+    {"10.0.0.1/8x", NULL},
+};
+
+static const struct {
+    const char *list;
+    const char *addr;
+    bool allowed;
+} matches[] = {
+    {"127.0.0.0/8,::1/128", "127.0.0.1", true},
+    {"127.0.0.0/8,::1/128", "127.255.1.2", true},
+    {"127.0.0.0/8,::1/128", "::1", true},
+    {"127.0.0.0/8,::1/128", "::ffff:127.0.0.1", true},
+    {"127.0.0.0/8,::1/128", "128.0.0.1", false},
+    {"127.0.0.0/8,::1/128", "::2", false},
+    {"127.0.0.0/8,::1/128", "", false},
+    {"127.0.0.0/8,::1/128", "localhost", false},
+    {"127.0.0.0/8,::1/128", NULL, false},
+    {"10.0.0.0/12", "10.15.255.255", true},
+    {"10.0.0.0/12", "10.16.0.0", false},
+    {"", "127.0.0.1", false},
+    {"*", "203.0.113.9", true},
+    {"0.0.0.0/0", "203.0.113.9", true},
+    {"0.0.0.0/0", "2001:db8::1", false},
+};
+
 int
 main(void)
 {
     char id[33];
+
+    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
+        char *norm = NULL;
+        enum cx_err rc = cx_addr_list_normalize(lists[i].text, &norm);
+        if (lists[i].norm)
+            ok(rc == CX_OK && norm && !strcmp(norm, lists[i].norm), "list \"%s\" is \"%s\" (%s)",
+               lists[i].text, lists[i].norm, norm ? norm : "refused");
+        else
+            is_int(rc, CX_ERR_INVALID, "list \"%s\" is refused", lists[i].text);
+        free(norm);
+    }
+    for (size_t i = 0; i < sizeof(matches) / sizeof(matches[0]); i++)
+        is_int(cx_addr_list_match(matches[i].list, matches[i].addr), matches[i].allowed,
+               "%s in \"%s\"", matches[i].addr ? matches[i].addr : "(null)", matches[i].list);
 
     for (size_t i = 0; i < sizeof(utf8_cases) / sizeof(utf8_cases[0]); i++)
         is_int(cx_utf8_valid(utf8_cases[i].s, utf8_cases[i].len), utf8_cases[i].valid, "utf8: %s",

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sodium.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -25,10 +26,11 @@ struct peer {
     int lfd, port;
     enum handshake hs;
     /* what to send after the handshake */
-    unsigned char out[200000];
+    unsigned char out[400000];
     size_t out_len;
     int pause_after; /* bytes sent before a pause (0 = no pause) */
     int pause_ms;
+    int trickle_ms; /* > 0: one byte, then a pause of this many ms, and so on */
     /* what the client sent, unmasked, and whether every frame was masked */
     unsigned char in[200000];
     size_t in_len;
@@ -127,7 +129,13 @@ peer_main(void *arg)
                  accept_b64);
     if (write(fd, resp, strlen(resp)) < 0)
         goto out;
-    if (p->pause_after > 0 && (size_t)p->pause_after < p->out_len) {
+    if (p->trickle_ms > 0) {
+        for (size_t i = 0; i < p->out_len; i++) {
+            if (write(fd, p->out + i, 1) < 0)
+                goto out;
+            usleep((useconds_t)p->trickle_ms * 1000);
+        }
+    } else if (p->pause_after > 0 && (size_t)p->pause_after < p->out_len) {
         if (write(fd, p->out, (size_t)p->pause_after) < 0)
             goto out;
         usleep((useconds_t)p->pause_ms * 1000);
@@ -204,7 +212,9 @@ static enum cx_err
 client(struct peer *p, struct cx_ws **ws, size_t max_message)
 {
     char url[128], msg[256];
-    struct cx_ws_options o = {.url = url, .connect_timeout_ms = 5000, .max_message = max_message,
+    struct cx_ws_options o = {.url = url,
+                              .connect_timeout_ms = 5000,
+                              .max_message = max_message,
                               .extra_header = "Authorization: token secret"};
 
     snprintf(url, sizeof(url), "ws://127.0.0.1:%d/api/kernels/x/channels?session_id=s", p->port);
@@ -229,6 +239,7 @@ main(void)
 
     if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
         return 1;
+    signal(SIGPIPE, SIG_IGN); /* the peer writes on after a client gave up */
     cx_buf_init(&b, 1 << 20);
     for (size_t i = 0; i < sizeof(big); i++)
         big[i] = (unsigned char)('a' + i % 26);
@@ -352,6 +363,53 @@ main(void)
     cx_ws_free(ws);
     peer_end(p);
 
+    /* A peer that keeps sending, slowly, never holds a reader past its
+     * deadline: a 1000-byte message at a byte per 2 ms, a 100 ms deadline. */
+    p = peer_start(HS_OK);
+    frame(p, 1, CX_WS_TEXT, big, 1000, 0, 0);
+    p->trickle_ms = 2;
+    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    {
+        int64_t t0 = cx_now_us();
+        is_int(recv1(ws, &b, &op, 100), CX_ERR_TIMEOUT, "a trickling message times out");
+        ok(cx_now_us() - t0 < 1000000, "at its deadline, not when the data stops (%lld ms)",
+           (long long)((cx_now_us() - t0) / 1000));
+    }
+    cx_ws_free(ws);
+    peer_end(p);
+
+    /* A stream of pings is answered but does not extend the deadline. */
+    p = peer_start(HS_OK);
+    for (int i = 0; i < 3000; i++)
+        frame(p, 1, CX_WS_PING, "p", 1, 0, 0);
+    p->trickle_ms = 0;
+    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    {
+        int64_t t0 = cx_now_us();
+        int rc = recv1(ws, &b, &op, 20);
+        ok(rc == CX_ERR_TIMEOUT || rc == CX_ERR_IO, "pings alone never make a message (%d)", rc);
+        ok(cx_now_us() - t0 < 2000000, "and end by the deadline");
+    }
+    cx_ws_free(ws);
+    peer_end(p);
+
+    /* Messages up to max_message fit whatever was buffered before them:
+     * five of 30000 bytes, then one of 99000, with max_message 100000. */
+    p = peer_start(HS_OK);
+    for (int i = 0; i < 5; i++)
+        frame(p, 1, CX_WS_TEXT, big, 30000, 0, 0);
+    frame(p, 1, CX_WS_TEXT, big, 69000, 0, 0);
+    ok(client(p, &ws, 100000) == CX_OK, "handshake");
+    {
+        int got = 0;
+        for (int i = 0; i < 6; i++)
+            got += recv1(ws, &b, &op, 3000) == CX_OK;
+        is_int(got, 6, "every message arrives");
+        ok(cx_ws_alive(ws), "and the connection lives");
+    }
+    cx_ws_free(ws);
+    peer_end(p);
+
     /* close */
     p = peer_start(HS_OK);
     frame(p, 1, CX_WS_CLOSE, "\x03\xe8", 2, 0, 0);
@@ -360,8 +418,8 @@ main(void)
     is_int(recv1(ws, &b, &op, 2000), CX_ERR_IO, "a close frame ends the connection");
     ok(!cx_ws_alive(ws), "not alive");
     pthread_join(p->thread, NULL);
-    ok(p->in_frames == 1 && p->in_opcodes[0] == CX_WS_CLOSE && p->in_len == 2 &&
-           p->in[0] == 0x03 && p->in[1] == 0xe8,
+    ok(p->in_frames == 1 && p->in_opcodes[0] == CX_WS_CLOSE && p->in_len == 2 && p->in[0] == 0x03 &&
+           p->in[1] == 0xe8,
        "the close is echoed with its code");
     is_int(cx_ws_send(ws, CX_WS_TEXT, "x", 1), CX_ERR_IO, "no sends after close");
     cx_ws_free(ws);
