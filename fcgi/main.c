@@ -211,6 +211,7 @@ worker_main(void *arg)
         cx_log_err(0, "FCGX_InitRequest() failed");
         goto out;
     }
+    cx_metrics_gauge_add(CX_GAUGE_WORKERS, 1);
     while (take_role(&me)) {
         int rc = stopping ? -1 : FCGX_Accept_r(&fr);
 
@@ -231,6 +232,7 @@ worker_main(void *arg)
             FCGX_Free(&fr, 1);
     }
     FCGX_Free(&fr, 1);
+    cx_metrics_gauge_add(CX_GAUGE_WORKERS, -1);
 out:
     ctx_close(&w);
     pthread_cond_destroy(&me.cond);
@@ -238,10 +240,39 @@ out:
 }
 
 /* Closes expired sessions and expires stale runs every reaper_interval
- * (safe with several processes: rows are claimed with SKIP LOCKED), and
- * empties idle pooled WebSockets every second. */
+ * (safe with several processes: rows are claimed with SKIP LOCKED). The
+ * ticker, a thread of its own so that no slow sweep delays it, empties
+ * idle pooled WebSockets every second. */
 static pthread_mutex_t reaper_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t reaper_cond = PTHREAD_COND_INITIALIZER;
+
+/* Sleeps up to seconds, or until stopping; false once stopping. */
+static bool
+nap(unsigned seconds)
+{
+    struct timespec ts;
+    bool go;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += seconds;
+    pthread_mutex_lock(&reaper_lock);
+    if (!stopping)
+        pthread_cond_timedwait(&reaper_cond, &reaper_lock, &ts);
+    go = !stopping;
+    pthread_mutex_unlock(&reaper_lock);
+    return go;
+}
+
+static void *
+ticker_main(void *arg)
+{
+    (void)arg;
+    cx_log_set_request_id("ticker");
+    do
+        cx_host_tick();
+    while (nap(1));
+    return NULL;
+}
 
 static void *
 reaper_main(void *arg)
@@ -253,13 +284,9 @@ reaper_main(void *arg)
     cx_log_set_request_id("reaper");
     if (!ctx_open(&cx, "reaper"))
         goto out;
-    pthread_mutex_lock(&reaper_lock);
-    while (!stopping) {
-        struct timespec ts;
+    do {
         int64_t now = cx_now_us();
 
-        pthread_mutex_unlock(&reaper_lock);
-        cx_host_tick(); /* every second */
         if (now >= next_reap) {
             struct cx_maint done;
             enum cx_err rc = cx_maint_sweep(&cx, 16, false, &done);
@@ -272,13 +299,7 @@ reaper_main(void *arg)
             /* more to do: come back soon */
             next_reap = now + (done.sessions == 16 ? 1 : (int64_t)cfg.reaper_interval) * 1000000;
         }
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
-        pthread_mutex_lock(&reaper_lock);
-        if (!stopping)
-            pthread_cond_timedwait(&reaper_cond, &reaper_lock, &ts);
-    }
-    pthread_mutex_unlock(&reaper_lock);
+    } while (nap(1));
 out:
     ctx_close(&cx);
     return NULL;
@@ -410,9 +431,9 @@ start_up(const char *config_path, unsigned workers, const char **listen_addr)
 }
 
 struct threads {
-    pthread_t *workers, reaper, prestart;
+    pthread_t *workers, reaper, ticker, prestart;
     unsigned started;
-    bool reaper_started, prestart_started;
+    bool reaper_started, ticker_started, prestart_started;
 };
 
 static bool
@@ -434,6 +455,11 @@ start_threads(struct threads *t)
         return false;
     }
     t->reaper_started = true;
+    if (pthread_create(&t->ticker, NULL, ticker_main, NULL) != 0) {
+        cx_log_err(errno, "pthread_create() of the ticker failed");
+        return false;
+    }
+    t->ticker_started = true;
     if (cfg.kernel_pool_size > 0) {
         if (pthread_create(&t->prestart, NULL, prestart_main, NULL) != 0) {
             cx_log_err(errno, "pthread_create() of the kernel pool failed");
@@ -469,7 +495,7 @@ stop_threads(struct threads *t)
 {
     pthread_mutex_lock(&reaper_lock);
     stopping = 1;
-    pthread_cond_signal(&reaper_cond);
+    pthread_cond_broadcast(&reaper_cond);
     pthread_mutex_unlock(&reaper_lock);
     /* Wakes every thread blocked in accept(); connections already accepted
      * are separate sockets and finish normally. */
@@ -481,6 +507,8 @@ stop_threads(struct threads *t)
         pthread_join(t->workers[i], NULL);
     if (t->reaper_started)
         pthread_join(t->reaper, NULL);
+    if (t->ticker_started)
+        pthread_join(t->ticker, NULL);
     cx_prestart_shutdown();
     if (t->prestart_started)
         pthread_join(t->prestart, NULL);

@@ -40,8 +40,10 @@ struct cx_capture {
     uint64_t output_bytes; /* rich outputs, within max_output_bytes */
 };
 
-/* Entries of the skipped list beyond max_captured_files. */
-#define SKIPPED_EXTRA 256
+/* Entries of the skipped list beyond max_captured_files: enough for a
+ * workspace of thousands of files to be listed whole (SPEC: nothing is
+ * dropped silently), bounded (at most a few MiB) against forged records. */
+#define SKIPPED_EXTRA 4096
 
 enum cx_err
 cx_capture_new(const struct cx_config *cfg, struct cx_capture **out)

@@ -89,6 +89,24 @@ cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kerne
 }
 
 enum cx_err
+cx_kernel_conn_buffered(const void *frames, size_t len, struct cx_kernel_conn **out)
+{
+    struct cx_kernel_conn *c = calloc(1, sizeof(*c));
+    enum cx_err rc = c ? cx_ws_buffered(frames, len, MAX_WS_MESSAGE, &c->ws) : CX_ERR_NOMEM;
+
+    *out = NULL;
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    snprintf(c->kernel_id, sizeof(c->kernel_id), "buffered");
+    cx_uuid_generate(c->session);
+    cx_buf_init(&c->msg, MAX_WS_MESSAGE);
+    *out = c;
+    return CX_OK;
+}
+
+enum cx_err
 cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kernel_id,
                     bool quickack, struct cx_kernel_conn **out, char *msg, size_t msglen)
 {

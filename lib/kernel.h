@@ -89,6 +89,11 @@ enum cx_err cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e) CX_MU
 enum cx_err cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need,
                            int64_t deadline_us, cx_exec_fn fn, void *ctx) CX_MUSTCHECK;
 
+/* A connection whose kernel already sent the WebSocket frames in frames
+ * and went away: what it sent can be waited for. For fuzzing and tests. */
+enum cx_err cx_kernel_conn_buffered(const void *frames, size_t len,
+                                    struct cx_kernel_conn **out) CX_MUSTCHECK;
+
 /* Releases the replies held by reqs. */
 void cx_exec_cleanup(struct cx_exec *reqs, int n);
 

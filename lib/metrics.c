@@ -37,6 +37,19 @@ static const struct {
     [CX_COUNT_ACCEPT_ERRORS] = {"accept_errors", "accept() failures a worker backed off from."},
 };
 
+static int64_t gauges[CX_GAUGE__N];
+static const struct {
+    const char *name, *help;
+} gauge_info[CX_GAUGE__N] = {
+    [CX_GAUGE_WORKERS] = {"workers", "Request threads alive."},
+};
+
+void
+cx_metrics_gauge_add(enum cx_gauge g, int64_t delta)
+{
+    __atomic_add_fetch(&gauges[g], delta, __ATOMIC_RELAXED);
+}
+
 void
 cx_metrics_count(enum cx_counter c)
 {
@@ -97,6 +110,10 @@ cx_metrics_render(struct cx_buf *b)
                     counter_info[c].name, counter_info[c].help, counter_info[c].name,
                     counter_info[c].name,
                     (unsigned long long)cx_metrics_counter((enum cx_counter)c));
+    for (int g = 0; g < CX_GAUGE__N; g++)
+        cx_buf_addf(b, "# HELP codexec_%s %s\n# TYPE codexec_%s gauge\ncodexec_%s %lld\n",
+                    gauge_info[g].name, gauge_info[g].help, gauge_info[g].name, gauge_info[g].name,
+                    (long long)__atomic_load_n(&gauges[g], __ATOMIC_RELAXED));
     pthread_mutex_lock(&lock);
     cx_buf_adds(b, "# HELP codexec_http_requests_total HTTP requests by route and status.\n"
                    "# TYPE codexec_http_requests_total counter\n");

@@ -22,6 +22,13 @@ enum cx_counter {
 void cx_metrics_count(enum cx_counter c);
 uint64_t cx_metrics_counter(enum cx_counter c);
 
+/* Process-wide levels, rendered as codexec_<name>. */
+enum cx_gauge {
+    CX_GAUGE_WORKERS, /* request threads alive */
+    CX_GAUGE__N
+};
+void cx_metrics_gauge_add(enum cx_gauge g, int64_t delta);
+
 /* Appends the exposition text to b. */
 void cx_metrics_render(struct cx_buf *b);
 

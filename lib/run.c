@@ -212,6 +212,11 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
         st->events |= CX_EVENT(CX_OUTCOME_DIED);
         r->s.reset = r->s.kernel_fresh = true;
         cx_runexec_drop_conn(st);
+    } else if (rc == CX_ERR_DB) {
+        /* the conversation's lock went with the connection */
+        snprintf(msg, msglen, "the database connection was lost during the run; retry later");
+        cx_runexec_drop_conn(st);
+        return CX_ERR_DB;
     } else if (rc) {
         cx_log_warn(0, "run %s: kernel connection failed: %s", r->id, cx_strerror(rc));
         snprintf(msg, msglen, "the connection to the kernel failed during the run");

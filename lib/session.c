@@ -28,7 +28,7 @@ CX_SQL(q_user_unlock, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
 #define EXPIRES CX_SQL_UTC("expires_at")
 
 CX_SQL(q_touch, 3,
-       "UPDATE sessions SET last_used_at = now(),"
+       "UPDATE sessions SET last_used_at = now(), cleanup_failures = 0, cleanup_after = NULL,"
        " expires_at = greatest(expires_at, now() + make_interval(secs => $3::int))"
        " WHERE user_id = $1 AND conversation_id = $2"
        " RETURNING id, coalesce(kernel_id, ''), workspace, kernel_fresh, gateway_url, " EXPIRES
@@ -56,7 +56,8 @@ CX_SQL(q_get, 2,
 CX_SQL(q_delete, 1, "DELETE FROM sessions WHERE id = $1::uuid");
 CX_SQL(q_expired, 1,
        "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), workspace FROM sessions"
-       " WHERE expires_at < now() ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED");
+       " WHERE expires_at < now() AND (cleanup_after IS NULL OR cleanup_after < now())"
+       " ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED");
 
 void
 cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX])
@@ -111,83 +112,52 @@ unlock_conversation(struct cx_ctx *cx, const char *user, const char *cid)
     cx_db_unpin(cx->db);
 }
 
-/* Empties the workspace through a kernel running in it: Jupyter Server's
- * contents API refuses to delete a directory that is not empty. */
-static const char empty_cell[] = "exec('''\n"
-                                 "import os, shutil\n"
-                                 "root = __import__(\"IPython\").get_ipython().starting_dir\n"
-                                 "for e in os.scandir(root):\n"
-                                 "    try:\n"
-                                 "        if e.is_dir(follow_symlinks=False):\n"
-                                 "            shutil.rmtree(e.path, ignore_errors=True)\n"
-                                 "        else:\n"
-                                 "            os.unlink(e.path)\n"
-                                 "    except OSError:\n"
-                                 "        pass\n"
-                                 "''', {})\n";
+/* A cleanup that failed is tried again later, each time later still (30 s,
+ * 1 min, 2 min, ... an hour), so that no session holds up the reaping of
+ * the others. The row stays, without its kernel when that is gone, and is
+ * due for the reaper. */
+CX_SQL(q_defer, 2,
+       "UPDATE sessions SET kernel_id = CASE WHEN $2::boolean THEN NULL ELSE kernel_id END,"
+       " expires_at = least(expires_at, now()), cleanup_failures = cleanup_failures + 1,"
+       " cleanup_after = now() + make_interval(secs => least(3600,"
+       " 30 * power(2, least(cleanup_failures, 7)))::int) WHERE id = $1::uuid");
 
 static enum cx_err
-empty_in(struct cx_ctx *cx, const char *kernel_id)
+defer(struct cx_ctx *cx, const char *id, bool kernel_gone, enum cx_err why)
 {
-    struct cx_kernel_conn *c = NULL;
-    struct cx_exec e = {.code = empty_cell, .silent = true};
-    char msg[CX_MSG_MAX];
-    enum cx_err rc;
+    const char *p[2] = {id, kernel_gone ? "true" : "false"};
 
-    rc = cx_kernel_conn_get(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kernel_id, &c, msg,
-                            sizeof(msg));
-    if (rc)
-        return rc;
-    rc = cx_kernel_execute(c, &e);
-    if (rc == CX_OK)
-        rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 60 * 1000000LL, NULL, NULL);
-    cx_exec_cleanup(&e, 1);
-    cx_kernel_conn_free(c);
-    return rc;
-}
-
-/* Empties a workspace with the session's kernel, or with a short-lived one
- * when the session's is gone. */
-static enum cx_err
-empty_workspace(struct cx_ctx *cx, const char *kernel_id, const char *workspace)
-{
-    char tmp[64], msg[CX_MSG_MAX];
-    enum cx_err rc = kernel_id && *kernel_id ? empty_in(cx, kernel_id) : CX_ERR_NOT_FOUND;
-
-    if (rc == CX_OK)
-        return CX_OK;
-    if (cx_gateway_dir_delete(cx->gw, workspace) == CX_OK)
-        return CX_OK; /* it was empty, or is gone */
-    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, workspace, tmp, msg, sizeof(msg));
-    if (rc)
-        return rc;
-    rc = empty_in(cx, tmp);
-    if (cx_gateway_kernel_delete(cx->gw, tmp))
-        cx_log_warn(0, "could not delete the cleaning kernel %s", tmp);
-    return rc;
+    cx_log_warn(0, "session %s: %s failed (%s); retried later", id,
+                kernel_gone ? "deleting its workspace" : "deleting its kernel", cx_strerror(why));
+    if (cx_db_exec(cx->db, &q_defer, p, NULL))
+        cx_log_warn(0, "session %s: could not record the failed cleanup", id);
+    return why;
 }
 
 /* Deletes kernel, workspace and (unless keep_row) the row of a session
- * whose lock we hold. */
+ * whose lock we hold. Nothing runs in the session's kernel: it is deleted
+ * first (the sandbox's workspace is a tmpfs that goes with it), then the
+ * workspace directory on the gateway. What fails is retried later;
+ * *deferred: only the directory is left, for the reaper. */
 static enum cx_err
 close_locked(struct cx_ctx *cx, const char *id, const char *kernel_id, const char *workspace,
-             bool keep_row)
+             bool keep_row, bool *deferred)
 {
     const char *p[1] = {id};
     enum cx_err rc;
 
-    rc = empty_workspace(cx, kernel_id, workspace);
-    if (rc)
-        cx_log_warn(0, "session %s: could not empty its workspace", id);
+    *deferred = false;
     if (kernel_id && *kernel_id) {
         cx_kernel_pool_forget(kernel_id);
         rc = cx_gateway_kernel_delete(cx->gw, kernel_id);
         if (rc)
-            return rc;
+            return defer(cx, id, false, rc);
     }
     rc = cx_gateway_dir_delete(cx->gw, workspace);
-    if (rc)
-        return rc;
+    if (rc && !keep_row) {
+        *deferred = true; /* the kernel is gone; the rest is the reaper's */
+        return defer(cx, id, true, rc);
+    }
     rc = cx_db_exec(cx->db, keep_row ? &q_evicted : &q_delete, p, NULL);
     if (rc == CX_OK)
         cx_log_info("session %s %s", id, keep_row ? "evicted" : "closed");
@@ -200,12 +170,13 @@ close_by_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool
     const char *p[2] = {user, cid};
     PGresult *r = NULL;
     enum cx_err rc = cx_db_exec_row(cx->db, &q_get, p, &r);
+    bool deferred = false;
 
     if (rc == CX_OK)
         rc = close_locked(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
-                          keep_row);
+                          keep_row, &deferred);
     PQclear(r);
-    return rc;
+    return deferred ? CX_OK : rc; /* closed but for its directory: the reaper's */
 }
 
 /* At the cap: close the least recently used session that no run holds. */
@@ -543,14 +514,14 @@ cx_session_reap(struct cx_ctx *cx, int limit, int *closed)
     }
     for (int i = 0; i < PQntuples(r); i++) {
         const char *who[2] = {PQgetvalue(r, i, 1), PQgetvalue(r, i, 2)};
-        bool got;
+        bool got, deferred;
 
         if (try_lock(cx, who[0], who[1], &got))
             break;
         if (!got)
             continue; /* a run is using it; it extended the expiry anyway */
-        if (close_locked(cx, PQgetvalue(r, i, 0), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4),
-                         false) == CX_OK)
+        if (close_locked(cx, PQgetvalue(r, i, 0), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4), false,
+                         &deferred) == CX_OK)
             (*closed)++;
         unlock_conversation(cx, who[0], who[1]);
     }

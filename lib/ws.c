@@ -94,6 +94,8 @@ read_some(struct cx_ws *ws, int64_t deadline_us)
 {
     char chunk[READ_CHUNK];
 
+    if (!ws->curl)
+        return CX_ERR_IO; /* a buffered connection: nothing more will come */
     for (;;) {
         size_t n = 0;
         CURLcode cc = curl_easy_recv(ws->curl, chunk, sizeof(chunk), &n);
@@ -123,6 +125,8 @@ send_all(struct cx_ws *ws, const void *data, size_t len)
     const char *p = data;
     int64_t deadline = cx_now_us() + 30 * 1000000LL;
 
+    if (!ws->curl)
+        return CX_ERR_IO; /* a buffered connection: the peer is gone */
     while (len > 0) {
         size_t n = 0;
         CURLcode cc = curl_easy_send(ws->curl, p, len, &n);
@@ -327,6 +331,29 @@ cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, char *msg, si
         return rc;
     }
     ws->alive = true;
+    *out = ws;
+    return CX_OK;
+}
+
+enum cx_err
+cx_ws_buffered(const void *data, size_t len, size_t max_message, struct cx_ws **out)
+{
+    struct cx_ws *ws = calloc(1, sizeof(*ws));
+
+    *out = NULL;
+    if (!ws)
+        return CX_ERR_NOMEM;
+    ws->fd = CURL_SOCKET_BAD;
+    ws->max_message = max_message ? max_message : 64u << 20;
+    cx_buf_init(&ws->in, ws->max_message + MAX_HANDSHAKE + 64);
+    cx_buf_add(&ws->in, data, len);
+    if (cx_buf_err(&ws->in)) {
+        cx_buf_cleanup(&ws->in);
+        free(ws);
+        return CX_ERR_TOO_LARGE;
+    }
+    ws->alive = true;
+    ws->close_sent = true; /* nobody to tell */
     *out = ws;
     return CX_OK;
 }

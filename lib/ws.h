@@ -44,6 +44,11 @@ enum cx_err cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, c
                           size_t msglen) CX_MUSTCHECK;
 
 /* Sends one message in one frame (masked, as a client must). */
+/* A connection whose peer sent exactly data and went away: the frames in
+ * it can be received, nothing can be sent. For fuzzing and tests. */
+enum cx_err cx_ws_buffered(const void *data, size_t len, size_t max_message,
+                           struct cx_ws **out) CX_MUSTCHECK;
+
 enum cx_err cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data,
                        size_t len) CX_MUSTCHECK;
 

@@ -138,6 +138,7 @@ def main():
     conf_extra = {
         "max_body_bytes": "2M",
         "max_code_bytes": "1M",
+        "max_run_body_bytes": "1536K",
         "workers": "24",
         "log_level": os.environ.get("CODEXEC_TEST_LOG_LEVEL", "info"),
         "busy_wait": "3",

@@ -77,11 +77,11 @@ class Context:
                          "ON_ERROR_STOP=1", "-tAc", sql])
         return r.stdout.strip()
 
-    def spawn_fcgi(self, name, settings=None, workers=2):
+    def spawn_fcgi(self, name, settings=None, workers=2, wrap=()):
         """Another codexec-fcgi with this stack's configuration, but listening
         on its own socket and with `settings` (key -> value) changed; its
         stderr goes to log/codexec-<name>.log. Returns (socket path, process);
-        the caller stops it."""
+        the caller stops it. wrap: a command prefix (prlimit, say)."""
         st = self.st
         sock = os.path.join(st.rundir, f"{name}.sock")
         conf = os.path.join(st.var, f"{name}.conf")
@@ -91,7 +91,7 @@ class Context:
             out.writelines(f"{k} = {v}\n" for k, v in settings.items())
         os.chmod(conf, 0o640)  # it holds the gateway's token, as codexec.conf does
         st.chown(conf)
-        proc = subprocess.Popen(st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
+        proc = subprocess.Popen(list(wrap) + st.as_user() + [os.path.join(st.bin, "codexec-fcgi"), "--config",
                                                 conf, "--workers", str(workers)],
                                 stdout=subprocess.DEVNULL,
                                 stderr=open(os.path.join(st.logdir, f"codexec-{name}.log"), "ab"))

@@ -188,10 +188,10 @@ caps(void)
     is_int(open_fds(), fds, "received files hold no descriptor until they commit");
     cx_capture_add_output(c, "text/html", "<p>x</p>", 8);
     is_str(skipped_reason(c, "output-1.html"), "too_many_files", "outputs count as files");
-    for (int i = 0; i < 2000; i++)
+    for (int i = 0; i < 6000; i++)
         cx_capture_skip(c, "x", "invalid_name");
     n = json_array_size(cx_capture_skipped(c));
-    is_int(n, 3 + 256 + 1, "the skipped list is capped");
+    is_int(n, 3 + 4096 + 1, "the skipped list is capped");
     is_str(
         json_string_value(json_object_get(json_array_get(cx_capture_skipped(c), n - 1), "reason")),
         "too_many_skipped", "and says so once at its end");

@@ -50,7 +50,6 @@ wrong_peers(const char *url, const char *token)
     struct cx_gateway *bad = NULL;
     char msg[CX_MSG_MAX] = "", wrong[128];
 
-
     snprintf(wrong, sizeof(wrong), "%s-wrong", token);
     ok(cx_gateway_new(url, wrong, &bad) == CX_OK, "a handle with a wrong token");
     {
