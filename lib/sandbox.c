@@ -970,6 +970,8 @@ struct argv {
 static void
 add(struct argv *a, const char *s)
 {
+    if (!s)
+        a->failed = true; /* a setting that never loaded: no command line */
     if (a->failed)
         return;
     if (a->n + 2 > a->alloc) {

@@ -1,6 +1,6 @@
 """Fault injection: every unit test once more, with its Nth allocation
 failing, for every N (or, where a program is slow, for N spread evenly
-over its allocations, the first 32 always included).
+over its allocations, the first ones always included).
 
 A run passes when the program ends by itself (any exit code: a failed
 assertion or "Bail out!" is a clean answer to a failed allocation), within
@@ -52,10 +52,10 @@ def plan(count, per_run, budget):
     """Which allocations to fail: all of them if the budget allows."""
     if count <= 0:
         return []
-    runs = max(1, int(budget / max(per_run, 0.001)))
+    runs = max(3, int(budget / max(per_run, 0.001)))
     if runs >= count:
         return list(range(1, count + 1))
-    first = list(range(1, min(count, 32) + 1))
+    first = list(range(1, min(count, 32, runs // 2) + 1))
     rest = max(0, runs - len(first))
     step = (count - len(first)) / rest if rest else 0
     spread = [len(first) + 1 + int(i * step) for i in range(rest)]

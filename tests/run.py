@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "packaging"))
 sys.path.insert(0, os.path.join(HERE, "system"))
+sys.path.insert(0, HERE)
 
 import stack  # noqa: E402
 
@@ -111,6 +112,21 @@ def run_system(res, st, ctx, only, pattern):
                 res.record(False, full, detail)
 
 
+def run_faultinject(res, build, st, budget):
+    """The unit tests again, each allocation failing in turn (tests/faultinject.py)."""
+    import faultinject
+    env = dict(os.environ,
+               CODEXEC_TEST_PG=f"host={st.pg_run} port={st.pg_port} user=codexec dbname=postgres",
+               CODEXEC_TEST_GATEWAY_URL=st.gateway_url, CODEXEC_TEST_GATEWAY_TOKEN=st.gateway_token,
+               ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
+               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    for prog in faultinject.programs(build):
+        t0 = time.monotonic()
+        tried, count, problems = faultinject.inject(prog, env, budget)
+        name = f"faultinject: {os.path.relpath(prog, build)}: {tried} of {count} allocations failed in turn"
+        res.record(not problems, f"{name} ({time.monotonic() - t0:.0f}s)", "\n".join(problems)[-4000:])
+
+
 def sanitizer_reports(logdir):
     found = []
     for path in glob.glob(os.path.join(logdir, "codexec*")):
@@ -130,6 +146,8 @@ def main():
     ap.add_argument("--only", action="append", help="system test modules to run (substring)")
     ap.add_argument("-k", dest="pattern", help="system test names containing this")
     ap.add_argument("--no-unit", action="store_true")
+    ap.add_argument("--faultinject-budget", type=float, default=15,
+                    help="seconds of fault injection per unit test (sanitizers flavour)")
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
@@ -167,6 +185,8 @@ def main():
         st.start_jupyter()
         if not a.no_unit:
             run_unit(res, build, st, a.flavour)
+            if a.flavour == "sanitizers":
+                run_faultinject(res, build, st, a.faultinject_budget)
         st.start_fcgi()
         st.start_nginx()
         import harness

@@ -30,7 +30,7 @@ cxtest_env(const char *name)
     const char *v = getenv(name);
     if (!v || !*v) {
         printf("Bail out! %s is not set: run through packaging/quickstart test\n", name);
-        exit(1);
+        tap_bail();
     }
     return v;
 }
@@ -46,12 +46,12 @@ cxtest_open(struct cxtest *t, const char *tag, const char *extra)
     memset(t, 0, sizeof(*t));
     if (cx_log_open(NULL, CX_LOG_ERR) || sodium_init() < 0) {
         printf("Bail out! log or libsodium\n");
-        exit(1);
+        tap_bail();
     }
     snprintf(t->dir, sizeof(t->dir), "/tmp/cx-unit-%s-XXXXXX", tag);
     if (!mkdtemp(t->dir)) {
         printf("Bail out! mkdtemp\n");
-        exit(1);
+        tap_bail();
     }
     snprintf(t->storage, sizeof(t->storage), "%s/storage", t->dir);
     snprintf(secret, sizeof(secret), "%s/secret", t->dir);
@@ -65,7 +65,7 @@ cxtest_open(struct cxtest *t, const char *tag, const char *extra)
         cx_auth_new(secret, &t->auth) || cx_host_ctx_open(&t->cx, &t->cfg, t->auth) ||
         cx_host_migrate(&t->cx, &applied)) {
         printf("Bail out! the library context does not open: %s\n", err);
-        exit(1);
+        tap_bail();
     }
 }
 
@@ -95,7 +95,7 @@ cxtest_principal(struct cxtest *t, const char *user)
     memset(&p, 0, sizeof(p));
     if (cx_auth_key_create(t->auth, t->cx.db, user, "unit", false, key, p.key_id)) {
         printf("Bail out! key for %s\n", user);
-        exit(1);
+        tap_bail();
     }
     snprintf(p.user, sizeof(p.user), "%s", user);
     return p;

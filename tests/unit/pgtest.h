@@ -19,7 +19,7 @@ pgtest_admin(const char *sql)
 
     if (PQstatus(c) != CONNECTION_OK) {
         printf("Bail out! cannot connect to the test PostgreSQL: %s\n", PQerrorMessage(c));
-        exit(1);
+        tap_bail();
     }
     r = PQexec(c, sql);
     ok_ = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
@@ -42,7 +42,7 @@ pgtest_create(const char *tag)
     snprintf(sql, sizeof(sql), "CREATE DATABASE %s", pgtest_dbname);
     if (!pgtest_admin(sql)) {
         printf("Bail out! cannot create a test database\n");
-        exit(1);
+        tap_bail();
     }
     snprintf(pgtest_conninfo, sizeof(pgtest_conninfo), "%s dbname=%s", tap_pg(), pgtest_dbname);
     return pgtest_conninfo;

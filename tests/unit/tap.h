@@ -6,8 +6,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int tap_n, tap_failed;
+
+/* Stops a test that can't go on ("Bail out!" was printed). _exit: what it
+ * abandons is not a leak of the code under test, so LeakSanitizer's check
+ * at exit is skipped; crashes and memory errors are caught as they happen. */
+static inline void
+tap_bail(void)
+{
+    fflush(stdout);
+    fflush(stderr);
+    _exit(1);
+}
 
 #define ok(cond, ...)                                                                              \
     do {                                                                                           \
@@ -21,6 +33,19 @@ static int tap_n, tap_failed;
             printf("#   failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);                        \
         }                                                                                          \
         fflush(stdout);                                                                            \
+    } while (0)
+
+/* ok(), but what follows depends on it: on failure the program stops
+ * ("Bail out!"), as it must when an allocation failed (tests/faultinject.py
+ * fails each in turn). */
+#define need(cond, ...)                                                                            \
+    do {                                                                                           \
+        int need_ = (cond) ? 1 : 0;                                                                \
+        ok(need_, __VA_ARGS__);                                                                    \
+        if (!need_) {                                                                              \
+            printf("Bail out! a step the rest depends on failed\n");                               \
+            tap_bail();                                                                            \
+        }                                                                                          \
     } while (0)
 
 #define is_int(got, want, ...)                                                                     \
@@ -54,7 +79,7 @@ tap_pg(void)
     const char *pg = getenv("CODEXEC_TEST_PG");
     if (!pg || !*pg) {
         printf("Bail out! CODEXEC_TEST_PG is not set: run through packaging/quickstart test\n");
-        exit(1);
+        tap_bail();
     }
     return pg;
 }

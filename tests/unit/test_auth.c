@@ -28,12 +28,15 @@ main(void)
     unlink(secret);
     ok(cx_auth_secret_create(secret) == CX_OK, "secret created");
     ok(stat(secret, &st) == 0 && (st.st_mode & 0777) == 0600, "secret file is 0600");
-    is_int(cx_auth_secret_create(secret), CX_ERR_CONFLICT, "an existing secret is never overwritten");
-    ok(cx_auth_new(secret, &a) == CX_OK, "secret loads");
+    is_int(cx_auth_secret_create(secret), CX_ERR_CONFLICT,
+           "an existing secret is never overwritten");
+    need(cx_auth_new(secret, &a) == CX_OK, "secret loads");
 
-    ok(cx_auth_parse_bearer("Bearer abc", &tok, &len) == CX_OK && len == 3 && !memcmp(tok, "abc", 3),
+    ok(cx_auth_parse_bearer("Bearer abc", &tok, &len) == CX_OK && len == 3 &&
+           !memcmp(tok, "abc", 3),
        "bearer parsed");
-    ok(cx_auth_parse_bearer("bearer   abc  ", &tok, &len) == CX_OK && len == 3, "scheme case, spaces");
+    ok(cx_auth_parse_bearer("bearer   abc  ", &tok, &len) == CX_OK && len == 3,
+       "scheme case, spaces");
     is_int(cx_auth_parse_bearer("Basic abc", &tok, &len), CX_ERR_UNAUTHORIZED, "other scheme");
     is_int(cx_auth_parse_bearer("Bearer ", &tok, &len), CX_ERR_UNAUTHORIZED, "empty token");
     is_int(cx_auth_parse_bearer(NULL, &tok, &len), CX_ERR_UNAUTHORIZED, "no header");
@@ -45,7 +48,7 @@ main(void)
     ok(!cx_auth_user_valid("a\nb"), "newline in user");
     ok(!cx_auth_user_valid("\xff"), "invalid UTF-8 user");
 
-    ok(cx_db_new(conninfo, &db) == CX_OK && cx_db_migrate(db, &applied) == CX_OK, "db ready");
+    need(cx_db_new(conninfo, &db) == CX_OK && cx_db_migrate(db, &applied) == CX_OK, "db ready");
     ok(cx_auth_key_create(a, db, "bob", "test", false, key, id) == CX_OK, "key created");
     is_int(strlen(key), CX_KEY_CHARS, "key length");
     ok(strncmp(key, "cx_", 3) == 0, "key prefix");
@@ -63,10 +66,12 @@ main(void)
         char wrong[CX_KEY_CHARS + 1];
         memcpy(wrong, key, sizeof(wrong));
         wrong[10] = wrong[10] == 'A' ? 'B' : 'A';
-        is_int(cx_auth_check_key(a, db, wrong, strlen(wrong), &p), CX_ERR_UNAUTHORIZED, "one char off");
+        is_int(cx_auth_check_key(a, db, wrong, strlen(wrong), &p), CX_ERR_UNAUTHORIZED,
+               "one char off");
     }
     is_int(cx_auth_check_key(a, db, "cx_' OR '1'='1", 14, &p), CX_ERR_UNAUTHORIZED, "SQL in key");
-    is_int(cx_auth_check_key(a, db, key, strlen(key) - 1, &p), CX_ERR_UNAUTHORIZED, "truncated key");
+    is_int(cx_auth_check_key(a, db, key, strlen(key) - 1, &p), CX_ERR_UNAUTHORIZED,
+           "truncated key");
     {
         PGconn *c = PQconnectdb(conninfo);
         PGresult *r = PQexec(c, "SELECT encode(key_hash, 'hex') FROM api_keys");
@@ -111,10 +116,12 @@ main(void)
            "control characters in REMOTE_USER refused");
 
     ok(cx_auth_key_revoke(db, id) == CX_OK, "revoke");
-    is_int(cx_auth_check_key(a, db, key, strlen(key), &p), CX_ERR_UNAUTHORIZED, "revoked key refused");
+    is_int(cx_auth_check_key(a, db, key, strlen(key), &p), CX_ERR_UNAUTHORIZED,
+           "revoked key refused");
     is_int(cx_auth_key_revoke(db, id), CX_ERR_NOT_FOUND, "revoking twice is not found");
     is_int(cx_auth_key_revoke(db, "nope"), CX_ERR_NOT_FOUND, "malformed id is not found");
-    is_int(cx_auth_key_create(a, db, "", NULL, false, key, id), CX_ERR_INVALID, "empty user refused");
+    is_int(cx_auth_key_create(a, db, "", NULL, false, key, id), CX_ERR_INVALID,
+           "empty user refused");
 
     cx_db_free(db);
     cx_auth_free(a);

@@ -26,7 +26,7 @@ main(void)
 
     if (cx_log_open(NULL, CX_LOG_ERR))
         return 1;
-    ok(cx_db_new(conninfo, &db) == CX_OK, "handle created");
+    need(cx_db_new(conninfo, &db) == CX_OK, "handle created");
     ok(cx_db_migrate(db, &applied) == CX_OK && applied >= 1, "migrations apply (%d)", applied);
     ok(cx_db_migrate(db, &applied) == CX_OK && applied == 0, "a second migrate applies nothing");
     ok(cx_db_run(db,
@@ -102,7 +102,7 @@ main(void)
     }
     cx_db_free(db);
 
-    ok(cx_db_new("host=/nonexistent dbname=x connect_timeout=2", &bad) == CX_OK, "bad handle");
+    need(cx_db_new("host=/nonexistent dbname=x connect_timeout=2", &bad) == CX_OK, "bad handle");
     is_int(cx_db_ping(bad), CX_ERR_DB, "an unreachable server is a db error");
     cx_db_free(bad);
     cx_db_free(NULL);

@@ -65,16 +65,16 @@ main(void)
            "malformed Content-Length");
     is_int(cx_http_read_body(rd, &s, "-1", 100, &body, &len), CX_ERR_INVALID,
            "negative Content-Length");
-    is_int(cx_http_read_body(rd, &s, "99999999999999999999999", 100, &body, &len),
-           CX_ERR_INVALID, "overflowing Content-Length");
+    is_int(cx_http_read_body(rd, &s, "99999999999999999999999", 100, &body, &len), CX_ERR_INVALID,
+           "overflowing Content-Length");
     ok(cx_http_read_body(rd, &s, NULL, 100, &body, &len) == CX_OK && len == 0, "no body");
     free(body);
     ok(cx_http_content_length("42", &cl) == CX_OK && cl == 42, "content length parses");
 
     for (size_t i = 0; i < sizeof(json_cases) / sizeof(json_cases[0]); i++) {
         msg[0] = '\0';
-        int rc = cx_http_parse_json_object(json_cases[i].body, json_cases[i].len, &j, msg,
-                                           sizeof(msg));
+        int rc =
+            cx_http_parse_json_object(json_cases[i].body, json_cases[i].len, &j, msg, sizeof(msg));
         is_int(rc, json_cases[i].rc, "json case %zu", i);
         if (json_cases[i].msg)
             ok(strstr(msg, json_cases[i].msg) != NULL, "json case %zu message: %s", i, msg);
@@ -95,12 +95,15 @@ main(void)
        "query value percent-decoded");
     ok(cx_http_query_get("x=a+b", "x", out, sizeof(out)) == CX_OK && strcmp(out, "a b") == 0,
        "plus is a space");
-    is_int(cx_http_query_get("aa=1", "a", out, sizeof(out)), CX_ERR_NOT_FOUND, "prefix is not a match");
+    is_int(cx_http_query_get("aa=1", "a", out, sizeof(out)), CX_ERR_NOT_FOUND,
+           "prefix is not a match");
     is_int(cx_http_query_get("a=%00", "a", out, sizeof(out)), CX_ERR_INVALID, "NUL refused");
     is_int(cx_http_query_get("a=%zz", "a", out, sizeof(out)), CX_ERR_INVALID, "bad escape refused");
-    is_int(cx_http_query_get("a=%ff", "a", out, sizeof(out)), CX_ERR_INVALID, "invalid UTF-8 refused");
+    is_int(cx_http_query_get("a=%ff", "a", out, sizeof(out)), CX_ERR_INVALID,
+           "invalid UTF-8 refused");
     is_int(cx_http_query_get("a=%4", "a", out, sizeof(out)), CX_ERR_INVALID, "truncated escape");
-    is_int(cx_http_query_get("a=0123456789", "a", out, 5), CX_ERR_TOO_LARGE, "too long for the buffer");
+    is_int(cx_http_query_get("a=0123456789", "a", out, 5), CX_ERR_TOO_LARGE,
+           "too long for the buffer");
     ok(cx_http_query_get("a", "a", out, sizeof(out)) == CX_OK && out[0] == '\0', "bare name");
     is_str(cx_http_reason(416), "Range Not Satisfiable", "reason phrase");
     return tap_done();

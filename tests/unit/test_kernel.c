@@ -81,7 +81,8 @@ count_stalls(struct cx_kernel_conn *c, int n, double *median_ms)
 int
 main(void)
 {
-    const char *url = getenv("CODEXEC_TEST_GATEWAY_URL"), *token = getenv("CODEXEC_TEST_GATEWAY_TOKEN");
+    const char *url = getenv("CODEXEC_TEST_GATEWAY_URL"),
+               *token = getenv("CODEXEC_TEST_GATEWAY_TOKEN");
     struct cx_gateway *gw = NULL;
     struct cx_kernel_conn *c = NULL, *plain = NULL, *again = NULL;
     struct cx_exec e;
@@ -91,12 +92,13 @@ main(void)
     enum cx_err rc;
 
     if (!url || !token) {
-        printf("Bail out! CODEXEC_TEST_GATEWAY_URL/TOKEN not set: run through packaging/quickstart test\n");
+        printf("Bail out! CODEXEC_TEST_GATEWAY_URL/TOKEN not set: run through packaging/quickstart "
+               "test\n");
         return 1;
     }
     if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
         return 1;
-    ok(cx_gateway_new(url, token, &gw) == CX_OK, "gateway handle");
+    need(cx_gateway_new(url, token, &gw) == CX_OK, "gateway handle");
     ok(cx_gateway_ping(gw, msg, sizeof(msg)) == CX_OK, "GET /api");
     ok(cx_gateway_kernelspecs(gw, &specs) == CX_OK &&
            json_object_get(json_object_get(specs, "kernelspecs"), "python3-sandbox"),
@@ -116,9 +118,11 @@ main(void)
         ok(cx_gateway_kernel_start(gw, "no-such-spec", ws, other, msg, sizeof(msg)) != CX_OK,
            "an unknown kernelspec fails");
     }
-    is_int(cx_gateway_kernel_get(gw, "../../etc", NULL), CX_ERR_INVALID, "path tricks in ids refused");
+    is_int(cx_gateway_kernel_get(gw, "../../etc", NULL), CX_ERR_INVALID,
+           "path tricks in ids refused");
 
-    ok(cx_kernel_conn_open(url, token, kid, true, &c, msg, sizeof(msg)) == CX_OK, "channels open");
+    need(cx_kernel_conn_open(url, token, kid, true, &c, msg, sizeof(msg)) == CX_OK,
+         "channels open");
     memset(&s, 0, sizeof(s));
     ok(exec1(c, "print('hi')\n6*7", cx_now_us() + 60000000, &s, &e) == CX_OK, "execute");
     ok(s.streams == 1 && !strcmp(s.text, "hi\n"), "stream seen");

@@ -36,9 +36,11 @@ main(void)
     cx_log_set_request_id(NULL);
     cx_log_warn(0, "no request");
     text = slurp(path);
-    ok(strstr(text, "[info]") && strstr(text, "req=abc123 first 1"), "level and request id on the line");
+    ok(strstr(text, "[info]") && strstr(text, "req=abc123 first 1"),
+       "level and request id on the line");
     ok(!strstr(text, "hidden"), "debug is filtered at info");
-    ok(strstr(text, "(2: No such file or directory)") != NULL, "errno appended as its own argument");
+    ok(strstr(text, "(2: No such file or directory)") != NULL,
+       "errno appended as its own argument");
     ok(strstr(text, "line?forged [error] line?") != NULL, "control characters cannot forge lines");
     {
         int lines = 0;
@@ -46,7 +48,8 @@ main(void)
             lines += *p == '\n';
         is_int(lines, 4, "one line per event");
     }
-    ok(strstr(text, "[warn]") && !strstr(strstr(text, "[warn]"), "req="), "no request id when cleared");
+    ok(strstr(text, "[warn]") && !strstr(strstr(text, "[warn]"), "req="),
+       "no request id when cleared");
     cx_log_close();
     unlink(path);
     return tap_done();

@@ -65,7 +65,8 @@ main(void)
 {
     static const char body[] =
         "preamble\r\n--XyZ\r\nContent-Disposition: form-data; name=\"conversation_id\"\r\n\r\nc1"
-        "\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a \\\"b\\\".csv\"\r\n"
+        "\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a "
+        "\\\"b\\\".csv\"\r\n"
         "Content-Type: text/csv\r\n\r\nx,y\r\n--Xy\r\nz--XyZ\r\n--XyZ--\r\nepilogue";
     char bd[80];
     struct got g;
@@ -86,9 +87,11 @@ main(void)
     is_str(g.files[0], "(none)", "a field has no filename");
 
     {
-        static const char nofinal[] = "--XyZ\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\nabc";
+        static const char nofinal[] =
+            "--XyZ\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\nabc";
         ok(parse(nofinal, sizeof(nofinal) - 1, 3, &g) != CX_OK, "no closing boundary: refused");
-        static const char noname[] = "--XyZ\r\nContent-Disposition: form-data\r\n\r\nabc\r\n--XyZ--";
+        static const char noname[] =
+            "--XyZ\r\nContent-Disposition: form-data\r\n\r\nabc\r\n--XyZ--";
         ok(parse(noname, sizeof(noname) - 1, 3, &g) != CX_OK, "a part without a name: refused");
         static const char junk[] = "--XyZjunk";
         ok(parse(junk, sizeof(junk) - 1, 3, &g) != CX_OK, "junk after a delimiter: refused");
@@ -99,19 +102,23 @@ main(void)
         memset(big + 7, 'H', sizeof(big) - 7);
         ok(parse(big, sizeof(big), 100, &g) != CX_OK, "an endless header block: refused");
     }
-    ok(cx_http_multipart_boundary("multipart/form-data; boundary=----abc", bd, sizeof(bd)) == CX_OK &&
+    ok(cx_http_multipart_boundary("multipart/form-data; boundary=----abc", bd, sizeof(bd)) ==
+               CX_OK &&
            !strcmp(bd, "----abc"),
        "boundary parsed");
     ok(cx_http_multipart_boundary("multipart/form-data; boundary=\"q r\"; x=y", bd, sizeof(bd)) ==
                CX_OK &&
            !strcmp(bd, "q r"),
        "quoted boundary");
-    ok(cx_http_multipart_boundary("multipart/form-data", bd, sizeof(bd)) != CX_OK, "missing boundary");
-    ok(cx_http_multipart_boundary("text/plain; boundary=x", bd, sizeof(bd)) != CX_OK, "not multipart");
+    ok(cx_http_multipart_boundary("multipart/form-data", bd, sizeof(bd)) != CX_OK,
+       "missing boundary");
+    ok(cx_http_multipart_boundary("text/plain; boundary=x", bd, sizeof(bd)) != CX_OK,
+       "not multipart");
     {
         char longb[200] = "multipart/form-data; boundary=";
         memset(longb + strlen(longb), 'b', 80);
-        ok(cx_http_multipart_boundary(longb, bd, sizeof(bd)) != CX_OK, "boundary over 70 characters");
+        ok(cx_http_multipart_boundary(longb, bd, sizeof(bd)) != CX_OK,
+           "boundary over 70 characters");
     }
     return tap_done();
 }

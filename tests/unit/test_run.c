@@ -12,24 +12,33 @@ static const struct {
     {"{\"conversation_id\":\"\",\"code\":\"x=1\"}", CX_ERR_INVALID, "conversation_id"},
     {"{\"conversation_id\":\"../etc\",\"code\":\"x=1\"}", CX_ERR_INVALID, "conversation_id"},
     {"{\"conversation_id\":\"a b\",\"code\":\"x=1\"}", CX_ERR_INVALID, "conversation_id"},
-    {"{\"conversation_id\":\"c'; DROP TABLE runs;--\",\"code\":\"x=1\"}", CX_ERR_INVALID, "conversation_id"},
+    {"{\"conversation_id\":\"c'; DROP TABLE runs;--\",\"code\":\"x=1\"}", CX_ERR_INVALID,
+     "conversation_id"},
     {"{\"conversation_id\":7,\"code\":\"x=1\"}", CX_ERR_INVALID, "conversation_id"},
     {"{\"conversation_id\":\"c1\"}", CX_ERR_INVALID, "code"},
     {"{\"conversation_id\":\"c1\",\"code\":\"  \\n\\t\"}", CX_ERR_INVALID, "blank"},
     {"{\"conversation_id\":\"c1\",\"code\":[]}", CX_ERR_INVALID, "code"},
-    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"capture_artifacts\":\"false\"}", CX_ERR_INVALID, "capture_artifacts"},
+    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"capture_artifacts\":\"false\"}", CX_ERR_INVALID,
+     "capture_artifacts"},
     {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"timeout\":0}", CX_ERR_INVALID, "timeout"},
     {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"timeout\":-3}", CX_ERR_INVALID, "timeout"},
     {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"timeout\":\"5\"}", CX_ERR_INVALID, "timeout"},
     {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"ttl\":1.5}", CX_ERR_INVALID, "ttl"},
     {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"inputs\":\"abc\"}", CX_ERR_INVALID, "inputs"},
-    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"inputs\":[\"nope\"]}", CX_ERR_INVALID, "inputs[0]"},
-    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"inputs\":[\"123e4567-e89b-12d3-a456-426614174000\",\"123e4567-e89b-12d3-a456-426614174000\"]}", CX_ERR_INVALID, "repeats"},
-    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"outputs\":[\"\"]}", CX_ERR_INVALID, "outputs[0]"},
-    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"outputs\":\"*.png\"}", CX_ERR_INVALID, "outputs"},
+    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"inputs\":[\"nope\"]}", CX_ERR_INVALID,
+     "inputs[0]"},
+    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"inputs\":[\"123e4567-e89b-12d3-a456-"
+     "426614174000\",\"123e4567-e89b-12d3-a456-426614174000\"]}",
+     CX_ERR_INVALID, "repeats"},
+    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"outputs\":[\"\"]}", CX_ERR_INVALID,
+     "outputs[0]"},
+    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"outputs\":\"*.png\"}", CX_ERR_INVALID,
+     "outputs"},
     {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"arguments\":[1]}", CX_ERR_INVALID, "arguments"},
-    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"arguments\":{\"a-b\":1}}", CX_ERR_INVALID, "identifiers"},
-    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"arguments\":{\"__import__('os')\":1}}", CX_ERR_INVALID, "identifiers"},
+    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"arguments\":{\"a-b\":1}}", CX_ERR_INVALID,
+     "identifiers"},
+    {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"arguments\":{\"__import__('os')\":1}}",
+     CX_ERR_INVALID, "identifiers"},
     {"{\"conversation_id\":\"c1\",\"code\":\"x\",\"timout\":5}", CX_ERR_INVALID, "unknown field"},
 };
 
@@ -82,6 +91,7 @@ main(void)
     {
         size_t n = cfg.max_code_bytes + 1;
         char *code = malloc(n + 1);
+        need(code != NULL, "memory for a large code");
         memset(code, 'x', n);
         code[n] = '\0';
         j = json_pack("{s:s,s:s}", "conversation_id", "c", "code", code);

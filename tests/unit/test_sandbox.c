@@ -236,10 +236,10 @@ test_argv(void)
     snprintf(path, sizeof(path), "%s/kernel-abc.json", dir);
     snprintf(text, sizeof(text), conn_json, dir);
     write_text(path, text);
-    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_OK, "conn for argv");
-    ok(cx_sandbox_conf_parse(&sc, "s", "max_workspace_bytes = 300M\npython_env = /opt/env\n", err,
-                             sizeof(err)) == CX_OK,
-       "conf for argv");
+    need(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_OK, "conn for argv");
+    need(cx_sandbox_conf_parse(&sc, "s", "max_workspace_bytes = 300M\npython_env = /opt/env\n", err,
+                               sizeof(err)) == CX_OK,
+         "conf for argv");
     ok(cx_sandbox_argv(&sc, &c, "/run/x/sbx-kernel-abc.123456", 7, 9, &argv) == CX_OK, "argv");
     for (char **a = argv; a && *a; a++) {
         strncat(joined, *a, sizeof(joined) - strlen(joined) - 2);

@@ -132,10 +132,9 @@ main(void)
     struct cx_ctx other, third;
 
     cxtest_open(&t, "session", CONF);
-    if (cx_host_ctx_open(&other, &t.cfg, t.auth) || cx_host_ctx_open(&third, &t.cfg, t.auth)) {
-        printf("Bail out! a second context\n");
-        return 1;
-    }
+    need(cx_host_ctx_open(&other, &t.cfg, t.auth) == CX_OK &&
+             cx_host_ctx_open(&third, &t.cfg, t.auth) == CX_OK,
+         "a second and a third context");
     create_and_reuse(&t, &other);
     vanished(&t);
     cap_and_eviction(&t, &other, &third);

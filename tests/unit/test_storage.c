@@ -92,7 +92,7 @@ main(void)
            cx_storage_path(root, key, path, sizeof(path)) == CX_OK,
        "a user and a file name with .. inside have a usable key");
 
-    ok(cx_storage_writer_new(root, &w) == CX_OK, "writer");
+    need(cx_storage_writer_new(root, &w) == CX_OK, "writer");
     ok(cx_storage_writer_write(w, "hello ", 6) == CX_OK &&
            cx_storage_writer_write(w, "world", 5) == CX_OK,
        "writes");
@@ -111,6 +111,7 @@ main(void)
     snprintf(path, sizeof(path), "%s/artifacts", root);
     ok(stat(path, &st) != 0, "empty parents removed too");
     ok(stat(root, &st) == 0, "root kept");
+    w = NULL;
     ok(cx_storage_writer_new(root, &w) == CX_OK && cx_storage_writer_write(w, "x", 1) == CX_OK,
        "writer");
     cx_storage_writer_abort(w);

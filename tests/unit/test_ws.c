@@ -185,6 +185,7 @@ peer_start(enum handshake hs)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof(a);
 
+    need(p != NULL, "memory for the peer");
     p->hs = hs;
     p->lfd = socket(AF_INET, SOCK_STREAM, 0);
     bind(p->lfd, (struct sockaddr *)&a, sizeof(a));
@@ -203,6 +204,7 @@ peer_go(struct peer *p)
 static void
 peer_end(struct peer *p)
 {
+    shutdown(p->lfd, SHUT_RDWR); /* a peer still waiting for the client stops waiting */
     pthread_join(p->thread, NULL);
     close(p->lfd);
     free(p);
@@ -265,7 +267,7 @@ main(void)
     frame(p, 1, CX_WS_PONG, "", 0, 0, 0);
     frame(p, 1, CX_WS_TEXT, "", 0, 0, 0);
     p->read_client = 3;
-    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    need(client(p, &ws, 0) == CX_OK, "handshake");
     ok(recv1(ws, &b, &op, 2000) == CX_OK && op == CX_WS_TEXT && b.len == 11 &&
            !memcmp(b.data, "hello world", 11),
        "fragments reassembled around a ping");
@@ -285,7 +287,7 @@ main(void)
     frame(p, 1, CX_WS_PING, "xyz", 3, 0, 0);
     frame(p, 1, CX_WS_TEXT, "go", 2, 0, 0);
     p->read_client = 3;
-    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    need(client(p, &ws, 0) == CX_OK, "handshake");
     ok(recv1(ws, &b, &op, 2000) == CX_OK && b.len == 2, "message after a ping");
     ok(cx_ws_send(ws, CX_WS_BINARY, big, sizeof(big)) == CX_OK, "send");
     ok(cx_ws_send(ws, CX_WS_TEXT, "end", 3) == CX_OK, "send");
@@ -317,7 +319,7 @@ main(void)
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
             p = peer_start(HS_OK);
             raw(p, bad[i].bytes, bad[i].n);
-            ok(client(p, &ws, 0) == CX_OK, "handshake");
+            need(client(p, &ws, 0) == CX_OK, "handshake");
             is_int(recv1(ws, &b, &op, 2000), CX_ERR_PROTOCOL, "%s", bad[i].what);
             ok(!cx_ws_alive(ws), "%s: connection dead", bad[i].what);
             cx_ws_free(ws);
@@ -329,7 +331,7 @@ main(void)
             memset(ctl, 'c', sizeof(ctl));
             frame(p, 1, CX_WS_PING, ctl, 126, 0, 0);
         }
-        ok(client(p, &ws, 0) == CX_OK, "handshake");
+        need(client(p, &ws, 0) == CX_OK, "handshake");
         is_int(recv1(ws, &b, &op, 2000), CX_ERR_PROTOCOL, "control frame over 125 bytes");
         cx_ws_free(ws);
         peer_end(p);
@@ -341,7 +343,7 @@ main(void)
     frame(p, 0, CX_WS_TEXT, big, 800, 0, 0);
     frame(p, 1, CX_WS_CONT, big, 800, 0, 0);
     frame(p, 1, CX_WS_TEXT, "after", 5, 0, 0);
-    ok(client(p, &ws, 1000) == CX_OK, "handshake");
+    need(client(p, &ws, 1000) == CX_OK, "handshake");
     is_int(recv1(ws, &b, &op, 2000), CX_ERR_TOO_LARGE, "one frame over max_message");
     ok(cx_ws_alive(ws), "still alive");
     is_int(recv1(ws, &b, &op, 2000), CX_ERR_TOO_LARGE, "fragments adding up over max_message");
@@ -355,7 +357,7 @@ main(void)
     frame(p, 1, CX_WS_TEXT, big, 1000, 0, 0);
     p->pause_after = 500;
     p->pause_ms = 600;
-    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    need(client(p, &ws, 0) == CX_OK, "handshake");
     is_int(recv1(ws, &b, &op, 150), CX_ERR_TIMEOUT, "times out mid-frame");
     ok(cx_ws_alive(ws), "alive after a timeout");
     ok(recv1(ws, &b, &op, 3000) == CX_OK && b.len == 1000 && !memcmp(b.data, big, 1000),
@@ -368,7 +370,7 @@ main(void)
     p = peer_start(HS_OK);
     frame(p, 1, CX_WS_TEXT, big, 1000, 0, 0);
     p->trickle_ms = 2;
-    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    need(client(p, &ws, 0) == CX_OK, "handshake");
     {
         int64_t t0 = cx_now_us();
         is_int(recv1(ws, &b, &op, 100), CX_ERR_TIMEOUT, "a trickling message times out");
@@ -383,7 +385,7 @@ main(void)
     for (int i = 0; i < 3000; i++)
         frame(p, 1, CX_WS_PING, "p", 1, 0, 0);
     p->trickle_ms = 0;
-    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    need(client(p, &ws, 0) == CX_OK, "handshake");
     {
         int64_t t0 = cx_now_us();
         int rc = recv1(ws, &b, &op, 20);
@@ -399,7 +401,7 @@ main(void)
     for (int i = 0; i < 5; i++)
         frame(p, 1, CX_WS_TEXT, big, 30000, 0, 0);
     frame(p, 1, CX_WS_TEXT, big, 69000, 0, 0);
-    ok(client(p, &ws, 100000) == CX_OK, "handshake");
+    need(client(p, &ws, 100000) == CX_OK, "handshake");
     {
         int got = 0;
         for (int i = 0; i < 6; i++)
@@ -414,7 +416,7 @@ main(void)
     p = peer_start(HS_OK);
     frame(p, 1, CX_WS_CLOSE, "\x03\xe8", 2, 0, 0);
     p->read_client = 1;
-    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    need(client(p, &ws, 0) == CX_OK, "handshake");
     is_int(recv1(ws, &b, &op, 2000), CX_ERR_IO, "a close frame ends the connection");
     ok(!cx_ws_alive(ws), "not alive");
     pthread_join(p->thread, NULL);
@@ -428,7 +430,7 @@ main(void)
 
     /* peer vanishes */
     p = peer_start(HS_OK);
-    ok(client(p, &ws, 0) == CX_OK, "handshake");
+    need(client(p, &ws, 0) == CX_OK, "handshake");
     is_int(recv1(ws, &b, &op, 3000), CX_ERR_IO, "EOF is an I/O error");
     cx_ws_free(ws);
     peer_end(p);
