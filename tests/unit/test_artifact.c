@@ -200,6 +200,33 @@ fsck_and_gc(struct cxtest *t)
     ok(cx_artifact_gc(&t->cx, &removed) == CX_OK && removed == 0, "a second gc has nothing to do");
 }
 
+/* A COMMIT whose reply is lost with its connection (a test hook stands in
+ * for the lost reply, test builds only): the rows say it committed, so the
+ * upload answers as stored, and the bytes are there. */
+static void
+lost_commit_reply(struct cxtest *t)
+{
+#ifdef CX_TEST_HOOKS
+    char msg[CX_MSG_MAX] = "", report[4096];
+    json_t *a = NULL, *g = NULL;
+
+    setenv("CODEXEC_TEST_LOSE_COMMIT_REPLY", "1", 1);
+    ok(cxtest_upload(t, "lost-reply", "c", "kept.txt", "kept", 4, &a, msg, sizeof(msg)) == CX_OK,
+       "a commit whose reply was lost is found committed (%s)", msg);
+    unsetenv("CODEXEC_TEST_LOSE_COMMIT_REPLY");
+    ok(a && cx_artifact_get(&t->cx, "lost-reply", str(a, "artifact_id"), &g) == CX_OK,
+       "its artifact is there");
+    fsck(t, false, report, sizeof(report)); /* (one missing file is fsck_and_gc()'s) */
+    ok(a && !strstr(report, str(a, "artifact_id")) && !strstr(report, "orphan"),
+       "and fsck finds nothing to explain about it");
+    json_decref(a);
+    json_decref(g);
+#else
+    (void)t;
+    printf("# a lost COMMIT reply is tested in builds with --enable-test-hooks only\n");
+#endif
+}
+
 int
 main(void)
 {
@@ -211,6 +238,7 @@ main(void)
     scoping(&t);
     quota(&t);
     fsck_and_gc(&t);
+    lost_commit_reply(&t);
     cxtest_close(&t);
     return tap_done();
 }
