@@ -181,13 +181,12 @@ static void
 accept_failed(unsigned *backoff_ms)
 {
     static int64_t last_log;
-    int64_t now = cx_now_ms();
+    int64_t now = cx_now_ms(), last = __atomic_load_n(&last_log, __ATOMIC_RELAXED);
     struct timespec ts;
 
-    if (now - last_log >= 1000) {
-        last_log = now;
+    if (now - last >= 1000 && __atomic_compare_exchange_n(&last_log, &last, now, false,
+                                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         cx_log_err(errno, "accept() failed; backing off");
-    }
     cx_metrics_count(CX_COUNT_ACCEPT_ERRORS);
     *backoff_ms = *backoff_ms ? (*backoff_ms * 2 > 1000 ? 1000 : *backoff_ms * 2) : 10;
     ts.tv_sec = *backoff_ms / 1000;
@@ -244,7 +243,19 @@ out:
  * ticker, a thread of its own so that no slow sweep delays it, empties
  * idle pooled WebSockets every second. */
 static pthread_mutex_t reaper_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t reaper_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t reaper_cond; /* on CLOCK_MONOTONIC: init_reaper_cond() */
+
+static bool
+init_reaper_cond(void)
+{
+    pthread_condattr_t a;
+    bool ok = pthread_condattr_init(&a) == 0 &&
+              pthread_condattr_setclock(&a, CLOCK_MONOTONIC) == 0 &&
+              pthread_cond_init(&reaper_cond, &a) == 0;
+
+    pthread_condattr_destroy(&a);
+    return ok;
+}
 
 /* Sleeps up to seconds, or until stopping; false once stopping. */
 static bool
@@ -253,7 +264,7 @@ nap(unsigned seconds)
     struct timespec ts;
     bool go;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* a clock set back does not stall us */
     ts.tv_sec += seconds;
     pthread_mutex_lock(&reaper_lock);
     if (!stopping)
@@ -439,6 +450,10 @@ struct threads {
 static bool
 start_threads(struct threads *t)
 {
+    if (!init_reaper_cond()) {
+        cx_log_err(errno, "pthread_cond_init() failed");
+        return false;
+    }
     t->workers = calloc(cfg.workers, sizeof(*t->workers));
     idle_stack = calloc(cfg.workers, sizeof(*idle_stack));
     if (!t->workers || !idle_stack)

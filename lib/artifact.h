@@ -61,6 +61,11 @@ enum cx_err cx_artifact_gc(struct cx_ctx *cx, int *removed) CX_MUSTCHECK;
 enum cx_err cx_artifact_current(struct cx_ctx *cx, const char *user, const char *cid,
                                 const char *path, json_t **out) CX_MUSTCHECK;
 
+/* The advisory lock between commits (shared, from a file's rename into
+ * place to COMMIT) and whoever removes a file no row names (exclusive:
+ * fsck, a failed commit), as SQL. */
+#define CX_STORAGE_LOCK "hashtextextended('storage', 3)"
+
 /* "/v1/artifacts/<id>/content?version=<n>", the download URL in answers. */
 #define CX_CONTENT_URL_MAX 96
 void cx_artifact_content_url(const char *id, int version, char out[CX_CONTENT_URL_MAX]);

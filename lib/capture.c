@@ -38,6 +38,7 @@ struct cx_capture {
     size_t max_skipped; /* then one "too_many_skipped" entry */
     bool skipped_full;
     uint64_t output_bytes; /* rich outputs, within max_output_bytes */
+    uint64_t staged;       /* bytes of files held, within user_quota_bytes */
 };
 
 /* Entries of the skipped list beyond max_captured_files: enough for a
@@ -243,6 +244,7 @@ finish_current(struct cx_capture *c, json_t *msg)
         drop_current(c, "internal_error");
         return;
     }
+    c->staged += got;
     memset(&c->cur, 0, sizeof(c->cur));
     c->receiving = false;
 }
@@ -298,6 +300,10 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg)
         }
         if (cx_storage_writer_size(c->cur.w) + len > c->cfg->max_artifact_bytes) {
             drop_current(c, "too_large"); /* it grew while being read */
+            return;
+        }
+        if (c->staged + cx_storage_writer_size(c->cur.w) + len > c->cfg->user_quota_bytes) {
+            drop_current(c, "quota_exceeded"); /* no run stages more than a user may keep */
             return;
         }
         if (add_bytes(c, c->chunk, len))
@@ -357,7 +363,12 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         cx_capture_skip(c, f.path, "output_limit");
         return;
     }
+    if (c->staged + len > c->cfg->user_quota_bytes) {
+        cx_capture_skip(c, f.path, "quota_exceeded");
+        return;
+    }
     c->output_bytes += len;
+    c->staged += len;
     if (cx_storage_writer_new(c->cfg->storage_dir, &f.w) ||
         cx_storage_writer_write(f.w, data, len) || cx_storage_writer_finish(f.w, &got, f.sha256)) {
         cx_storage_writer_abort(f.w);

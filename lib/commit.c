@@ -17,8 +17,11 @@ CX_SQL(q_key_known, 1, "SELECT 1 FROM artifact_versions WHERE storage_key = $1")
 /* Held (shared) from the first rename into place until COMMIT; fsck takes
  * it exclusively before it removes a file no row names, so a file between
  * its rename and its COMMIT is never taken for an orphan. */
-CX_SQL(q_storage_lock_shared, 0,
-       "SELECT pg_advisory_xact_lock_shared(hashtextextended('storage', 3))");
+CX_SQL(q_storage_lock_shared, 0, "SELECT pg_advisory_xact_lock_shared(" CX_STORAGE_LOCK ")");
+CX_SQL(q_storage_lock, 0, "SELECT pg_advisory_lock(" CX_STORAGE_LOCK ")");
+CX_SQL(q_storage_unlock, 0, "SELECT pg_advisory_unlock(" CX_STORAGE_LOCK ")");
+CX_SQL(q_xid, 0, "SELECT pg_current_xact_id()::text");
+CX_SQL(q_xact_status, 1, "SELECT coalesce(pg_xact_status($1::xid8), '')");
 CX_SQL(q_quota_lock, 1,
        "SELECT pg_advisory_xact_lock(hashtextextended('quota' || E'\\n' || $1, 2))");
 CX_SQL(q_usage, 1,
@@ -73,42 +76,81 @@ struct commit {
     unsigned long long used_bytes, used_count;
     char *produced; /* the produced_by JSON */
     bool begun;     /* inside the transaction */
+    char xid[32];   /* the transaction's id, for its status after a lost reply */
 };
 
+/* After a failed commit: removes the files it renamed into place that no
+ * row names, under the storage lock taken exclusively, so that another
+ * commit that reused a key (after this one rolled back) keeps its file.
+ * Without the database nothing is removed: fsck finds the files. */
 static void
-remove_files(struct commit *c)
+remove_unclaimed(struct commit *c)
 {
-    for (size_t i = 0; i < c->np; i++)
-        if (c->p[i].renamed && cx_storage_remove(c->cx->cfg->storage_dir, c->p[i].key))
-            cx_log_warn(0, "could not remove %s after a failed commit; fsck will", c->p[i].id);
+    struct cx_db *db = c->cx->db;
+    size_t left = 0;
+
+    cx_db_pin(db);
+    if (cx_db_exec(db, &q_storage_lock, NULL, NULL) == CX_OK) {
+        for (size_t i = 0; i < c->np; i++) {
+            const char *p[1] = {c->p[i].key};
+            PGresult *r = NULL;
+            bool named;
+
+            if (!c->p[i].renamed)
+                continue;
+            named = cx_db_exec(db, &q_key_known, p, &r) != CX_OK || PQntuples(r) > 0;
+            PQclear(r);
+            if (named || cx_storage_remove(c->cx->cfg->storage_dir, c->p[i].key))
+                left++;
+        }
+        if (cx_db_exec(db, &q_storage_unlock, NULL, NULL))
+            cx_log_warn(0, "the storage lock ends with the connection");
+    } else {
+        left = c->np;
+    }
+    cx_db_unpin(db);
+    if (left)
+        cx_log_warn(0, "after a failed commit, %zu file(s) stay for fsck", left);
 }
 
-/* The COMMIT's reply was lost with its connection: the rows say whether it
- * took effect. Files are removed only when it surely did not; when that
- * can't be told (the connection held the conversation's lock and can't be
- * replaced yet), they stay for fsck, which finds them either way. */
+/* The COMMIT's reply was lost with its connection: the transaction's
+ * status says whether it took effect. Files are removed only when it was
+ * aborted; when that can't be told (the connection held the
+ * conversation's lock and can't be replaced yet, or it is still in
+ * progress), they stay for fsck, which finds them either way. */
 static enum cx_err
 commit_outcome(struct commit *c)
 {
-    const char *p[1] = {c->np ? c->p[0].key : ""};
+    const char *p[1] = {c->xid};
     PGresult *r = NULL;
-    enum cx_err rc;
+    enum cx_err rc = c->xid[0] ? cx_db_exec_row(c->cx->db, &q_xact_status, p, &r) : CX_ERR_DB;
+    const char *status = rc == CX_OK ? PQgetvalue(r, 0, 0) : "";
 
-    if (c->np == 0)
-        return CX_ERR_DB;
-    rc = cx_db_exec(c->cx->db, &q_key_known, p, &r);
-    if (rc == CX_OK && PQntuples(r) == 1) {
-        PQclear(r);
-        cx_log_warn(0, "a COMMIT's reply was lost; its rows are there: stored");
-        return CX_OK;
+    if (!strcmp(status, "committed")) {
+        cx_log_warn(0, "a COMMIT's reply was lost; it committed: stored");
+        rc = CX_OK;
+    } else if (!strcmp(status, "aborted")) {
+        remove_unclaimed(c);
+        rc = CX_ERR_DB;
+    } else {
+        cx_log_warn(0, "a COMMIT's outcome is unknown; its %zu file(s) stay for fsck", c->np);
+        rc = CX_ERR_DB;
     }
     PQclear(r);
-    if (rc == CX_OK) {
-        remove_files(c);
-        return CX_ERR_DB;
-    }
-    cx_log_warn(0, "a COMMIT's outcome is unknown; its %zu file(s) stay for fsck", c->np);
-    return CX_ERR_DB;
+    return rc;
+}
+
+/* The transaction's id, asked just before COMMIT. */
+static enum cx_err
+commit_xid(struct commit *c)
+{
+    PGresult *r = NULL;
+    enum cx_err rc = c->np ? cx_db_exec_row(c->cx->db, &q_xid, NULL, &r) : CX_OK;
+
+    if (rc == CX_OK && r)
+        snprintf(c->xid, sizeof(c->xid), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return rc;
 }
 
 /* Allocations, BEGIN, and the user's usage under the quota lock. */
@@ -246,17 +288,19 @@ cx_artifact_commit_capture(struct cx_ctx *cx, const char *user, const char *cid,
         rc = commit_file(&c, cx_capture_file(cap, i));
     if (rc == CX_OK)
         rc = commit_bytes(&c);
+    if (rc == CX_OK)
+        rc = commit_xid(&c);
     if (rc == CX_OK) {
         rc = cx_db_commit(cx->db);
         if (rc && cx_db_commit_unknown(cx->db))
             rc = commit_outcome(&c);
         else if (rc)
-            remove_files(&c); /* the rows are gone with the transaction */
+            remove_unclaimed(&c); /* the rows are gone with the transaction */
         if (rc == CX_OK)
             commit_answer(&c, artifacts);
     } else if (c.begun) {
         cx_db_rollback(cx->db);
-        remove_files(&c);
+        remove_unclaimed(&c);
         for (size_t i = 0; i < n; i++)
             cx_capture_skip(cap, cx_capture_file(cap, i)->path, "storage_error");
     }

@@ -11,8 +11,8 @@
 
 CX_SQL(q_key_known, 1, "SELECT 1 FROM artifact_versions WHERE storage_key = $1");
 /* commit.c holds it shared from a file's rename to its COMMIT. */
-CX_SQL(q_storage_lock, 0, "SELECT pg_advisory_lock(hashtextextended('storage', 3))");
-CX_SQL(q_storage_unlock, 0, "SELECT pg_advisory_unlock(hashtextextended('storage', 3))");
+CX_SQL(q_storage_lock, 0, "SELECT pg_advisory_lock(" CX_STORAGE_LOCK ")");
+CX_SQL(q_storage_unlock, 0, "SELECT pg_advisory_unlock(" CX_STORAGE_LOCK ")");
 CX_SQL(q_all_versions, 0,
        "SELECT artifact_id, version, storage_key, size, sha256 FROM artifact_versions"
        " ORDER BY artifact_id, version");

@@ -62,12 +62,13 @@ check_now(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name, cons
  * others answer the previous result rather than queue behind a slow
  * service. */
 #define FRESH_MS 1000
+#define STUCK_MS 10000
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cache_cond = PTHREAD_COND_INITIALIZER;
 static json_t *cached;
 static bool cached_ok, refreshing;
-static int64_t cached_at;
+static int64_t cached_at, refresh_started;
 
 bool
 cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name,
@@ -79,6 +80,7 @@ cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name
     pthread_mutex_lock(&cache_lock);
     if (!refreshing && (!cached || cx_now_ms() - cached_at >= FRESH_MS)) {
         refreshing = true;
+        refresh_started = cx_now_ms();
         pthread_mutex_unlock(&cache_lock);
         ok = check_now(db, gw, kernel_name, storage_dir, &fresh);
         pthread_mutex_lock(&cache_lock);
@@ -93,6 +95,14 @@ cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name
     }
     while (!cached && refreshing)
         pthread_cond_wait(&cache_cond, &cache_lock); /* the very first check */
+    if (refreshing && cx_now_ms() - refresh_started > STUCK_MS) {
+        /* A refresh that does not come back (a service that hangs) is a
+         * failure too: the old answer is not reported for ever. */
+        pthread_mutex_unlock(&cache_lock);
+        *out = json_pack("{s:s,s:{s:s}}", "status", "unavailable", "checks", "health",
+                         "failed: the checks are not answering");
+        return false;
+    }
     ok = cached && cached_ok;
     *out = cached ? json_deep_copy(cached) : NULL;
     pthread_mutex_unlock(&cache_lock);

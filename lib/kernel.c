@@ -11,11 +11,13 @@
 #include "util.h"
 #include "ws.h"
 
-#define POOL_MAX       256
-#define POOL_IDLE_US   (300 * 1000000LL)
-#define MAX_WS_MESSAGE (32u << 20)
-#define DRAIN_MAX      1024          /* messages one drain reads at most */
-#define MSG_KEEP_ALLOC (256u * 1024) /* what an idle connection keeps */
+#define POOL_MAX        256
+#define POOL_IDLE_US    (300 * 1000000LL)
+#define MAX_WS_MESSAGE  (32u << 20)
+#define DRAIN_MAX       1024          /* messages one drain reads at most */
+#define DRAIN_MAX_BYTES (4u << 20)    /* ... bytes */
+#define DRAIN_BUDGET_US (20 * 1000LL) /* ... time, beyond its wait */
+#define MSG_KEEP_ALLOC  (256u * 1024) /* what an idle connection keeps */
 
 struct cx_kernel_conn {
     struct cx_kernel_conn *next;
@@ -229,10 +231,11 @@ cx_kernel_pool_drain_idle(void)
 
     while ((c = list)) {
         list = c->next;
-        if (cx_kernel_drain(c, 0) && cx_ws_alive(c->ws)) {
+        if (cx_now_us() - c->last_used_us <= POOL_IDLE_US && cx_kernel_drain(c, 0) &&
+            cx_ws_alive(c->ws)) {
             pool_push(c); /* back, keeping its idle time */
         } else {
-            cx_kernel_conn_free(c); /* gone, or talking without end */
+            cx_kernel_conn_free(c); /* idle too long, gone, or talking without end */
         }
     }
 }
@@ -413,7 +416,9 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         int i;
 
         rc = cx_ws_recv(c->ws, deadline_us, &c->msg, &op);
-        if (rc == CX_ERR_TOO_LARGE && cx_ws_alive(c->ws)) {
+        if (rc == CX_ERR_TOO_LARGE && !cx_ws_alive(c->ws))
+            return CX_ERR_IO; /* the connection died of it: nothing was skipped */
+        if (rc == CX_ERR_TOO_LARGE) {
             /* A message too large to keep was skipped (a huge stream chunk):
              * it can only be output, so report it as such. */
             c->messages++;
@@ -480,20 +485,29 @@ cx_exec_cleanup(struct cx_exec *reqs, int n)
 bool
 cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms)
 {
-    int64_t deadline = cx_now_us() + wait_ms * 1000LL;
+    int64_t deadline = cx_now_us() + wait_ms * 1000LL, until = deadline + DRAIN_BUDGET_US;
+    uint64_t bytes = 0;
     enum cx_ws_opcode op;
+    bool quiet = false;
 
-    /* One deadline for the whole drain and a bounded count: a kernel whose
-     * background thread prints forever never holds the caller. */
-    enum cx_err rc = CX_OK;
-
-    for (int i = 0; i < DRAIN_MAX && (rc == CX_OK || rc == CX_ERR_TOO_LARGE); i++) {
-        rc = cx_ws_recv(c->ws, deadline, &c->msg, &op);
-        if (rc == CX_OK || rc == CX_ERR_TOO_LARGE) {
-            c->messages++;
-            cx_metrics_count(CX_COUNT_GATEWAY_STALE);
+    /* Reads while messages are there to read without waiting (after the
+     * first wait_ms), within a budget of messages, bytes and time: a
+     * kernel whose background thread prints forever never holds the
+     * caller, and is told apart from one that went quiet. */
+    for (int i = 0; i < DRAIN_MAX; i++) {
+        enum cx_err rc = cx_ws_recv(c->ws, i == 0 ? deadline : cx_now_us(), &c->msg, &op);
+        if (rc == CX_ERR_TIMEOUT) {
+            quiet = true;
+            break;
         }
+        if (rc != CX_OK && rc != CX_ERR_TOO_LARGE)
+            break;
+        c->messages++;
+        cx_metrics_count(CX_COUNT_GATEWAY_STALE);
+        bytes += c->msg.len;
+        if (bytes > DRAIN_MAX_BYTES || cx_now_us() > until)
+            break;
     }
     cx_buf_shrink(&c->msg, MSG_KEEP_ALLOC); /* after a large message */
-    return rc == CX_ERR_TIMEOUT;
+    return quiet;
 }

@@ -98,9 +98,10 @@ enum cx_err cx_kernel_conn_buffered(const void *frames, size_t len,
 void cx_exec_cleanup(struct cx_exec *reqs, int n);
 
 /* Reads and discards what arrives within wait_ms (stale messages from an
- * earlier run), at most 1024 messages. True when it went quiet; false when
- * the connection failed or the kernel kept talking (a pooled connection
- * is then better closed). */
+ * earlier run), then what can be read without waiting, within a budget
+ * (1024 messages, 4 MiB, 20 ms). True when it went quiet; false when the
+ * connection failed or the kernel kept talking past the budget (a pooled
+ * connection is then better closed). */
 bool cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
 
 /* WebSocket messages received on this connection (for tests and metrics). */

@@ -213,8 +213,11 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
         r->s.reset = r->s.kernel_fresh = true;
         cx_runexec_drop_conn(st);
     } else if (rc == CX_ERR_DB) {
-        /* the conversation's lock went with the connection */
+        /* The conversation's lock went with the connection: the cell is
+         * interrupted, as it may no longer run unguarded. */
         snprintf(msg, msglen, "the database connection was lost during the run; retry later");
+        if (cx_gateway_kernel_interrupt(r->cx->gw, r->s.kernel_id))
+            cx_log_warn(0, "run %s: interrupt after losing the lock failed", r->id);
         cx_runexec_drop_conn(st);
         return CX_ERR_DB;
     } else if (rc) {

@@ -22,7 +22,8 @@ CX_SQL(q_lock_wait, 3,
 CX_SQL(q_lock_try, 2, "SELECT pg_try_advisory_lock(" CONV_KEY ")");
 CX_SQL(q_lock_reset, 0, "SELECT set_config('lock_timeout', '0', false)");
 CX_SQL(q_unlock, 2, "SELECT pg_advisory_unlock(" CONV_KEY ")");
-CX_SQL(q_user_lock, 1, "SELECT pg_advisory_lock(" USER_KEY ")");
+CX_SQL(q_user_lock, 2,
+       "SELECT set_config('lock_timeout', $2, false), pg_advisory_lock(" USER_KEY ")");
 CX_SQL(q_user_unlock, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
 
 #define EXPIRES CX_SQL_UTC("expires_at")
@@ -57,7 +58,7 @@ CX_SQL(q_delete, 1, "DELETE FROM sessions WHERE id = $1::uuid");
 CX_SQL(q_expired, 1,
        "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), workspace FROM sessions"
        " WHERE expires_at < now() AND (cleanup_after IS NULL OR cleanup_after < now())"
-       " ORDER BY expires_at LIMIT $1::int FOR UPDATE SKIP LOCKED");
+       " ORDER BY expires_at LIMIT $1::int");
 
 void
 cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX])
@@ -312,9 +313,20 @@ room_end(struct cx_ctx *cx, const struct cx_session *s)
 static enum cx_err
 room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msglen)
 {
-    const char *ul[1] = {s->user};
-    enum cx_err rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
+    char wait[32];
+    const char *ul[2] = {s->user, wait};
+    enum cx_err rc;
 
+    /* Waits as a run waits for its conversation (busy_wait), never for
+     * ever: another creation of this user's may take a while. */
+    snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait ? cx->cfg->busy_wait : 1);
+    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
+    if (cx_db_exec(cx->db, &q_lock_reset, NULL, NULL))
+        cx_log_warn(0, "could not reset lock_timeout");
+    if (rc && !strcmp(cx_db_sqlstate(cx->db), "55P03")) {
+        snprintf(msg, msglen, "another session of this user is being started; retry later");
+        return CX_ERR_CONFLICT;
+    }
     if (rc)
         return rc;
     cx_db_pin(cx->db);
@@ -494,6 +506,35 @@ cx_session_close(struct cx_ctx *cx, const char *user, const char *cid)
     return rc;
 }
 
+/* Whether the session is still expired, asked under its lock: a run may
+ * have extended it since the sweep listed it. */
+CX_SQL(q_still_expired, 1,
+       "SELECT 1 FROM sessions WHERE id = $1::uuid AND expires_at < now()"
+       " AND (cleanup_after IS NULL OR cleanup_after < now())");
+
+/* One expired session, under its lock. */
+static bool
+reap_one(struct cx_ctx *cx, PGresult *r, int i)
+{
+    const char *who[2] = {PQgetvalue(r, i, 1), PQgetvalue(r, i, 2)};
+    const char *id[1] = {PQgetvalue(r, i, 0)};
+    PGresult *q = NULL;
+    bool got, deferred, done = false;
+
+    if (try_lock(cx, who[0], who[1], &got) || !got)
+        return false; /* a run is using it; it extended the expiry anyway */
+    if (cx_db_exec_row(cx->db, &q_still_expired, id, &q) == CX_OK)
+        done = close_locked(cx, id[0], PQgetvalue(r, i, 3), PQgetvalue(r, i, 4), false,
+                            &deferred) == CX_OK;
+    PQclear(q);
+    unlock_conversation(cx, who[0], who[1]);
+    return done;
+}
+
+/* No transaction around the sweep: each session is closed under its own
+ * lock, so a statement that fails for one neither holds a lock nor aborts
+ * the others. Several processes may list the same rows; the lock and the
+ * second look under it decide. */
 enum cx_err
 cx_session_reap(struct cx_ctx *cx, int limit, int *closed)
 {
@@ -504,29 +545,11 @@ cx_session_reap(struct cx_ctx *cx, int limit, int *closed)
 
     *closed = 0;
     snprintf(lim, sizeof(lim), "%d", limit);
-    rc = cx_db_begin(cx->db);
-    if (rc)
-        return rc;
     rc = cx_db_exec(cx->db, &q_expired, p, &r);
-    if (rc) {
-        cx_db_rollback(cx->db);
-        return rc;
-    }
-    for (int i = 0; i < PQntuples(r); i++) {
-        const char *who[2] = {PQgetvalue(r, i, 1), PQgetvalue(r, i, 2)};
-        bool got, deferred;
-
-        if (try_lock(cx, who[0], who[1], &got))
-            break;
-        if (!got)
-            continue; /* a run is using it; it extended the expiry anyway */
-        if (close_locked(cx, PQgetvalue(r, i, 0), PQgetvalue(r, i, 3), PQgetvalue(r, i, 4), false,
-                         &deferred) == CX_OK)
-            (*closed)++;
-        unlock_conversation(cx, who[0], who[1]);
-    }
+    for (int i = 0; rc == CX_OK && i < PQntuples(r); i++)
+        *closed += reap_one(cx, r, i);
     PQclear(r);
-    return cx_db_commit(cx->db);
+    return rc;
 }
 
 CX_SQL(q_list, 1,

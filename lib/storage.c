@@ -261,15 +261,21 @@ cx_storage_writer_commit(struct cx_storage_writer *w, const char *key)
         return rc;
     }
     slash = strrchr(final, '/');
-    if (mkdirs(final, (size_t)(slash - final) + 1)) {
-        cx_log_err(errno, "mkdir() under storage failed");
-        cx_storage_writer_abort(w);
-        return CX_ERR_IO;
-    }
-    if (rename(w->tmp, final) != 0) {
-        cx_log_err(errno, "rename() in storage failed");
-        cx_storage_writer_abort(w);
-        return CX_ERR_IO;
+    /* An empty parent may be pruned (a removal, fsck) between mkdir and
+     * rename: then once more. */
+    for (int attempt = 0;; attempt++) {
+        if (mkdirs(final, (size_t)(slash - final) + 1)) {
+            cx_log_err(errno, "mkdir() under storage failed");
+            cx_storage_writer_abort(w);
+            return CX_ERR_IO;
+        }
+        if (rename(w->tmp, final) == 0)
+            break;
+        if (errno != ENOENT || attempt > 0) {
+            cx_log_err(errno, "rename() in storage failed");
+            cx_storage_writer_abort(w);
+            return CX_ERR_IO;
+        }
     }
     *slash = '\0';
     dfd = open(final, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

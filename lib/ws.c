@@ -19,6 +19,9 @@
 #define MAX_HANDSHAKE 16384
 #define SEND_CHUNK    65536
 #define READ_CHUNK    65536
+/* The receive buffer: a whole frame of max_message (and its header, or the
+ * handshake), plus one read of whatever follows it. */
+#define IN_CAP(max_message) ((max_message) + MAX_HANDSHAKE + 64 + READ_CHUNK)
 /* What an idle connection keeps of its buffers after a large message. */
 #define WS_KEEP_ALLOC (256u * 1024)
 
@@ -321,7 +324,7 @@ cx_ws_connect(const struct cx_ws_options *opt, struct cx_ws **out, char *msg, si
     ws->fd = CURL_SOCKET_BAD;
     ws->quickack = !opt->no_quickack;
     ws->max_message = opt->max_message ? opt->max_message : 64u << 20;
-    cx_buf_init(&ws->in, ws->max_message + MAX_HANDSHAKE + 64);
+    cx_buf_init(&ws->in, IN_CAP(ws->max_message));
     rc = curl_connect(ws, opt, http_url, msg, msglen);
     if (rc == CX_OK)
         rc = handshake(ws, opt, host_port, target, msg, msglen);
@@ -345,7 +348,7 @@ cx_ws_buffered(const void *data, size_t len, size_t max_message, struct cx_ws **
         return CX_ERR_NOMEM;
     ws->fd = CURL_SOCKET_BAD;
     ws->max_message = max_message ? max_message : 64u << 20;
-    cx_buf_init(&ws->in, ws->max_message + MAX_HANDSHAKE + 64);
+    cx_buf_init(&ws->in, IN_CAP(ws->max_message));
     cx_buf_add(&ws->in, data, len);
     if (cx_buf_err(&ws->in)) {
         cx_buf_cleanup(&ws->in);

@@ -62,16 +62,19 @@ class FdWatch:
 FORGE = r"""
 from IPython.display import display
 M = "application/vnd.codexec.capture+json"
-for i in range(5000):
+for i in range(4000):
     display({M: {"op": "file", "n": 100000 + i, "path": f"forged/{i}.txt"}}, raw=True)
     display({M: {"op": "end", "n": 100000 + i, "size": 0, "sha256": "%s"}}, raw=True)
+display({M: {"op": "done", "skipped": [{"path": f"s/{i}", "reason": "too_large"}
+                                       for i in range(6000)]}}, raw=True)
 """ % EMPTY_SHA
 
 
 def test_forged_capture_records_are_capped(ctx):
     """Found: 4,000 forged file/end pairs held 3,300 descriptors at once and
-    committed 2,111 artifacts (max_captured_files is 64). 5,000 now: the
-    files stop at 64 and the skipped list at 64 + 4096 and one entry more."""
+    committed 2,111 artifacts (max_captured_files is 64). Now the files
+    stop at 64, and the skipped list (with 6,000 forged entries more) at
+    64 + 4096 and one entry that says so."""
     user, cid = "forger", new_id()
     with FdWatch(fcgi_pid(ctx)) as w:
         r = run(ctx, user, cid, FORGE, timeout=120)

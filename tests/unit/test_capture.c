@@ -208,6 +208,18 @@ caps(void)
     is_str(skipped_reason(c, "output-2.html"), "output_limit", "as output_limit");
     cx_capture_free(c);
     cx_config_cleanup(&small);
+
+    /* a run never stages more than the user may keep */
+    snprintf(conf, sizeof(conf), "storage_dir = %s\nuser_quota_bytes = 12\n", root);
+    need(cx_config_parse(&small, "unit", conf, err, sizeof(err)) == CX_OK &&
+             cx_capture_new(&small, &c) == CX_OK,
+         "a capture with a 12-byte quota");
+    send_file(c, 1, "a.txt", "12345678", -1, NULL);
+    send_file(c, 2, "b.txt", "12345678", -1, NULL);
+    is_int(cx_capture_count(c), 1, "the first file is staged");
+    is_str(skipped_reason(c, "b.txt"), "quota_exceeded", "the second would pass the quota");
+    cx_capture_free(c);
+    cx_config_cleanup(&small);
 }
 
 int
