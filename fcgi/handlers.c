@@ -27,8 +27,7 @@ void
 cx_h_health(struct cx_req *r)
 {
     json_t *body = NULL;
-    bool ok =
-        cx_health_check(r->w->db, r->w->gw, r->w->cfg->kernel_name, r->w->cfg->storage_dir, &body);
+    bool ok = cx_health_check(r->w, &body);
 
     if (!body) {
         cx_req_send_lib_error(r, CX_ERR_NOMEM, NULL);

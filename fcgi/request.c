@@ -190,8 +190,8 @@ cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
         a = &answers[err];
     if (a->status == 401)
         cx_req_header(r, "WWW-Authenticate", "Bearer");
-    if (a->status == 503 && err != CX_ERR_DB && err != CX_ERR_TIMEOUT)
-        cx_req_header(r, "Retry-After", "1"); /* capacity frees up quickly */
+    if (a->status == 503) /* capacity frees up quickly; a service takes longer */
+        cx_req_header(r, "Retry-After", err == CX_ERR_CAPACITY ? "2" : "5");
     cx_req_send_error(r, a->status, a->code, msg && *msg ? msg : a->message);
 }
 

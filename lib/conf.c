@@ -279,11 +279,33 @@ set_addrs(const struct cx_conf_key *k, char *base, const char *v, char *msg, siz
     return rc ? rc : take_string(base, list);
 }
 
+/* A repeatable key: each value is appended as a line. */
+static enum cx_err
+set_lines(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
+{
+    char *old = *(char **)base, *joined;
+    size_t n = old ? strlen(old) : 0;
+
+    (void)k;
+    (void)msg;
+    (void)msglen;
+    if (!n)
+        return take_string(base, strdup(v));
+    joined = malloc(n + strlen(v) + 2);
+    if (!joined)
+        return CX_ERR_NOMEM;
+    memcpy(joined, old, n);
+    joined[n] = '\n';
+    memcpy(joined + n + 1, v, strlen(v) + 1);
+    memset(old, 0, n); /* it may hold tokens */
+    return take_string(base, joined);
+}
+
 static const set_fn setters[] = {
     [CX_CONF_STR] = set_str,     [CX_CONF_UINT] = set_number,     [CX_CONF_SIZE] = set_number,
     [CX_CONF_BOOL] = set_bool,   [CX_CONF_LEVEL] = set_choice,    [CX_CONF_DELIVERY] = set_choice,
     [CX_CONF_MODE] = set_mode,   [CX_CONF_MODULES] = set_modules, [CX_CONF_PATH] = set_path,
-    [CX_CONF_ADDRS] = set_addrs,
+    [CX_CONF_ADDRS] = set_addrs, [CX_CONF_LINES] = set_lines,
 };
 
 /* Sets one key; on failure writes a message (without position) to msg. */
@@ -299,7 +321,7 @@ static bool
 is_string(const struct cx_conf_key *k)
 {
     return k->type == CX_CONF_STR || k->type == CX_CONF_MODULES || k->type == CX_CONF_PATH ||
-           k->type == CX_CONF_ADDRS;
+           k->type == CX_CONF_ADDRS || k->type == CX_CONF_LINES;
 }
 
 void
@@ -311,7 +333,8 @@ cx_conf_cleanup(const struct cx_conf_key *keys, size_t n, void *base)
         if (is_string(&keys[i])) {
             char **p = (char **)((char *)base + keys[i].off);
             size_t len = strlen(keys[i].name);
-            if (*p && len > 6 && !strcmp(keys[i].name + len - 6, "_token"))
+            if (*p && ((len > 6 && !strcmp(keys[i].name + len - 6, "_token")) ||
+                       !strcmp(keys[i].name, "gateway")))
                 memset(*p, 0, strlen(*p));
             free(*p);
             *p = NULL;
@@ -399,7 +422,7 @@ cx_conf_parse(const struct cx_conf_key *keys, size_t nkeys, void *cfg, const cha
             rc = CX_ERR_INVALID;
             goto out;
         }
-        if (seen[i]) {
+        if (seen[i] && keys[i].type != CX_CONF_LINES) {
             snprintf(errbuf, errlen, "%s:%u: %s is set twice", name, lineno, keys[i].name);
             rc = CX_ERR_INVALID;
             goto out;

@@ -24,6 +24,7 @@ enum cx_conf_type {
     CX_CONF_MODULES,  /* char *: Python module names, normalised "a,b.c" */
     CX_CONF_PATH,     /* char *: "" or an absolute path without ".." or control chars */
     CX_CONF_ADDRS,    /* char *: an address list, normalised (util.h cx_addr_list_*) */
+    CX_CONF_LINES,    /* char *: a key that may repeat; its values joined by '\n' */
 };
 
 struct cx_conf_key {
@@ -46,7 +47,8 @@ enum cx_err cx_conf_parse(const struct cx_conf_key *keys, size_t n, void *base, 
 enum cx_err cx_conf_load(const struct cx_conf_key *keys, size_t n, void *base, const char *path,
                          char *errbuf, size_t errlen) CX_MUSTCHECK;
 
-/* Frees the strings; wipes those whose key name ends in "_token". */
+/* Frees the strings; wipes those whose key name ends in "_token" and the
+ * lines of "gateway" (they hold tokens). */
 void cx_conf_cleanup(const struct cx_conf_key *keys, size_t n, void *base);
 
 /* Parses "123", "64k", "8M", "5G" (binary units) into *out. */

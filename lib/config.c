@@ -1,6 +1,8 @@
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "conf.h"
@@ -24,6 +26,8 @@ static const struct cx_conf_key keys[] = {
     {"database", CX_CONF_STR, O(database), "dbname=codexec", 0, 0},
     {"gateway_url", CX_CONF_STR, O(gateway_url), "http://127.0.0.1:8888", 0, 0},
     {"gateway_token", CX_CONF_STR, O(gateway_token), "", 0, 0},
+    {"max_kernels", CX_CONF_UINT, O(max_kernels), "128", 1, 100000},
+    {"gateway", CX_CONF_LINES, O(gateway_lines), "", 0, 0},
     {"kernel_name", CX_CONF_STR, O(kernel_name), "python3", 0, 0},
     {"storage_dir", CX_CONF_STR, O(storage_dir), "/var/lib/codexec/storage", 0, 0},
     {"secret_file", CX_CONF_STR, O(secret_file), "/etc/codexec/secret", 0, 0},
@@ -58,6 +62,7 @@ static const struct cx_conf_key keys[] = {
     {"link_default_expiry", CX_CONF_UINT, O(link_default_expiry), "300", 1, 365 * 86400},
     {"link_max_expiry", CX_CONF_UINT, O(link_max_expiry), "604800", 1, 365 * 86400},
     {"reaper_interval", CX_CONF_UINT, O(reaper_interval), "30", 1, 86400},
+    {"kernel_orphan_grace", CX_CONF_UINT, O(kernel_orphan_grace), "600", 1, 86400},
     {"kernel_pool_size", CX_CONF_UINT, O(kernel_pool_size), "0", 0, 1024},
     {"kernel_preload", CX_CONF_MODULES, O(kernel_preload), "", 0, 0},
     /* who may read /metrics (REMOTE_ADDR, as the web server passes it) */
@@ -67,14 +72,111 @@ static const struct cx_conf_key keys[] = {
 void
 cx_config_cleanup(struct cx_config *cfg)
 {
+    for (unsigned i = 0; i < cfg->ngateways; i++)
+        if (cfg->gateways[i].token) {
+            memset(cfg->gateways[i].token, 0, strlen(cfg->gateways[i].token));
+            free(cfg->gateways[i].token);
+            cfg->gateways[i].token = NULL;
+        }
+    cfg->ngateways = 0;
     cx_conf_cleanup(keys, NKEYS, cfg);
+}
+
+/* Adds a gateway; msg says what is wrong with it. */
+static enum cx_err
+add_gateway(struct cx_config *cfg, const char *url, size_t urllen, const char *token,
+            unsigned max_kernels, char *msg, size_t msglen)
+{
+    struct cx_gateway_conf *g = &cfg->gateways[cfg->ngateways];
+
+    while (urllen > 0 && url[urllen - 1] == '/')
+        urllen--;
+    if (cfg->ngateways == CX_GATEWAYS_MAX) {
+        snprintf(msg, msglen, "at most %d gateways", CX_GATEWAYS_MAX);
+        return CX_ERR_INVALID;
+    }
+    if (urllen >= sizeof(g->url) || (strncmp(url, "http://", 7) && strncmp(url, "https://", 8))) {
+        snprintf(msg, msglen, "a gateway URL starts with http:// or https://");
+        return CX_ERR_INVALID;
+    }
+    memcpy(g->url, url, urllen);
+    g->url[urllen] = '\0';
+    for (unsigned i = 0; i < cfg->ngateways; i++)
+        if (!strcmp(cfg->gateways[i].url, g->url)) {
+            snprintf(msg, msglen, "gateway %.200s is listed twice", g->url);
+            return CX_ERR_INVALID;
+        }
+    g->token = strdup(token);
+    if (!g->token)
+        return CX_ERR_NOMEM;
+    g->max_kernels = max_kernels;
+    cfg->ngateways++;
+    return CX_OK;
+}
+
+/* "URL [token=TOKEN] [max_kernels=N]" */
+static enum cx_err
+gateway_line(struct cx_config *cfg, char *line, char *msg, size_t msglen)
+{
+    char *save = NULL, *url = strtok_r(line, " \t", &save), *w;
+    const char *token = "";
+    unsigned long max = cfg->max_kernels;
+
+    if (!url) {
+        snprintf(msg, msglen, "gateway: expected \"URL [token=TOKEN] [max_kernels=N]\"");
+        return CX_ERR_INVALID;
+    }
+    while ((w = strtok_r(NULL, " \t", &save))) {
+        char *end;
+        if (!strncmp(w, "token=", 6)) {
+            token = w + 6;
+        } else if (!strncmp(w, "max_kernels=", 12) && w[12] >= '0' && w[12] <= '9') {
+            errno = 0;
+            max = strtoul(w + 12, &end, 10);
+            if (errno || *end || max < 1 || max > 100000) {
+                snprintf(msg, msglen, "gateway: max_kernels is out of range [1, 100000]");
+                return CX_ERR_INVALID;
+            }
+        } else {
+            snprintf(msg, msglen,
+                     "gateway: unknown word (token=... and max_kernels=... are known)");
+            return CX_ERR_INVALID;
+        }
+    }
+    return add_gateway(cfg, url, strlen(url), token, (unsigned)max, msg, msglen);
+}
+
+/* The gateways, from gateway_url on and the "gateway" lines. */
+static enum cx_err
+gateways(struct cx_config *cfg, char *msg, size_t msglen)
+{
+    enum cx_err rc = add_gateway(cfg, cfg->gateway_url, strlen(cfg->gateway_url),
+                                 cfg->gateway_token, cfg->max_kernels, msg, msglen);
+    char *lines = rc == CX_OK && cfg->gateway_lines ? strdup(cfg->gateway_lines) : NULL;
+    char *save = NULL;
+
+    if (rc || !cfg->gateway_lines)
+        return rc;
+    if (!lines)
+        return CX_ERR_NOMEM;
+    for (char *l = strtok_r(lines, "\n", &save); l && rc == CX_OK; l = strtok_r(NULL, "\n", &save))
+        rc = gateway_line(cfg, l, msg, msglen);
+    memset(lines, 0, strlen(cfg->gateway_lines));
+    free(lines);
+    return rc;
 }
 
 enum cx_err
 cx_config_defaults(struct cx_config *cfg)
 {
+    char msg[CX_MSG_MAX];
+    enum cx_err rc;
+
     memset(cfg, 0, sizeof(*cfg));
-    return cx_conf_defaults(keys, NKEYS, cfg);
+    rc = cx_conf_defaults(keys, NKEYS, cfg);
+    if (rc == CX_OK && (rc = gateways(cfg, msg, sizeof(msg))))
+        cx_config_cleanup(cfg);
+    return rc;
 }
 
 /* Settings that must not exceed another. */
@@ -107,7 +209,7 @@ check_whole(struct cx_config *cfg, char *msg, size_t msglen)
             snprintf(msg, msglen, "%s", ordered[i].what);
             return CX_ERR_INVALID;
         }
-    return CX_OK;
+    return gateways(cfg, msg, msglen);
 }
 
 enum cx_err

@@ -9,9 +9,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ctx.h"
 #include "err.h"
 
 enum cx_delivery { CX_DELIVERY_DIRECT, CX_DELIVERY_X_ACCEL, CX_DELIVERY_X_SENDFILE };
+
+/* A Jupyter gateway: gateway_url/gateway_token/max_kernels, then each
+ * "gateway = URL [token=TOKEN] [max_kernels=N]" line. */
+#define CX_GATEWAY_URL_MAX 512
+struct cx_gateway_conf {
+    char url[CX_GATEWAY_URL_MAX]; /* without a trailing slash */
+    char *token;                  /* "" for none; wiped on cleanup */
+    unsigned max_kernels;         /* its kernel budget */
+};
 
 struct cx_config {
     /* server */
@@ -24,6 +34,8 @@ struct cx_config {
     char *database; /* libpq conninfo */
     char *gateway_url;
     char *gateway_token;
+    unsigned max_kernels; /* the first gateway's budget */
+    char *gateway_lines;  /* more gateways, one per line (the "gateway" key) */
     char *kernel_name;
     char *storage_dir;
     char *secret_file;
@@ -52,9 +64,13 @@ struct cx_config {
     unsigned max_pending_runs_per_user; /* runs waiting for approval */
     unsigned link_default_expiry, link_max_expiry;
     unsigned reaper_interval;
+    unsigned kernel_orphan_grace; /* seconds before a kernel no row names is deleted */
     unsigned kernel_pool_size;
     char *kernel_preload; /* "numpy,pandas": modules pooled kernels import while warming */
     char *metrics_allow;  /* normalised address list (util.h) */
+    /* derived: every gateway, the first from gateway_url */
+    struct cx_gateway_conf gateways[CX_GATEWAYS_MAX];
+    unsigned ngateways;
 };
 
 /* Fills *cfg with every default. Free with cx_config_cleanup(). */

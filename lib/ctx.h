@@ -8,11 +8,16 @@ struct cx_auth;
 struct cx_db;
 struct cx_gateway;
 
+/* Gateways a configuration may list (config.h). */
+#define CX_GATEWAYS_MAX 16
+
 struct cx_ctx {
-    const struct cx_config *cfg; /* shared, read-only */
-    const struct cx_auth *auth;  /* shared, read-only */
-    struct cx_db *db;            /* this thread's */
-    struct cx_gateway *gw;       /* this thread's */
+    const struct cx_config *cfg;             /* shared, read-only */
+    const struct cx_auth *auth;              /* shared, read-only */
+    struct cx_db *db;                        /* this thread's */
+    struct cx_gateway *gw;                   /* this thread's handle of the first gateway */
+    struct cx_gateway *gws[CX_GATEWAYS_MAX]; /* ... of every gateway, in config order */
+    unsigned ngws;
 };
 
 #endif

@@ -1,4 +1,5 @@
 #include <curl/curl.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include "gateway.h"
 #include "log.h"
 #include "metrics.h"
+#include "util.h"
 
 #define MAX_REST_BODY (16 * 1024 * 1024)
 
@@ -17,6 +19,7 @@ struct cx_gateway {
     char *token;
     struct curl_slist *headers;
     struct cx_buf body;
+    long timeout_ms; /* of the next calls */
 };
 
 static size_t
@@ -39,6 +42,7 @@ cx_gateway_new(const char *url, const char *token, struct cx_gateway **out)
     if (!gw)
         return CX_ERR_NOMEM;
     cx_buf_init(&gw->body, MAX_REST_BODY);
+    gw->timeout_ms = 120000;
     gw->base = strdup(url);
     if (!gw->base)
         goto fail;
@@ -120,8 +124,8 @@ cx_gateway_call(struct cx_gateway *gw, const char *method, const char *path, jso
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, gw->headers);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 120000L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, gw->timeout_ms < 5000 ? gw->timeout_ms : 5000L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, gw->timeout_ms);
     curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
@@ -160,14 +164,18 @@ cx_gateway_ping(struct cx_gateway *gw, char *msg, size_t msglen)
     long status;
     enum cx_err rc;
 
-    rc = cx_gateway_call(gw, "GET", "/api", NULL, &status, &resp, msg, msglen);
+    /* Not GET /api (Jupyter Server answers it to anyone, a Kernel Gateway
+     * behind a proxy may not serve it): the kernelspecs prove the gateway
+     * and our token both. */
+    rc = cx_gateway_call(gw, "GET", "/api/kernelspecs", NULL, &status, &resp, msg, msglen);
     if (rc)
         return rc;
-    if (status != 200 || !json_is_string(json_object_get(resp, "version"))) {
-        if (status == 200)
-            snprintf(msg, msglen, "gateway GET /api answered without a version");
+    if (status == 401 || status == 403)
+        snprintf(msg, msglen, "gateway refused our token (HTTP %ld)", status);
+    else if (status == 200 && !json_is_object(json_object_get(resp, "kernelspecs")))
+        snprintf(msg, msglen, "gateway GET /api/kernelspecs answered without kernelspecs");
+    if (status != 200 || !json_is_object(json_object_get(resp, "kernelspecs")))
         rc = CX_ERR_GATEWAY;
-    }
     json_decref(resp);
     return rc;
 }
@@ -212,10 +220,12 @@ simple(struct cx_gateway *gw, const char *method, const char *prefix, const char
 }
 
 enum cx_err
-cx_gateway_kernel_start(struct cx_gateway *gw, const char *name, const char *path, char id_out[64],
-                        char *msg, size_t msglen)
+cx_gateway_kernel_start(struct cx_gateway *gw, const char *name, char id_out[64], char *msg,
+                        size_t msglen)
 {
-    json_t *body = json_pack("{s:s,s:s}", "name", name, "path", path), *resp = NULL;
+    /* No "path": a kernel's workspace is the sandbox's own (a tmpfs), and
+     * gateways other than Jupyter Server have no file system to name. */
+    json_t *body = json_pack("{s:s}", "name", name), *resp = NULL;
     const char *id;
     long status = 0;
     enum cx_err rc;
@@ -306,6 +316,20 @@ cx_gateway_kernel_get(struct cx_gateway *gw, const char *id, json_t **model)
 }
 
 enum cx_err
+cx_gateway_kernel_list(struct cx_gateway *gw, json_t **out)
+{
+    long status = 0;
+    enum cx_err rc = cx_gateway_call(gw, "GET", "/api/kernels", NULL, &status, out, NULL, 0);
+
+    if (rc == CX_OK && (status != 200 || !json_is_array(*out))) {
+        json_decref(*out);
+        *out = NULL;
+        rc = CX_ERR_GATEWAY;
+    }
+    return rc;
+}
+
+enum cx_err
 cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out)
 {
     long status = 0;
@@ -319,30 +343,76 @@ cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out)
     return rc;
 }
 
-enum cx_err
-cx_gateway_dir_create(struct cx_gateway *gw, const char *path, char *msg, size_t msglen)
+void
+cx_gateway_timeout(struct cx_gateway *gw, long ms)
 {
-    json_t *body = json_pack("{s:s}", "type", "directory");
-    long status = 0;
-    enum cx_err rc;
-
-    if (!body)
-        return CX_ERR_NOMEM;
-    rc = simple(gw, "PUT", "/api/contents/", path, "", body, &status, NULL, msg, msglen);
-    json_decref(body);
-    if (rc == CX_OK && status != 201 && status != 200) {
-        if (msg)
-            snprintf(msg, msglen,
-                     "gateway could not create workspace (HTTP %ld); codexec needs "
-                     "Jupyter Server's contents API",
-                     status);
-        rc = CX_ERR_GATEWAY;
-    }
-    return rc;
+    gw->timeout_ms = ms > 0 ? ms : 120000;
 }
 
-enum cx_err
-cx_gateway_dir_delete(struct cx_gateway *gw, const char *path)
+/* Every process's view of each gateway's health: one probe at most every
+ * PROBE_EVERY_MS per gateway, shared by the threads; while one thread
+ * probes, the others take the last answer. */
+#define PROBE_EVERY_MS   2000
+#define PROBE_TIMEOUT_MS 3000
+
+static struct {
+    char url[512];
+    bool ok, probing;
+    int64_t at;
+} probes[32];
+static pthread_mutex_t probes_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int
+probe_slot(const char *url)
 {
-    return delete_gone_ok(gw, "/api/contents/", path);
+    for (int i = 0; i < (int)(sizeof(probes) / sizeof(probes[0])); i++) {
+        if (!strcmp(probes[i].url, url))
+            return i;
+        if (!probes[i].url[0]) {
+            snprintf(probes[i].url, sizeof(probes[i].url), "%s", url);
+            probes[i].ok = true; /* until a probe says otherwise */
+            return i;
+        }
+    }
+    return -1;
+}
+
+bool
+cx_gateway_usable(struct cx_gateway *gw)
+{
+    json_t *specs = NULL;
+    int64_t now = cx_now_ms();
+    bool ok, probe;
+    int i;
+
+    pthread_mutex_lock(&probes_lock);
+    i = probe_slot(gw->base);
+    probe = i >= 0 && !probes[i].probing && now - probes[i].at >= PROBE_EVERY_MS;
+    if (probe)
+        probes[i].probing = true;
+    ok = i < 0 || probes[i].ok;
+    pthread_mutex_unlock(&probes_lock);
+    if (!probe)
+        return ok;
+    cx_gateway_timeout(gw, PROBE_TIMEOUT_MS);
+    ok = cx_gateway_kernelspecs(gw, &specs) == CX_OK; /* reachable, and takes our token */
+    cx_gateway_timeout(gw, 0);
+    json_decref(specs);
+    pthread_mutex_lock(&probes_lock);
+    if (probes[i].ok != ok)
+        cx_log_warn(0, "gateway %s is %s", gw->base, ok ? "usable again" : "not usable");
+    probes[i].ok = ok;
+    probes[i].at = cx_now_ms();
+    probes[i].probing = false;
+    pthread_mutex_unlock(&probes_lock);
+    return ok;
+}
+
+struct cx_gateway *
+cx_ctx_gateway(const struct cx_ctx *cx, const char *url)
+{
+    for (unsigned i = 0; i < cx->ngws; i++)
+        if (!strcmp(cx->gws[i]->base, url))
+            return cx->gws[i];
+    return NULL;
 }

@@ -7,7 +7,9 @@
 #define CX_GATEWAY_H
 
 #include <jansson.h>
+#include <stdbool.h>
 
+#include "ctx.h"
 #include "err.h"
 
 struct cx_gateway;
@@ -28,16 +30,16 @@ enum cx_err cx_gateway_call(struct cx_gateway *gw, const char *method, const cha
                             json_t *body, long *status, json_t **resp, char *msg,
                             size_t msglen) CX_MUSTCHECK;
 
-/* GET /api: CX_OK when the gateway answers 200 with a version. */
+/* GET /api/kernelspecs: CX_OK when the gateway answers 200 to our token. */
 enum cx_err cx_gateway_ping(struct cx_gateway *gw, char *msg, size_t msglen) CX_MUSTCHECK;
 
 /* The base URL and token this handle talks to (borrowed). */
 const char *cx_gateway_url(const struct cx_gateway *gw);
 const char *cx_gateway_token(const struct cx_gateway *gw);
 
-/* POST /api/kernels {"name", "path"}: id_out receives the kernel id. */
-enum cx_err cx_gateway_kernel_start(struct cx_gateway *gw, const char *name, const char *path,
-                                    char id_out[64], char *msg, size_t msglen) CX_MUSTCHECK;
+/* POST /api/kernels {"name"}: id_out receives the kernel id. */
+enum cx_err cx_gateway_kernel_start(struct cx_gateway *gw, const char *name, char id_out[64],
+                                    char *msg, size_t msglen) CX_MUSTCHECK;
 /* DELETE /api/kernels/{id}; a kernel that is already gone is not an error. */
 enum cx_err cx_gateway_kernel_delete(struct cx_gateway *gw, const char *id) CX_MUSTCHECK;
 /* POST /api/kernels/{id}/interrupt and /restart. CX_ERR_NOT_FOUND if gone. */
@@ -46,12 +48,22 @@ enum cx_err cx_gateway_kernel_restart(struct cx_gateway *gw, const char *id) CX_
 /* GET /api/kernels/{id}: *model (may be NULL) gets a new reference. */
 enum cx_err cx_gateway_kernel_get(struct cx_gateway *gw, const char *id,
                                   json_t **model) CX_MUSTCHECK;
+/* GET /api/kernels: *out gets a new reference to the array of models. */
+enum cx_err cx_gateway_kernel_list(struct cx_gateway *gw, json_t **out) CX_MUSTCHECK;
 /* GET /api/kernelspecs: *out gets a new reference. */
 enum cx_err cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out) CX_MUSTCHECK;
-/* Contents API: create a directory (existing is fine) / delete one with
- * everything in it (missing is fine). */
-enum cx_err cx_gateway_dir_create(struct cx_gateway *gw, const char *path, char *msg,
-                                  size_t msglen) CX_MUSTCHECK;
-enum cx_err cx_gateway_dir_delete(struct cx_gateway *gw, const char *path) CX_MUSTCHECK;
+
+/* The time limit of the handle's next calls, in ms; 0: the default (two
+ * minutes, for a kernel start on a loaded machine). */
+void cx_gateway_timeout(struct cx_gateway *gw, long ms);
+
+/* Whether the gateway should get new kernels: it answered its last probe
+ * (GET /api/kernelspecs with our token, 3 s at most), probed every 2 s at
+ * most per process, the answer shared by the threads. */
+bool cx_gateway_usable(struct cx_gateway *gw);
+
+/* The handle in cx of the gateway with this URL, or NULL when the
+ * configuration no longer lists it. */
+struct cx_gateway *cx_ctx_gateway(const struct cx_ctx *cx, const char *url);
 
 #endif

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "config.h"
 #include "db.h"
 #include "gateway.h"
 #include "health.h"
@@ -22,35 +23,62 @@ record(json_t *checks, const char *name, int failed, const char *msg, int *all_o
     json_object_set_new(checks, name, json_string(text));
 }
 
+/* One gateway: reachable, takes our token, has the kernelspec. msg says
+ * what failed. One call: GET /api/kernelspecs, 3 s at most (a hung gateway
+ * is a failed check, soon). */
+static enum cx_err
+check_gateway(struct cx_gateway *gw, const char *kernel_name, char *msg, size_t msglen)
+{
+    json_t *specs = NULL;
+    enum cx_err rc;
+
+    cx_gateway_timeout(gw, 3000);
+    rc = cx_gateway_kernelspecs(gw, &specs);
+    cx_gateway_timeout(gw, 0);
+    if (rc)
+        snprintf(msg, msglen, "GET /api/kernelspecs failed (gateway down, or our token refused)");
+    else if (!json_object_get(json_object_get(specs, "kernelspecs"), kernel_name)) {
+        snprintf(msg, msglen, "kernelspec \"%.64s\" not found on the gateway", kernel_name);
+        rc = CX_ERR_NOT_FOUND;
+    }
+    json_decref(specs);
+    return rc;
+}
+
+/* "gateway": ok while at least one gateway can take kernels; "gateways":
+ * each one's answer, by URL. */
+static void
+check_gateways(struct cx_ctx *cx, json_t *checks, int *ok)
+{
+    json_t *each = json_object();
+    char msg[CX_MSG_MAX], first[CX_MSG_MAX] = "";
+    unsigned usable = 0;
+
+    for (unsigned i = 0; i < cx->ngws; i++) {
+        int this_ok = 1;
+        msg[0] = '\0';
+        enum cx_err rc = check_gateway(cx->gws[i], cx->cfg->kernel_name, msg, sizeof(msg));
+        record(each, cx->cfg->gateways[i].url, rc != 0, msg, &this_ok);
+        usable += this_ok;
+        if (rc && !first[0])
+            snprintf(first, sizeof(first), "%s", msg);
+    }
+    record(checks, "gateway", usable == 0, first, ok);
+    json_object_set_new(checks, "gateways", each);
+}
+
 static bool
-check_now(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name, const char *storage_dir,
-          json_t **out)
+check_now(struct cx_ctx *cx, json_t **out)
 {
     char msg[CX_MSG_MAX];
     json_t *checks = json_object();
     int ok = 1, rc;
 
-    rc = cx_db_ping(db);
+    rc = cx_db_ping(cx->db);
     record(checks, "postgresql", rc != 0, "cannot query PostgreSQL", &ok);
+    check_gateways(cx, checks, &ok);
     msg[0] = '\0';
-    rc = cx_gateway_ping(gw, msg, sizeof(msg));
-    if (rc == CX_OK && kernel_name) {
-        /* GET /api answers without a token; this one proves ours works and
-         * that the kernelspec runs are started with exists. */
-        json_t *specs = NULL;
-        rc = cx_gateway_kernelspecs(gw, &specs);
-        if (rc)
-            snprintf(msg, sizeof(msg), "GET /api/kernelspecs refused (check gateway_token)");
-        else if (!json_object_get(json_object_get(specs, "kernelspecs"), kernel_name)) {
-            snprintf(msg, sizeof(msg), "kernelspec \"%.64s\" not found on the gateway",
-                     kernel_name);
-            rc = CX_ERR_NOT_FOUND;
-        }
-        json_decref(specs);
-    }
-    record(checks, "gateway", rc != 0, msg[0] ? msg : "gateway unreachable", &ok);
-    msg[0] = '\0';
-    rc = cx_storage_check_writable(storage_dir, msg, sizeof(msg));
+    rc = cx_storage_check_writable(cx->cfg->storage_dir, msg, sizeof(msg));
     record(checks, "storage", rc != 0, msg, &ok);
     *out = json_pack("{s:s,s:o}", "status", ok ? "ok" : "unavailable", "checks", checks);
     return ok;
@@ -71,8 +99,7 @@ static bool cached_ok, refreshing;
 static int64_t cached_at, refresh_started;
 
 bool
-cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name,
-                const char *storage_dir, json_t **out)
+cx_health_check(struct cx_ctx *cx, json_t **out)
 {
     json_t *fresh = NULL;
     bool ok;
@@ -82,7 +109,7 @@ cx_health_check(struct cx_db *db, struct cx_gateway *gw, const char *kernel_name
         refreshing = true;
         refresh_started = cx_now_ms();
         pthread_mutex_unlock(&cache_lock);
-        ok = check_now(db, gw, kernel_name, storage_dir, &fresh);
+        ok = check_now(cx, &fresh);
         pthread_mutex_lock(&cache_lock);
         if (fresh) {
             json_decref(cached);

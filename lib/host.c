@@ -1,5 +1,7 @@
 #include "host.h"
 
+#include <string.h>
+
 #include "config.h"
 #include "db.h"
 #include "gateway.h"
@@ -13,16 +15,23 @@ cx_host_ctx_open(struct cx_ctx *cx, const struct cx_config *cfg, const struct cx
 
     *cx = (struct cx_ctx){.cfg = cfg, .auth = auth};
     rc = cx_db_new(cfg->database, &cx->db);
-    if (rc == CX_OK)
-        rc = cx_gateway_new(cfg->gateway_url, cfg->gateway_token, &cx->gw);
+    for (unsigned i = 0; rc == CX_OK && i < cfg->ngateways; i++) {
+        rc = cx_gateway_new(cfg->gateways[i].url, cfg->gateways[i].token, &cx->gws[i]);
+        if (rc == CX_OK)
+            cx->ngws++;
+    }
+    cx->gw = cx->gws[0];
     return rc;
 }
 
 void
 cx_host_ctx_close(struct cx_ctx *cx)
 {
-    cx_gateway_free(cx->gw);
+    for (unsigned i = 0; i < cx->ngws; i++)
+        cx_gateway_free(cx->gws[i]);
     cx_db_free(cx->db);
+    memset(cx->gws, 0, sizeof(cx->gws));
+    cx->ngws = 0;
     cx->gw = NULL;
     cx->db = NULL;
 }

@@ -27,12 +27,25 @@ struct cx_kernel_conn {
     struct cx_ws *ws;
     struct cx_buf msg;
     int64_t last_used_us;
+    int64_t drained_us; /* the ticker's last drain of it */
     uint64_t messages;
+    bool forget; /* its kernel was deleted while it was being drained */
 };
 
+/* At most one connection per kernel in this process: runs of one
+ * conversation never overlap, a connection goes back to the pool after its
+ * run, and the one the ticker drains is out of the pool only while a run
+ * that wants it waits for it (draining, drained). */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct cx_kernel_conn *pool;
+static pthread_cond_t drained = PTHREAD_COND_INITIALIZER;
+static struct cx_kernel_conn *pool, *draining;
 static int pool_len;
+
+static bool
+same_kernel(const struct cx_kernel_conn *c, const char *gateway_url, const char *kernel_id)
+{
+    return !strcmp(c->kernel_id, kernel_id) && !strcmp(c->gateway_url, gateway_url);
+}
 
 void
 cx_kernel_conn_free(struct cx_kernel_conn *c)
@@ -51,21 +64,26 @@ pool_take(const char *gateway_url, const char *kernel_id)
     int64_t now = cx_now_us();
 
     pthread_mutex_lock(&pool_lock);
-    for (pp = &pool; (c = *pp);) {
-        if (now - c->last_used_us > POOL_IDLE_US) {
-            *pp = c->next;
-            pool_len--;
-            c->next = stale;
-            stale = c;
-            continue;
+    for (;;) {
+        for (pp = &pool; (c = *pp);) {
+            if (now - c->last_used_us > POOL_IDLE_US) {
+                *pp = c->next;
+                pool_len--;
+                c->next = stale;
+                stale = c;
+                continue;
+            }
+            if (same_kernel(c, gateway_url, kernel_id)) {
+                *pp = c->next;
+                pool_len--;
+                c->next = NULL;
+                break;
+            }
+            pp = &c->next;
         }
-        if (!strcmp(c->kernel_id, kernel_id) && !strcmp(c->gateway_url, gateway_url)) {
-            *pp = c->next;
-            pool_len--;
-            c->next = NULL;
+        if (c || !draining || !same_kernel(draining, gateway_url, kernel_id))
             break;
-        }
-        pp = &c->next;
+        pthread_cond_wait(&drained, &pool_lock); /* a few ms: the ticker has it */
     }
     pthread_mutex_unlock(&pool_lock);
     while (stale) {
@@ -160,22 +178,41 @@ cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kern
     return CX_OK;
 }
 
-/* Puts a live connection in the pool (as it is: last_used_us unchanged), or
- * frees it when it is broken or the pool is full. */
+/* Under pool_lock: puts a live connection in the pool, replacing one to
+ * the same kernel (the newer has read its run's messages; the older may
+ * hold them unread). Returns what the caller frees: the one replaced, or c
+ * itself when it is broken or the pool is full. */
+static struct cx_kernel_conn *
+pool_push_locked(struct cx_kernel_conn *c)
+{
+    struct cx_kernel_conn **pp, *old;
+
+    if (!cx_ws_alive(c->ws))
+        return c;
+    for (pp = &pool; (old = *pp); pp = &old->next)
+        if (same_kernel(old, c->gateway_url, c->kernel_id)) {
+            *pp = old->next;
+            pool_len--;
+            old->next = NULL;
+            break;
+        }
+    if (pool_len >= POOL_MAX)
+        return c; /* (old is NULL: taking it out made room) */
+    c->next = pool;
+    pool = c;
+    pool_len++;
+    return old;
+}
+
 static void
 pool_push(struct cx_kernel_conn *c)
 {
-    if (cx_ws_alive(c->ws)) {
-        pthread_mutex_lock(&pool_lock);
-        if (pool_len < POOL_MAX) {
-            c->next = pool;
-            pool = c;
-            pool_len++;
-            c = NULL;
-        }
-        pthread_mutex_unlock(&pool_lock);
-    }
-    cx_kernel_conn_free(c);
+    struct cx_kernel_conn *extra;
+
+    pthread_mutex_lock(&pool_lock);
+    extra = pool_push_locked(c);
+    pthread_mutex_unlock(&pool_lock);
+    cx_kernel_conn_free(extra);
 }
 
 /* Empties the pool; the caller owns the returned list. */
@@ -215,6 +252,8 @@ cx_kernel_pool_forget(const char *kernel_id)
                 pool_len--;
                 break;
             }
+        if (draining && !strcmp(draining->kernel_id, kernel_id))
+            draining->forget = true; /* the ticker frees it */
         pthread_mutex_unlock(&pool_lock);
         if (!c)
             return;
@@ -222,21 +261,47 @@ cx_kernel_pool_forget(const char *kernel_id)
     }
 }
 
+/* Under pool_lock: takes the first connection not drained since start. */
+static struct cx_kernel_conn *
+take_undrained(int64_t start)
+{
+    struct cx_kernel_conn **pp, *c;
+
+    for (pp = &pool; (c = *pp); pp = &c->next)
+        if (c->drained_us < start) {
+            *pp = c->next;
+            pool_len--;
+            c->next = NULL;
+            return c;
+        }
+    return NULL;
+}
+
 void
 cx_kernel_pool_drain_idle(void)
 {
-    /* Out of the pool while they are read: a run that wants one meanwhile
-     * opens another connection. */
-    struct cx_kernel_conn *list = pool_take_all(), *c;
+    int64_t start = cx_now_us();
+    struct cx_kernel_conn *c, *extra;
 
-    while ((c = list)) {
-        list = c->next;
-        if (cx_now_us() - c->last_used_us <= POOL_IDLE_US && cx_kernel_drain(c, 0) &&
-            cx_ws_alive(c->ws)) {
-            pool_push(c); /* back, keeping its idle time */
-        } else {
-            cx_kernel_conn_free(c); /* idle too long, gone, or talking without end */
-        }
+    /* One at a time, out of the pool only while it is read; a run that wants
+     * it meanwhile waits for it rather than open another connection. */
+    for (;;) {
+        bool keep;
+
+        pthread_mutex_lock(&pool_lock);
+        c = draining = take_undrained(start);
+        pthread_mutex_unlock(&pool_lock);
+        if (!c)
+            return;
+        keep = cx_now_us() - c->last_used_us <= POOL_IDLE_US && cx_kernel_drain(c, 0) &&
+               cx_ws_alive(c->ws);
+        pthread_mutex_lock(&pool_lock);
+        draining = NULL;
+        c->drained_us = cx_now_us();
+        extra = keep && !c->forget ? pool_push_locked(c) : c; /* idle too long, gone, talking */
+        pthread_cond_broadcast(&drained);
+        pthread_mutex_unlock(&pool_lock);
+        cx_kernel_conn_free(extra);
     }
 }
 

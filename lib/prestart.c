@@ -35,9 +35,10 @@ static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
 static bool kicked, shut;
 
 enum cx_err
-cx_prestart_claim(struct cx_ctx *cx, char id_out[37], char kernel_out[64], bool *got)
+cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, char id_out[37], char kernel_out[64],
+                  bool *got)
 {
-    const char *p[2] = {cx_gateway_url(cx->gw), cx->cfg->kernel_name};
+    const char *p[2] = {gateway_url, cx->cfg->kernel_name};
     PGresult *r = NULL;
     enum cx_err rc;
 
@@ -107,14 +108,11 @@ shutting_down(void)
 
 /* Deletes a pooled kernel whose row we removed (or never inserted). */
 static void
-discard(struct cx_ctx *cx, const char *id, const char *kernel_id)
+discard(struct cx_ctx *cx, const char *kernel_id)
 {
-    char ws[CX_WORKSPACE_MAX];
-
-    cx_session_workspace_name(id, ws);
     cx_kernel_pool_forget(kernel_id);
-    if (cx_gateway_kernel_delete(cx->gw, kernel_id) || cx_gateway_dir_delete(cx->gw, ws))
-        cx_log_warn(0, "could not delete pooled kernel %s or its workspace", kernel_id);
+    if (cx_gateway_kernel_delete(cx->gw, kernel_id))
+        cx_log_warn(0, "could not delete pooled kernel %s", kernel_id);
 }
 
 /* Removes the row, then the kernel, unless a claim got there first. */
@@ -126,7 +124,7 @@ take(struct cx_ctx *cx, const char *id)
     enum cx_err rc = cx_db_exec(cx->db, &q_take, p, &r);
 
     if (rc == CX_OK && PQntuples(r) == 1)
-        discard(cx, id, PQgetvalue(r, 0, 0));
+        discard(cx, PQgetvalue(r, 0, 0));
     PQclear(r);
     return rc;
 }
@@ -208,13 +206,13 @@ warm_ok(const struct cx_exec *e)
     return status && !strcmp(status, "ok");
 }
 
-/* Starts a kernel in a new workspace and waits until it has run a silent
+/* Starts a kernel and waits until it has run a silent
  * cell with the preload and the capture, so that its first real run does
  * not wait for its start-up. */
 static enum cx_err
 start_one(struct cx_ctx *cx)
 {
-    char id[37], ws[CX_WORKSPACE_MAX], kid[64], msg[CX_MSG_MAX];
+    char id[37], kid[64], msg[CX_MSG_MAX];
     const char *p[4] = {id, cx_gateway_url(cx->gw), cx->cfg->kernel_name, kid};
     struct cx_kernel_conn *c = NULL;
     struct cx_exec e = {.silent = true};
@@ -224,16 +222,9 @@ start_one(struct cx_ctx *cx)
     enum cx_err rc;
 
     cx_uuid_generate(id);
-    cx_session_workspace_name(id, ws);
-    rc = cx_gateway_dir_create(cx->gw, ws, msg, sizeof(msg));
+    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, kid, msg, sizeof(msg));
     if (rc)
         return rc;
-    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, ws, kid, msg, sizeof(msg));
-    if (rc) {
-        if (cx_gateway_dir_delete(cx->gw, ws))
-            cx_log_warn(0, "could not delete workspace of a failed pooled kernel");
-        return rc;
-    }
     rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
                              sizeof(msg));
     if (rc == CX_OK) {
@@ -269,15 +260,26 @@ start_one(struct cx_ctx *cx)
     if (rc == CX_OK)
         rc = cx_db_exec(cx->db, &q_add, p, NULL);
     if (rc) {
-        discard(cx, id, kid);
+        discard(cx, kid);
         return rc;
     }
     cx_log_info("pooled kernel %s ready in %lldms", kid, (long long)(cx_now_us() - t0) / 1000);
     return CX_OK;
 }
 
-enum cx_err
-cx_prestart_fill(struct cx_ctx *cx, int *started)
+/* Whether the gateway (cx->gw) has room in its budget for one more. */
+static bool
+room_for_one(struct cx_ctx *cx, unsigned max)
+{
+    long used = 0;
+
+    return cx_session_gateway_kernels(cx, cx_gateway_url(cx->gw), &used) == CX_OK &&
+           used < (long)max;
+}
+
+/* The pool of one gateway (cx->gw), within its budget. */
+static enum cx_err
+fill_gateway(struct cx_ctx *cx, unsigned max, int *started)
 {
     const char *p[1] = {cx_gateway_url(cx->gw)};
     PGresult *r = NULL;
@@ -285,7 +287,6 @@ cx_prestart_fill(struct cx_ctx *cx, int *started)
     int have;
     bool got;
 
-    *started = 0;
     rc = cx_db_exec(cx->db, &q_fill_lock, p, &r);
     if (rc)
         return rc;
@@ -295,7 +296,8 @@ cx_prestart_fill(struct cx_ctx *cx, int *started)
         return CX_OK; /* another process is refilling */
     have = prune(cx);
     rc = have < 0 ? CX_ERR_DB : CX_OK;
-    while (rc == CX_OK && (unsigned)have < cx->cfg->kernel_pool_size && !shutting_down()) {
+    while (rc == CX_OK && (unsigned)have < cx->cfg->kernel_pool_size && !shutting_down() &&
+           room_for_one(cx, max)) {
         rc = start_one(cx);
         if (rc) {
             cx_log_warn(0, "could not start a pooled kernel: %s", cx_strerror(rc));
@@ -310,18 +312,45 @@ cx_prestart_fill(struct cx_ctx *cx, int *started)
 }
 
 enum cx_err
+cx_prestart_fill(struct cx_ctx *cx, int *started)
+{
+    struct cx_gateway *first = cx->gw;
+    enum cx_err rc = CX_OK;
+
+    *started = 0;
+    for (unsigned i = 0; i < cx->ngws; i++) {
+        enum cx_err r;
+        cx->gw = cx->gws[i]; /* the gateway the calls below are about */
+        if (!cx_gateway_usable(cx->gw))
+            continue;
+        r = fill_gateway(cx, cx->cfg->gateways[i].max_kernels, started);
+        if (rc == CX_OK)
+            rc = r;
+    }
+    cx->gw = first;
+    return rc;
+}
+
+enum cx_err
 cx_prestart_drain(struct cx_ctx *cx, int *deleted)
 {
-    const char *p[1] = {cx_gateway_url(cx->gw)};
-    PGresult *r = NULL;
-    enum cx_err rc = cx_db_exec(cx->db, &q_list, p, &r);
+    struct cx_gateway *first = cx->gw;
+    enum cx_err rc = CX_OK;
 
     *deleted = 0;
-    for (int i = 0; rc == CX_OK && i < PQntuples(r); i++) {
-        rc = take(cx, PQgetvalue(r, i, 0));
-        if (rc == CX_OK)
-            (*deleted)++;
+    for (unsigned g = 0; rc == CX_OK && g < cx->ngws; g++) {
+        const char *p[1] = {cx->cfg->gateways[g].url};
+        PGresult *r = NULL;
+
+        cx->gw = cx->gws[g];
+        rc = cx_db_exec(cx->db, &q_list, p, &r);
+        for (int i = 0; rc == CX_OK && i < PQntuples(r); i++) {
+            rc = take(cx, PQgetvalue(r, i, 0));
+            if (rc == CX_OK)
+                (*deleted)++;
+        }
+        PQclear(r);
     }
-    PQclear(r);
+    cx->gw = first;
     return rc;
 }

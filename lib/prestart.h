@@ -16,11 +16,11 @@
 #include "ctx.h"
 #include "err.h"
 
-/* Inside the caller's transaction: takes the oldest pooled kernel of this
+/* Inside the caller's transaction: takes the oldest pooled kernel of the
  * gateway and kernelspec. *got is false when none is ready (not an error).
- * id_out becomes the session's id; its workspace is "w-" + id. */
-enum cx_err cx_prestart_claim(struct cx_ctx *cx, char id_out[37], char kernel_out[64],
-                              bool *got) CX_MUSTCHECK;
+ * id_out becomes the session's id. */
+enum cx_err cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, char id_out[37],
+                              char kernel_out[64], bool *got) CX_MUSTCHECK;
 
 /* Wakes the refilling thread (after a claim). */
 void cx_prestart_kick(void);
@@ -30,13 +30,14 @@ void cx_prestart_kick(void);
 bool cx_prestart_wait(unsigned seconds);
 void cx_prestart_shutdown(void);
 
-/* Drops pooled kernels the gateway no longer knows and any above
- * kernel_pool_size, then starts kernels (each warmed with the preload and
- * the capture) until the pool is full or shutdown. Does nothing when
- * another process is refilling. *started counts new kernels. */
+/* For each usable gateway: drops pooled kernels it no longer knows and any
+ * above kernel_pool_size, then starts kernels (each warmed with the preload
+ * and the capture) until the pool is full, the gateway's budget
+ * (max_kernels) is spent, or shutdown. Skips a gateway another process is
+ * refilling. *started counts new kernels. */
 enum cx_err cx_prestart_fill(struct cx_ctx *cx, int *started) CX_MUSTCHECK;
 
-/* Deletes every pooled kernel of this gateway (codexec-admin pool drain);
+/* Deletes every pooled kernel of every gateway (codexec-admin pool drain);
  * *deleted counts them. */
 enum cx_err cx_prestart_drain(struct cx_ctx *cx, int *deleted) CX_MUSTCHECK;
 

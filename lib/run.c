@@ -150,7 +150,7 @@ replace_kernel(struct run *r, char *msg, size_t msglen)
 static enum cx_err
 connect_kernel(struct run *r, char *msg, size_t msglen)
 {
-    const char *url = cx_gateway_url(r->cx->gw), *token = cx_gateway_token(r->cx->gw);
+    const char *url = cx_gateway_url(r->s.gw), *token = cx_gateway_token(r->s.gw);
     enum cx_err rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->st.conn, msg, msglen);
 
     if (rc == CX_ERR_NOT_FOUND) {
@@ -159,6 +159,7 @@ connect_kernel(struct run *r, char *msg, size_t msglen)
             rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->st.conn, msg, msglen);
     }
     r->st.kernel_id = r->s.kernel_id;
+    r->st.gw = r->s.gw;
     return rc ? CX_ERR_GATEWAY : CX_OK;
 }
 
@@ -216,7 +217,7 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
         /* The conversation's lock went with the connection: the cell is
          * interrupted, as it may no longer run unguarded. */
         snprintf(msg, msglen, "the database connection was lost during the run; retry later");
-        if (cx_gateway_kernel_interrupt(r->cx->gw, r->s.kernel_id))
+        if (cx_gateway_kernel_interrupt(r->s.gw, r->s.kernel_id))
             cx_log_warn(0, "run %s: interrupt after losing the lock failed", r->id);
         cx_runexec_drop_conn(st);
         return CX_ERR_DB;

@@ -148,7 +148,7 @@ count_output(struct cx_runexec *st, size_t n)
     st->truncated = true;
     if (!st->interrupted) {
         st->interrupted = true;
-        if (cx_gateway_kernel_interrupt(st->cx->gw, st->kernel_id))
+        if (cx_gateway_kernel_interrupt(st->gw, st->kernel_id))
             cx_log_warn(0, "interrupt after the output limit failed");
     }
 }
@@ -315,7 +315,7 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
             return CX_OK;
         }
         if (!st->any_message) {
-            rc = cx_gateway_kernel_get(st->cx->gw, s->kernel_id, NULL);
+            rc = cx_gateway_kernel_get(s->gw, s->kernel_id, NULL);
             if (rc == CX_ERR_NOT_FOUND)
                 return rc;
         }
@@ -336,7 +336,7 @@ wait_run(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, int 
     if (rc == CX_ERR_TIMEOUT) {
         st->events |= CX_EVENT(CX_OUTCOME_TIMEOUT);
         cx_log_info("run timed out; interrupting");
-        rc = cx_gateway_kernel_interrupt(st->cx->gw, s->kernel_id);
+        rc = cx_gateway_kernel_interrupt(s->gw, s->kernel_id);
         if (rc == CX_ERR_NOT_FOUND)
             return rc;
         if (rc)

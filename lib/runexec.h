@@ -49,10 +49,13 @@ void cx_tail_init(struct cx_tail *t, unsigned chars);
 /* The last chars code points, starting on a character boundary (borrowed). */
 const char *cx_tail_text(struct cx_tail *t, unsigned chars);
 
+struct cx_gateway;
+
 struct cx_runexec {
     struct cx_ctx *cx;
     struct cx_kernel_conn *conn; /* owned while set */
     const char *kernel_id;       /* borrowed from the session */
+    struct cx_gateway *gw;       /* the session's gateway (borrowed) */
     struct cx_tail out, err;
     uint64_t output_bytes;
     unsigned events;     /* CX_EVENT() bits of enum cx_outcome */

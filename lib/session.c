@@ -48,17 +48,42 @@ CX_SQL(q_insert, 6,
 CX_SQL(q_set_kernel, 3,
        "UPDATE sessions SET kernel_id = $2, gateway_url = $3, kernel_fresh = true"
        " WHERE id = $1::uuid");
+/* A gateway's kernels: sessions that have one (or are starting one: an
+ * empty kernel_id, the reservation) and pooled ones. */
+#define GW_KERNELS(url)                                                                            \
+    "(SELECT count(*) FROM sessions WHERE gateway_url = " url " AND kernel_id IS NOT NULL) +"      \
+    " (SELECT count(*) FROM prestarted_kernels WHERE gateway_url = " url ")"
+CX_SQL(q_gw_lock, 1,
+       "SELECT pg_advisory_xact_lock(hashtextextended('gateway' || E'\\n' || $1, 4))");
+CX_SQL(q_gw_count, 1, "SELECT " GW_KERNELS("$1"));
+CX_SQL(q_reserve, 2, "UPDATE sessions SET kernel_id = '', gateway_url = $2 WHERE id = $1::uuid");
+CX_SQL(q_idle_any, 2,
+       "SELECT user_id, conversation_id FROM sessions WHERE gateway_url = $1"
+       " AND kernel_id IS NOT NULL AND kernel_id <> '' AND id <> $2::uuid"
+       " ORDER BY last_used_at LIMIT 64");
 CX_SQL(q_release, 3,
        "UPDATE sessions SET kernel_fresh = $2::boolean, capture_rescan = $3::boolean,"
        " last_used_at = now() WHERE id = $1::uuid");
 CX_SQL(q_get, 2,
-       "SELECT id, coalesce(kernel_id, ''), workspace FROM sessions"
+       "SELECT id, coalesce(kernel_id, ''), gateway_url FROM sessions"
        " WHERE user_id = $1 AND conversation_id = $2");
 CX_SQL(q_delete, 1, "DELETE FROM sessions WHERE id = $1::uuid");
 CX_SQL(q_expired, 1,
-       "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), workspace FROM sessions"
+       "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), gateway_url FROM sessions"
        " WHERE expires_at < now() AND (cleanup_after IS NULL OR cleanup_after < now())"
        " ORDER BY expires_at LIMIT $1::int");
+
+enum cx_err
+cx_session_gateway_kernels(struct cx_ctx *cx, const char *gateway_url, long *count)
+{
+    const char *p[1] = {gateway_url};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_gw_count, p, &r);
+
+    *count = rc == CX_OK ? strtol(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+    PQclear(r);
+    return rc;
+}
 
 void
 cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX])
@@ -113,51 +138,47 @@ unlock_conversation(struct cx_ctx *cx, const char *user, const char *cid)
     cx_db_unpin(cx->db);
 }
 
-/* A cleanup that failed is tried again later, each time later still (30 s,
- * 1 min, 2 min, ... an hour), so that no session holds up the reaping of
- * the others. The row stays, without its kernel when that is gone, and is
- * due for the reaper. */
-CX_SQL(q_defer, 2,
-       "UPDATE sessions SET kernel_id = CASE WHEN $2::boolean THEN NULL ELSE kernel_id END,"
+/* A cleanup that failed (the gateway could not delete the kernel) is tried
+ * again later, each time later still (30 s, 1 min, 2 min, ... an hour), so
+ * that no session holds up the reaping of the others. The row stays, due
+ * for the reaper. */
+CX_SQL(q_defer, 1,
+       "UPDATE sessions SET"
        " expires_at = least(expires_at, now()), cleanup_failures = cleanup_failures + 1,"
        " cleanup_after = now() + make_interval(secs => least(3600,"
        " 30 * power(2, least(cleanup_failures, 7)))::int) WHERE id = $1::uuid");
 
 static enum cx_err
-defer(struct cx_ctx *cx, const char *id, bool kernel_gone, enum cx_err why)
+defer(struct cx_ctx *cx, const char *id, enum cx_err why)
 {
-    const char *p[2] = {id, kernel_gone ? "true" : "false"};
+    const char *p[1] = {id};
 
-    cx_log_warn(0, "session %s: %s failed (%s); retried later", id,
-                kernel_gone ? "deleting its workspace" : "deleting its kernel", cx_strerror(why));
+    cx_log_warn(0, "session %s: deleting its kernel failed (%s); retried later", id,
+                cx_strerror(why));
     if (cx_db_exec(cx->db, &q_defer, p, NULL))
         cx_log_warn(0, "session %s: could not record the failed cleanup", id);
     return why;
 }
 
-/* Deletes kernel, workspace and (unless keep_row) the row of a session
- * whose lock we hold. Nothing runs in the session's kernel: it is deleted
- * first (the sandbox's workspace is a tmpfs that goes with it), then the
- * workspace directory on the gateway. What fails is retried later;
- * *deferred: only the directory is left, for the reaper. */
+/* Deletes the kernel and (unless keep_row) the row of a session whose lock
+ * we hold. Nothing runs in the session's kernel: the sandbox's workspace is
+ * a tmpfs that goes with it. When the gateway fails, the row stays (due for
+ * the reaper) and the cleanup is retried later. */
 static enum cx_err
-close_locked(struct cx_ctx *cx, const char *id, const char *kernel_id, const char *workspace,
-             bool keep_row, bool *deferred)
+close_locked(struct cx_ctx *cx, const char *id, const char *kernel_id, const char *gateway_url,
+             bool keep_row)
 {
+    struct cx_gateway *gw = cx_ctx_gateway(cx, gateway_url);
     const char *p[1] = {id};
     enum cx_err rc;
 
-    *deferred = false;
-    if (kernel_id && *kernel_id) {
+    /* (A gateway the configuration no longer lists: its kernels are not
+     * codexec's to reach any more.) */
+    if (kernel_id && *kernel_id && gw) {
         cx_kernel_pool_forget(kernel_id);
-        rc = cx_gateway_kernel_delete(cx->gw, kernel_id);
+        rc = cx_gateway_kernel_delete(gw, kernel_id);
         if (rc)
-            return defer(cx, id, false, rc);
-    }
-    rc = cx_gateway_dir_delete(cx->gw, workspace);
-    if (rc && !keep_row) {
-        *deferred = true; /* the kernel is gone; the rest is the reaper's */
-        return defer(cx, id, true, rc);
+            return defer(cx, id, rc);
     }
     rc = cx_db_exec(cx->db, keep_row ? &q_evicted : &q_delete, p, NULL);
     if (rc == CX_OK)
@@ -171,13 +192,12 @@ close_by_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool
     const char *p[2] = {user, cid};
     PGresult *r = NULL;
     enum cx_err rc = cx_db_exec_row(cx->db, &q_get, p, &r);
-    bool deferred = false;
 
     if (rc == CX_OK)
         rc = close_locked(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
-                          keep_row, &deferred);
+                          keep_row);
     PQclear(r);
-    return deferred ? CX_OK : rc; /* closed but for its directory: the reaper's */
+    return rc;
 }
 
 /* At the cap: close the least recently used session that no run holds. */
@@ -222,17 +242,17 @@ make_room(struct cx_ctx *cx, const char *user, const char *cid)
 static enum cx_err
 start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
 {
-    const char *p[3] = {s->id, NULL, cx_gateway_url(cx->gw)};
+    const char *p[3] = {s->id, NULL, s->gateway_url};
     char kid[64];
     enum cx_err rc;
 
-    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, s->workspace, kid, msg, msglen);
+    rc = cx_gateway_kernel_start(s->gw, cx->cfg->kernel_name, kid, msg, msglen);
     if (rc)
         return rc;
     p[1] = kid;
     rc = cx_db_exec(cx->db, &q_set_kernel, p, NULL);
     if (rc) {
-        if (cx_gateway_kernel_delete(cx->gw, kid))
+        if (cx_gateway_kernel_delete(s->gw, kid))
             cx_log_warn(0, "could not delete kernel %s after a database error", kid);
         return rc;
     }
@@ -266,13 +286,13 @@ static enum cx_err
 create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, bool *got)
 {
     char kid[64];
-    const char *k[3] = {s->id, kid, cx_gateway_url(cx->gw)};
+    const char *k[3] = {s->id, kid, s->gateway_url};
     enum cx_err rc;
 
     rc = cx_db_begin(cx->db);
     if (rc)
         return rc;
-    rc = cx_prestart_claim(cx, s->id, kid, got);
+    rc = cx_prestart_claim(cx, s->gateway_url, s->id, kid, got);
     if (rc || !*got)
         goto fail;
     rc = insert_row(cx, s, p);
@@ -339,18 +359,138 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
     return rc;
 }
 
+/* The usable gateway with the most room in its budget, into s; *room is
+ * that room (0 or less: full). CX_ERR_GATEWAY when none is usable. */
+static enum cx_err
+pick_gateway(struct cx_ctx *cx, struct cx_session *s, long *room, unsigned *max)
+{
+    int at = -1;
+
+    for (unsigned i = 0; i < cx->ngws; i++) {
+        const char *p[1] = {cx->cfg->gateways[i].url};
+        PGresult *r = NULL;
+        long free_;
+
+        if (!cx_gateway_usable(cx->gws[i]))
+            continue;
+        if (cx_db_exec(cx->db, &q_gw_count, p, &r))
+            return CX_ERR_DB;
+        free_ = (long)cx->cfg->gateways[i].max_kernels - strtol(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+        if (at < 0 || free_ > *room) {
+            at = (int)i;
+            *room = free_;
+        }
+    }
+    if (at < 0)
+        return CX_ERR_GATEWAY;
+    s->gw = cx->gws[at];
+    *max = cx->cfg->gateways[at].max_kernels;
+    snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", cx->cfg->gateways[at].url);
+    return CX_OK;
+}
+
+/* Counts the gateway's kernels and, under its budget, marks the session
+ * as starting one there (an empty kernel_id counts): one step under the
+ * gateway's lock, so no two starts take the last place. */
+static enum cx_err
+reserve(struct cx_ctx *cx, struct cx_session *s, unsigned max, bool *got)
+{
+    const char *g[1] = {s->gateway_url}, *u[2] = {s->id, s->gateway_url};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_begin(cx->db);
+
+    *got = false;
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_gw_lock, g, NULL);
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_gw_count, g, &r);
+    if (rc == CX_OK && strtol(PQgetvalue(r, 0, 0), NULL, 10) < (long)max) {
+        *got = true;
+        rc = cx_db_exec(cx->db, &q_reserve, u, NULL);
+    }
+    PQclear(r);
+    if (rc == CX_OK && *got)
+        return cx_db_commit(cx->db);
+    cx_db_rollback(cx->db);
+    return rc;
+}
+
+/* At the gateway's budget: closes its least recently used idle session, of
+ * any user (its owner's next run says session.reset). CX_ERR_CAPACITY when
+ * every session there is busy. */
+static enum cx_err
+evict_any(struct cx_ctx *cx, const struct cx_session *s)
+{
+    const char *p[2] = {s->gateway_url, s->id};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_idle_any, p, &r);
+
+    if (rc)
+        return rc;
+    rc = CX_ERR_CAPACITY;
+    for (int i = 0; i < PQntuples(r) && rc == CX_ERR_CAPACITY; i++) {
+        const char *user = PQgetvalue(r, i, 0), *cid = PQgetvalue(r, i, 1);
+        bool got;
+
+        if (try_lock(cx, user, cid, &got) || !got)
+            continue; /* a run holds it */
+        if (close_by_conversation(cx, user, cid, true) == CX_OK) {
+            cx_log_info("a gateway at its kernel budget: closed the least recently used idle "
+                        "session");
+            rc = CX_OK;
+        }
+        unlock_conversation(cx, user, cid);
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* A place for a new kernel of s (whose row exists): a usable gateway with
+ * room, made by evicting idle sessions when every budget is spent. */
+static enum cx_err
+place(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
+{
+    for (int attempt = 0; attempt < 4; attempt++) {
+        long room = 0;
+        unsigned max = 0;
+        bool got = false;
+        enum cx_err rc = pick_gateway(cx, s, &room, &max);
+
+        if (rc == CX_ERR_GATEWAY)
+            snprintf(msg, msglen, "no gateway is usable; retry later");
+        if (rc)
+            return rc;
+        if (room > 0) {
+            rc = reserve(cx, s, max, &got);
+            if (rc || got)
+                return rc;
+        }
+        rc = evict_any(cx, s);
+        if (rc == CX_ERR_CAPACITY)
+            snprintf(msg, msglen,
+                     "every gateway is at its kernel budget and no session is idle; retry later");
+        if (rc)
+            return rc;
+    }
+    snprintf(msg, msglen, "no room for a kernel now; retry later");
+    return CX_ERR_CAPACITY;
+}
+
 static enum cx_err
 create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
 {
     char ttl_s[16];
-    const char *p[6] = {s->id, s->user,     s->conversation_id, cx_gateway_url(cx->gw),
-                        ttl_s, s->workspace};
+    const char *p[6] = {s->id, s->user, s->conversation_id, s->gateway_url, ttl_s, s->workspace};
     enum cx_err rc = room_begin(cx, s, msg, msglen);
+    long room = 0;
+    unsigned max = 0;
 
     if (rc)
         return rc;
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
-    if (cx->cfg->kernel_pool_size > 0) {
+    /* a pooled kernel is counted in its gateway's budget already */
+    if (cx->cfg->kernel_pool_size > 0 && pick_gateway(cx, s, &room, &max) == CX_OK) {
         bool got = false;
         rc = create_from_pool(cx, s, p, &got);
         cx_prestart_kick(); /* taken, or wanted: the pool refills */
@@ -358,21 +498,53 @@ create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t 
             goto out;
     }
     cx_uuid_generate(s->id);
+    snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", cx->cfg->gateways[0].url);
     rc = insert_row(cx, s, p);
     if (rc)
         goto out;
-    rc = cx_gateway_dir_create(cx->gw, s->workspace, msg, msglen);
+    rc = place(cx, s, msg, msglen);
     if (rc == CX_OK)
         rc = start_kernel(cx, s, msg, msglen);
     if (rc) {
         const char *d[1] = {s->id};
-        if (cx_gateway_dir_delete(cx->gw, s->workspace) || cx_db_exec(cx->db, &q_delete, d, NULL))
+        if (cx_db_exec(cx->db, &q_delete, d, NULL))
             cx_log_warn(0, "cleanup of session %s after a failed start failed", s->id);
         goto out;
     }
     s->created = true;
     cx_log_info("session %s created", s->id);
 out:
+    room_end(cx, s);
+    return rc;
+}
+
+/* A kernel for a session that has none (evicted, a start that failed
+ * half-way) or whose gateway is no longer usable: on a gateway with room,
+ * within the user's cap. Its state is gone: s->reset. */
+static enum cx_err
+move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
+{
+    struct cx_gateway *old_gw = s->gw;
+    char old[64];
+    enum cx_err rc = room_begin(cx, s, msg, msglen);
+
+    if (rc)
+        return rc;
+    snprintf(old, sizeof(old), "%s", s->kernel_id);
+    if (old[0] && old_gw) {
+        cx_kernel_pool_forget(old);
+        /* (unusable: its reconciler deletes it once it is back) */
+        if (cx_gateway_usable(old_gw) && cx_gateway_kernel_delete(old_gw, old))
+            cx_log_warn(0, "could not delete the kernel %s left behind", old);
+    }
+    s->kernel_id[0] = '\0';
+    rc = place(cx, s, msg, msglen);
+    if (rc == CX_OK)
+        rc = start_kernel(cx, s, msg, msglen);
+    if (rc == CX_OK) {
+        s->reset = true;
+        cx_log_info("session %s: kernel started again", s->id);
+    }
     room_end(cx, s);
     return rc;
 }
@@ -415,21 +587,14 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
     s->kernel_fresh = PQgetvalue(r, 0, 3)[0] == 't';
     s->capture_rescan = PQgetvalue(r, 0, 6)[0] == 't';
     snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 5));
-    got = strcmp(PQgetvalue(r, 0, 4), cx_gateway_url(cx->gw)) == 0;
+    snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", PQgetvalue(r, 0, 4));
     PQclear(r);
-    if (!s->kernel_id[0]) {
-        /* Evicted, or a creation that failed half-way: a kernel again,
-         * within the user's cap like a new session. */
-        rc = room_begin(cx, s, msg, msglen);
+    s->gw = cx_ctx_gateway(cx, s->gateway_url);
+    if (!s->kernel_id[0] || !s->gw || !cx_gateway_usable(s->gw)) {
+        rc = move_kernel(cx, s, msg, msglen);
         if (rc)
             goto fail;
-        rc = cx_session_replace_kernel(cx, s, msg, msglen);
-        room_end(cx, s);
-    } else if (!got) {
-        rc = cx_session_replace_kernel(cx, s, msg, msglen); /* on another gateway */
     }
-    if (rc)
-        goto fail;
     return CX_OK;
 fail:
     cx_session_release(cx, s);
@@ -460,12 +625,10 @@ cx_session_replace_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, si
     snprintf(old, sizeof(old), "%s", s->kernel_id);
     if (old[0]) {
         cx_kernel_pool_forget(old);
-        if (cx_gateway_kernel_delete(cx->gw, old))
+        if (cx_gateway_kernel_delete(s->gw, old))
             cx_log_warn(0, "could not delete replaced kernel %s", old);
     }
-    rc = cx_gateway_dir_create(cx->gw, s->workspace, msg, msglen);
-    if (rc == CX_OK)
-        rc = start_kernel(cx, s, msg, msglen);
+    rc = start_kernel(cx, s, msg, msglen);
     if (rc == CX_OK) {
         s->reset = !s->created;
         cx_log_info("session %s: kernel replaced", s->id);
@@ -479,7 +642,7 @@ cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s)
     enum cx_err rc;
 
     cx_kernel_pool_forget(s->kernel_id);
-    rc = cx_gateway_kernel_restart(cx->gw, s->kernel_id);
+    rc = cx_gateway_kernel_restart(s->gw, s->kernel_id);
     if (rc == CX_OK) {
         s->reset = true;
         s->kernel_fresh = true;
@@ -519,13 +682,12 @@ reap_one(struct cx_ctx *cx, PGresult *r, int i)
     const char *who[2] = {PQgetvalue(r, i, 1), PQgetvalue(r, i, 2)};
     const char *id[1] = {PQgetvalue(r, i, 0)};
     PGresult *q = NULL;
-    bool got, deferred, done = false;
+    bool got, done = false;
 
     if (try_lock(cx, who[0], who[1], &got) || !got)
         return false; /* a run is using it; it extended the expiry anyway */
     if (cx_db_exec_row(cx->db, &q_still_expired, id, &q) == CX_OK)
-        done = close_locked(cx, id[0], PQgetvalue(r, i, 3), PQgetvalue(r, i, 4), false,
-                            &deferred) == CX_OK;
+        done = close_locked(cx, id[0], PQgetvalue(r, i, 3), PQgetvalue(r, i, 4), false) == CX_OK;
     PQclear(q);
     unlock_conversation(cx, who[0], who[1]);
     return done;

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 
 #include "auth.h"
+#include "config.h"
 #include "ctx.h"
 #include "err.h"
 #include "util.h"
@@ -19,8 +20,17 @@
 #define CX_WORKSPACE_MAX 48
 void cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX]);
 
+struct cx_gateway;
+
+/* The kernels a gateway holds for codexec: sessions with one (or starting
+ * one) and pooled ones; what max_kernels bounds. */
+enum cx_err cx_session_gateway_kernels(struct cx_ctx *cx, const char *gateway_url,
+                                       long *count) CX_MUSTCHECK;
+
 struct cx_session {
     char id[37];
+    char gateway_url[CX_GATEWAY_URL_MAX];
+    struct cx_gateway *gw; /* the thread's handle of the session's gateway */
     char user[CX_USER_MAX + 1];
     char conversation_id[CX_CONVERSATION_MAX + 1];
     char kernel_id[64];
@@ -36,7 +46,11 @@ struct cx_session {
 /* Locks the conversation (waiting up to busy_wait: CX_ERR_CONFLICT), then
  * loads or creates its session and kernel, extending the expiry to at least
  * now + ttl. At the user's session cap the least recently used idle
- * session is closed first; CX_ERR_QUOTA if all are busy. On success the
+ * session is closed first; CX_ERR_QUOTA if all are busy. A new kernel goes
+ * to the usable gateway with the most room in its budget (max_kernels); at
+ * every budget the least recently used idle session of any user is closed
+ * to make room, and when none is idle: CX_ERR_CAPACITY. A session whose
+ * gateway is no longer usable moves to another (s->reset). On success the
  * lock is held: cx_session_release() ends it. msg says what failed. */
 enum cx_err cx_session_acquire(struct cx_ctx *cx, const char *user, const char *conversation_id,
                                unsigned ttl, struct cx_session *s, char *msg,

@@ -78,10 +78,14 @@ def pid_alive(pid):
 class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
                  workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
-                 test_kernel=False, sandbox_extra=None):
+                 test_kernel=False, sandbox_extra=None, gateway_proxy_port=None):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
+        # With a port: codexec reaches the gateway through an nginx that
+        # serves only what Kernel Gateway and Enterprise Gateway offer
+        # (/api/kernels, /api/kernelspecs, the channels WebSocket).
+        self.gateway_proxy_port = gateway_proxy_port
         self.bindir = os.path.abspath(bindir or os.path.join(REPO, "build", "fcgi"))
         self.workers = workers
         self.conf_extra = conf_extra or {}
@@ -121,6 +125,11 @@ class Stack:
 
     @property
     def gateway_url(self):
+        """The URL codexec (and the tests) use: the proxy's, when there is one."""
+        return f"http://127.0.0.1:{self.gateway_proxy_port or self.gateway_port}"
+
+    @property
+    def gateway_direct_url(self):
         return f"http://127.0.0.1:{self.gateway_port}"
 
     @property
@@ -603,8 +612,8 @@ http {{
             self.run([f"{PG_BIN}/createdb", "-h", self.pg_run, "-p", str(self.pg_port), "-U",
                       "codexec", "codexec"])
 
-    def gateway_ok(self):
-        req = urllib.request.Request(self.gateway_url + "/api",
+    def gateway_ok(self, url=None):
+        req = urllib.request.Request((url or self.gateway_direct_url) + "/api/kernelspecs",
                                      headers={"Authorization": f"token {self.gateway_token}"})
         try:
             with urllib.request.urlopen(req, timeout=2) as r:
@@ -629,14 +638,22 @@ http {{
             "JUPYTER_DATA_DIR": os.path.join(self.jdir, "data"),
             "JUPYTER_TOKEN": self.gateway_token,  # not in argv, where ps shows it
         }
+        # Root's, outside the server's own tree: ZeroMQ's default of 1023
+        # sockets per context (a few per kernel and per channels connection)
+        # would make sockets, not memory, the ceiling on kernels.
+        server_conf = os.path.join(self.var, "jupyter_server_config.py")
+        self.write_file(server_conf, "import zmq\n"
+                        "zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)\n", 0o644, "root")
         proc = self.spawn("jupyter", [
-            "/usr/bin/python3", "-m", "jupyter_server",
+            "/usr/bin/python3", "-m", "jupyter_server", f"--config={server_conf}",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.gateway_port}",
             "--ServerApp.port_retries=0", "--ServerApp.open_browser=False",
             f"--ServerApp.root_dir={self.workspaces}",
             "--KernelManager.transport=ipc",
-            # Workspaces are removed with everything in them, not sent to a trash.
-            "--FileContentsManager.delete_to_trash=False",
+            # The last resort against leaked kernels (codexec's reconciler
+            # is the first): idle four hours, far beyond max_ttl.
+            "--MappingKernelManager.cull_idle_timeout=14400",
+            "--MappingKernelManager.cull_interval=600",
             # codexec enforces max_output_bytes itself; the server must not drop
             # output silently on the way.
             "--ServerApp.iopub_data_rate_limit=0",
@@ -646,6 +663,64 @@ http {{
             env=env, cwd=self.workspaces, user=self.kernel_user,
             cgroup=getattr(self, "cgroup_server", None))
         self.wait_for("the Jupyter server", self.gateway_ok, 90, proc)
+
+    def start_gateway_proxy(self):
+        """nginx in front of the Jupyter server, serving only the Kernel
+        Gateway surface: everything else is 404."""
+        if not self.gateway_proxy_port:
+            return
+        if self.pid("gateway-proxy") and self.gateway_ok(self.gateway_url):
+            return
+        self.kill_pidfile("gateway-proxy")
+        gdir = os.path.join(self.var, "gateway-proxy")
+        for path, owner, mode in ((gdir, "root", 0o755), (os.path.join(gdir, "tmp"), self.user, 0o700)):
+            if os.path.islink(path):
+                raise StackError(f"{path} is a symlink: refusing to use it")
+            os.makedirs(path, exist_ok=True)
+            self.chown(path, owner)
+            os.chmod(path, mode)
+        for name in ("gateway-proxy-error.log", "gateway-proxy-access.log"):
+            self.make_log(name, self.user)
+        up = f"http://127.0.0.1:{self.gateway_port}"
+        proxied = f"""proxy_pass {up};
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            proxy_set_header Host 127.0.0.1:{self.gateway_port};
+            proxy_buffering off;
+            proxy_read_timeout 86400s;"""
+        conf = f"""# Written by packaging/stack.py: the Kernel Gateway surface only.
+daemon off;
+worker_processes 1;
+pid {self.rundir}/gateway-proxy.pid;
+error_log {self.logdir}/gateway-proxy-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log {self.logdir}/gateway-proxy-access.log;
+    client_body_temp_path {gdir}/tmp/body;
+    proxy_temp_path {gdir}/tmp/proxy;
+    fastcgi_temp_path {gdir}/tmp/fastcgi;
+    uwsgi_temp_path {gdir}/tmp/uwsgi;
+    scgi_temp_path {gdir}/tmp/scgi;
+    map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
+    server {{
+        listen 127.0.0.1:{self.gateway_proxy_port};
+        location ~ ^/api/kernels(/|$) {{
+            {proxied}
+        }}
+        location ~ ^/api/kernelspecs(/|$) {{
+            {proxied}
+        }}
+        location / {{ return 404; }}
+    }}
+}}
+"""
+        self.write_file(os.path.join(gdir, "nginx.conf"), conf, 0o644)
+        log(f"starting the gateway proxy on 127.0.0.1:{self.gateway_proxy_port}")
+        proc = self.spawn("gateway-proxy", ["/usr/sbin/nginx", "-p", gdir, "-c",
+                                            os.path.join(gdir, "nginx.conf"), "-e",
+                                            os.path.join(self.logdir, "gateway-proxy-error.log")])
+        self.wait_for("the gateway proxy", lambda: self.gateway_ok(self.gateway_url), 30, proc)
 
     def fcgi_ok(self):
         try:
@@ -745,6 +820,7 @@ http {{
     def down(self):
         self.kill_pidfile("nginx", signal.SIGQUIT)
         self.kill_pidfile("codexec-fcgi")
+        self.kill_pidfile("gateway-proxy", signal.SIGQUIT)
         self.kill_pidfile("jupyter")
         if os.path.exists(os.path.join(self.pg_data, "PG_VERSION")) and self.pg_running():
             self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "-m", "fast", "-w", "stop"],

@@ -49,7 +49,8 @@ class Results:
 def run_unit(res, build, st, flavour):
     env = dict(os.environ,
                CODEXEC_TEST_PG=f"host={st.pg_run} port={st.pg_port} user=codexec dbname=postgres",
-               CODEXEC_TEST_GATEWAY_URL=st.gateway_url, CODEXEC_TEST_GATEWAY_TOKEN=st.gateway_token)
+               CODEXEC_TEST_GATEWAY_URL=st.gateway_url, CODEXEC_TEST_GATEWAY_TOKEN=st.gateway_token,
+               CODEXEC_TEST_GATEWAY_DIRECT_URL=st.gateway_direct_url)
     if flavour == "sanitizers":
         env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0"
         env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
@@ -118,6 +119,7 @@ def run_faultinject(res, build, st, budget):
     env = dict(os.environ,
                CODEXEC_TEST_PG=f"host={st.pg_run} port={st.pg_port} user=codexec dbname=postgres",
                CODEXEC_TEST_GATEWAY_URL=st.gateway_url, CODEXEC_TEST_GATEWAY_TOKEN=st.gateway_token,
+               CODEXEC_TEST_GATEWAY_DIRECT_URL=st.gateway_direct_url,
                ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
     for prog in faultinject.programs(build):
@@ -168,6 +170,7 @@ def main():
         "kernel_pool_size": "0",  # test_pool turns it on
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
+                     gateway_proxy_port=stack.free_port(),  # the suite runs through it
                      bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,
                      nginx_body="8m", test_kernel=True,
                      # smaller than the defaults, so the limits are reached quickly
@@ -183,6 +186,7 @@ def main():
         st.init()
         st.start_pg()
         st.start_jupyter()
+        st.start_gateway_proxy()
         if not a.no_unit:
             run_unit(res, build, st, a.flavour)
             if a.flavour == "sanitizers":

@@ -20,7 +20,8 @@ def test_health_through_nginx(ctx):
     eq(r.status, 200, f"health {r!r}")
     body = r.json()
     eq(body["status"], "ok", "status")
-    eq(body["checks"], {"postgresql": "ok", "gateway": "ok", "storage": "ok"}, "checks")
+    eq(body["checks"], {"postgresql": "ok", "gateway": "ok", "storage": "ok",
+                        "gateways": {ctx.st.gateway_url: "ok"}}, "checks")
     eq(r.header("Content-Type"), "application/json", "content type")
     check(re.fullmatch(r"[0-9a-f]{32}", r.header("X-Request-Id") or ""), "request id header")
 

@@ -87,7 +87,7 @@ main(void)
     struct cx_kernel_conn *c = NULL, *plain = NULL, *again = NULL;
     struct cx_exec e;
     struct seen s;
-    char msg[256], kid[64], ws[64];
+    char msg[256], kid[64];
     json_t *specs = NULL;
     enum cx_err rc;
 
@@ -99,23 +99,20 @@ main(void)
     if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
         return 1;
     need(cx_gateway_new(url, token, &gw) == CX_OK, "gateway handle");
-    ok(cx_gateway_ping(gw, msg, sizeof(msg)) == CX_OK, "GET /api");
+    ok(cx_gateway_ping(gw, msg, sizeof(msg)) == CX_OK, "GET /api/kernelspecs");
     ok(cx_gateway_kernelspecs(gw, &specs) == CX_OK &&
            json_object_get(json_object_get(specs, "kernelspecs"), "python3-sandbox"),
        "the sandboxed kernelspec is listed");
     json_decref(specs);
 
-    snprintf(ws, sizeof(ws), "w-unit-%ld", (long)getpid());
-    ok(cx_gateway_dir_create(gw, ws, msg, sizeof(msg)) == CX_OK, "workspace created");
-    ok(cx_gateway_dir_create(gw, ws, msg, sizeof(msg)) == CX_OK, "creating it again is fine");
-    rc = cx_gateway_kernel_start(gw, "python3-sandbox", ws, kid, msg, sizeof(msg));
+    rc = cx_gateway_kernel_start(gw, "python3-sandbox", kid, msg, sizeof(msg));
     ok(rc == CX_OK, "kernel started (%s)", rc ? msg : "ok");
     if (rc)
         return tap_done();
     ok(cx_gateway_kernel_get(gw, kid, NULL) == CX_OK, "kernel known");
     {
         char other[64];
-        ok(cx_gateway_kernel_start(gw, "no-such-spec", ws, other, msg, sizeof(msg)) != CX_OK,
+        ok(cx_gateway_kernel_start(gw, "no-such-spec", other, msg, sizeof(msg)) != CX_OK,
            "an unknown kernelspec fails");
     }
     is_int(cx_gateway_kernel_get(gw, "../../etc", NULL), CX_ERR_INVALID,
@@ -163,15 +160,24 @@ main(void)
            "interrupted");
     cx_exec_cleanup(&e, 1);
 
-    /* delayed ACK stalls: tuned vs plain client, same kernel */
+    /* delayed ACK stalls: tuned vs plain client, same kernel, straight to
+     * the Jupyter server (a proxy in between has stalls of its own) */
     {
+        const char *direct = getenv("CODEXEC_TEST_GATEWAY_DIRECT_URL");
+        struct cx_kernel_conn *tc = NULL;
         double tuned_ms = 0, plain_ms = 0;
         int tuned, plain_stalls;
-        ok(cx_kernel_conn_open(url, token, kid, false, &plain, msg, sizeof(msg)) == CX_OK,
-           "a plain (delayed-ACK) connection");
-        count_stalls(c, 5, &tuned_ms); /* warm up */
-        tuned = count_stalls(c, 40, &tuned_ms);
+
+        if (!direct || !*direct)
+            direct = url;
+        need(cx_kernel_conn_open(direct, token, kid, true, &tc, msg, sizeof(msg)) == CX_OK,
+             "a tuned connection");
+        need(cx_kernel_conn_open(direct, token, kid, false, &plain, msg, sizeof(msg)) == CX_OK,
+             "a plain (delayed-ACK) connection");
+        count_stalls(tc, 5, &tuned_ms); /* warm up */
+        tuned = count_stalls(tc, 40, &tuned_ms);
         plain_stalls = count_stalls(plain, 40, &plain_ms);
+        cx_kernel_conn_free(tc);
         printf("# x=1 over 40 executes: tuned client %d stalls >= 30 ms (median %.1f ms), "
                "plain client %d stalls (median %.1f ms)\n",
                tuned, tuned_ms, plain_stalls, plain_ms);
@@ -212,8 +218,6 @@ main(void)
     is_int(cx_kernel_conn_open(url, token, kid, true, &c, msg, sizeof(msg)), CX_ERR_NOT_FOUND,
            "channels of a deleted kernel: not found");
     is_int(cx_gateway_kernel_interrupt(gw, kid), CX_ERR_NOT_FOUND, "interrupt: not found");
-    ok(cx_gateway_dir_delete(gw, ws) == CX_OK, "workspace deleted");
-    ok(cx_gateway_dir_delete(gw, ws) == CX_OK, "deleting it twice is fine");
 
     {
         struct cx_gateway *bad = NULL;
