@@ -377,8 +377,10 @@ probe_slot(const char *url)
     return -1;
 }
 
-bool
-cx_gateway_usable(struct cx_gateway *gw)
+/* The shared answer for gw, probing first when it is older than max_age_ms
+ * and no other thread is probing. */
+static bool
+usable(struct cx_gateway *gw, int64_t max_age_ms)
 {
     json_t *specs = NULL;
     int64_t now = cx_now_ms();
@@ -387,7 +389,7 @@ cx_gateway_usable(struct cx_gateway *gw)
 
     pthread_mutex_lock(&probes_lock);
     i = probe_slot(gw->base);
-    probe = i >= 0 && !probes[i].probing && now - probes[i].at >= PROBE_EVERY_MS;
+    probe = i >= 0 && !probes[i].probing && now - probes[i].at >= max_age_ms;
     if (probe)
         probes[i].probing = true;
     ok = i < 0 || probes[i].ok;
@@ -406,6 +408,18 @@ cx_gateway_usable(struct cx_gateway *gw)
     probes[i].probing = false;
     pthread_mutex_unlock(&probes_lock);
     return ok;
+}
+
+bool
+cx_gateway_usable(struct cx_gateway *gw)
+{
+    return usable(gw, PROBE_EVERY_MS);
+}
+
+bool
+cx_gateway_recheck(struct cx_gateway *gw)
+{
+    return usable(gw, 0);
 }
 
 struct cx_gateway *

@@ -62,6 +62,10 @@ void cx_gateway_timeout(struct cx_gateway *gw, long ms);
  * most per process, the answer shared by the threads. */
 bool cx_gateway_usable(struct cx_gateway *gw);
 
+/* After a call to gw failed: probes it now (unless another thread is) and
+ * says whether it is still usable; the answer is shared as above. */
+bool cx_gateway_recheck(struct cx_gateway *gw);
+
 /* The handle in cx of the gateway with this URL, or NULL when the
  * configuration no longer lists it. */
 struct cx_gateway *cx_ctx_gateway(const struct cx_ctx *cx, const char *url);

@@ -157,10 +157,18 @@ connect_kernel(struct run *r, char *msg, size_t msglen)
         rc = replace_kernel(r, msg, msglen);
         if (rc == CX_OK)
             rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->st.conn, msg, msglen);
+    } else if (rc && !cx_gateway_recheck(r->s.gw)) {
+        /* the gateway went away since its last probe: elsewhere, reset */
+        rc = cx_session_move_kernel(r->cx, &r->s, msg, msglen);
+        if (rc == CX_OK) {
+            url = cx_gateway_url(r->s.gw);
+            token = cx_gateway_token(r->s.gw);
+            rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->st.conn, msg, msglen);
+        }
     }
     r->st.kernel_id = r->s.kernel_id;
     r->st.gw = r->s.gw;
-    return rc ? CX_ERR_GATEWAY : CX_OK;
+    return rc == CX_OK || rc == CX_ERR_CAPACITY ? rc : CX_ERR_GATEWAY;
 }
 
 /* Connects and executes; a kernel that vanished before running anything

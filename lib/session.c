@@ -477,6 +477,25 @@ place(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
     return CX_ERR_CAPACITY;
 }
 
+/* place() and start_kernel(): when the start fails because the gateway
+ * just went away (its probe had not noticed yet), once more elsewhere. */
+static enum cx_err
+place_and_start(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
+{
+    enum cx_err rc = place(cx, s, msg, msglen);
+
+    if (rc == CX_OK)
+        rc = start_kernel(cx, s, msg, msglen);
+    if ((rc == CX_ERR_GATEWAY || rc == CX_ERR_TIMEOUT) && !cx_gateway_recheck(s->gw)) {
+        cx_log_warn(0, "session %s: gateway %s went away; placing its kernel elsewhere", s->id,
+                    s->gateway_url);
+        rc = place(cx, s, msg, msglen);
+        if (rc == CX_OK)
+            rc = start_kernel(cx, s, msg, msglen);
+    }
+    return rc;
+}
+
 static enum cx_err
 create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
 {
@@ -502,9 +521,7 @@ create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t 
     rc = insert_row(cx, s, p);
     if (rc)
         goto out;
-    rc = place(cx, s, msg, msglen);
-    if (rc == CX_OK)
-        rc = start_kernel(cx, s, msg, msglen);
+    rc = place_and_start(cx, s, msg, msglen);
     if (rc) {
         const char *d[1] = {s->id};
         if (cx_db_exec(cx->db, &q_delete, d, NULL))
@@ -518,11 +535,8 @@ out:
     return rc;
 }
 
-/* A kernel for a session that has none (evicted, a start that failed
- * half-way) or whose gateway is no longer usable: on a gateway with room,
- * within the user's cap. Its state is gone: s->reset. */
-static enum cx_err
-move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
+enum cx_err
+cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
 {
     struct cx_gateway *old_gw = s->gw;
     char old[64];
@@ -538,9 +552,7 @@ move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
             cx_log_warn(0, "could not delete the kernel %s left behind", old);
     }
     s->kernel_id[0] = '\0';
-    rc = place(cx, s, msg, msglen);
-    if (rc == CX_OK)
-        rc = start_kernel(cx, s, msg, msglen);
+    rc = place_and_start(cx, s, msg, msglen);
     if (rc == CX_OK) {
         s->reset = true;
         cx_log_info("session %s: kernel started again", s->id);
@@ -591,7 +603,7 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
     PQclear(r);
     s->gw = cx_ctx_gateway(cx, s->gateway_url);
     if (!s->kernel_id[0] || !s->gw || !cx_gateway_usable(s->gw)) {
-        rc = move_kernel(cx, s, msg, msglen);
+        rc = cx_session_move_kernel(cx, s, msg, msglen);
         if (rc)
             goto fail;
     }

@@ -64,6 +64,12 @@ void cx_session_release(struct cx_ctx *cx, struct cx_session *s);
 enum cx_err cx_session_replace_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg,
                                       size_t msglen) CX_MUSTCHECK;
 
+/* A new kernel for the session (its state is gone: s->reset), on the
+ * usable gateway with room: for a session without one (evicted, a start
+ * that failed half-way), or whose gateway went away. */
+enum cx_err cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg,
+                                   size_t msglen) CX_MUSTCHECK;
+
 /* Restarts the kernel (a run overran its grace period): s->reset. */
 enum cx_err cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s) CX_MUSTCHECK;
 

@@ -628,14 +628,31 @@ http {{
         if port_open(self.gateway_port):
             raise StackError(f"port {self.gateway_port} is taken by another program")
         log(f"starting the Jupyter server on 127.0.0.1:{self.gateway_port}")
+        proc = self.spawn_jupyter("jupyter", self.gateway_port)
+        self.wait_for("the Jupyter server", self.gateway_ok, 90, proc)
+
+    def spawn_jupyter(self, name, port):
+        """A Jupyter server with the stack's kernelspecs, token and users on
+        port; its pid file and log are named name."""
+        jdir = self.jdir if name == "jupyter" else os.path.join(self.var, name)
+        if jdir != self.jdir:  # another server: its own runtime and home
+            for path, owner, mode in ((jdir, "root", 0o755), (os.path.join(jdir, "home"), self.kernel_user, 0o700),
+                                      (os.path.join(jdir, "runtime"), self.kernel_user, 0o700),
+                                      (os.path.join(jdir, "config"), self.kernel_user, 0o700),
+                                      (os.path.join(jdir, "data"), self.kernel_user, 0o700)):
+                if os.path.islink(path):
+                    raise StackError(f"{path} is a symlink: refusing to use it")
+                os.makedirs(path, exist_ok=True)
+                self.chown(path, owner)
+                os.chmod(path, mode)
         env = {
             "PATH": "/usr/bin:/bin",
             "LANG": "C.UTF-8",
-            "HOME": os.path.join(self.jdir, "home"),
+            "HOME": os.path.join(jdir, "home"),
             "JUPYTER_PATH": self.kernelspecs_dir,
-            "JUPYTER_RUNTIME_DIR": os.path.join(self.jdir, "runtime"),
-            "JUPYTER_CONFIG_DIR": os.path.join(self.jdir, "config"),
-            "JUPYTER_DATA_DIR": os.path.join(self.jdir, "data"),
+            "JUPYTER_RUNTIME_DIR": os.path.join(jdir, "runtime"),
+            "JUPYTER_CONFIG_DIR": os.path.join(jdir, "config"),
+            "JUPYTER_DATA_DIR": os.path.join(jdir, "data"),
             "JUPYTER_TOKEN": self.gateway_token,  # not in argv, where ps shows it
         }
         # Root's, outside the server's own tree: ZeroMQ's default of 1023
@@ -644,9 +661,9 @@ http {{
         server_conf = os.path.join(self.var, "jupyter_server_config.py")
         self.write_file(server_conf, "import zmq\n"
                         "zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)\n", 0o644, "root")
-        proc = self.spawn("jupyter", [
+        return self.spawn(name, [
             "/usr/bin/python3", "-m", "jupyter_server", f"--config={server_conf}",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.gateway_port}",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
             "--ServerApp.port_retries=0", "--ServerApp.open_browser=False",
             f"--ServerApp.root_dir={self.workspaces}",
             "--KernelManager.transport=ipc",
@@ -662,7 +679,6 @@ http {{
         ] + [f"--KernelSpecManager.allowed_kernelspecs={k}" for k in self.kernelspecs],
             env=env, cwd=self.workspaces, user=self.kernel_user,
             cgroup=getattr(self, "cgroup_server", None))
-        self.wait_for("the Jupyter server", self.gateway_ok, 90, proc)
 
     def start_gateway_proxy(self):
         """nginx in front of the Jupyter server, serving only the Kernel

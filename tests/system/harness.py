@@ -98,6 +98,19 @@ class Context:
         wait_until(lambda: os.path.exists(sock), 20, f"the socket of codexec-fcgi {name}")
         return sock, proc
 
+    def spawn_gateway(self, name):
+        """A second Jupyter server like the stack's (same kernelspecs, token
+        and users) on a free port. Returns (URL, process); the caller stops
+        it (proc.terminate())."""
+        st = self.st
+        port = stack.free_port()
+        proc = st.spawn_jupyter(name, port)
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: st.gateway_ok(url) or proc.poll() is not None, 90, f"Jupyter server {name}")
+        if proc.poll() is not None:
+            raise AssertionError(f"Jupyter server {name} exited; see log/{name}.log")
+        return url, proc
+
     def test_kernelspec(self, settings):
         """The stack's second kernelspec (stack.TEST_KERNEL_NAME) with its own
         sandbox.conf: the stack's settings with `settings` changed. Returns
