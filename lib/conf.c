@@ -286,9 +286,8 @@ set_lines(const struct cx_conf_key *k, char *base, const char *v, char *msg, siz
     char *old = *(char **)base, *joined;
     size_t n = old ? strlen(old) : 0;
 
-    (void)k;
-    (void)msg;
-    (void)msglen;
+    if (!*v && k->def != v) /* (only the default, "", is empty) */
+        return invalid(k, msg, msglen, "a value (an empty line sets nothing)");
     if (!n)
         return take_string(base, strdup(v));
     joined = malloc(n + strlen(v) + 2);

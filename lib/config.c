@@ -99,6 +99,11 @@ add_gateway(struct cx_config *cfg, const char *url, size_t urllen, const char *t
         snprintf(msg, msglen, "a gateway URL starts with http:// or https://");
         return CX_ERR_INVALID;
     }
+    for (size_t i = 0; i < urllen; i++)
+        if ((unsigned char)url[i] <= ' ' || url[i] == '"' || url[i] == '\\' || url[i] == 0x7f) {
+            snprintf(msg, msglen, "a gateway URL has no spaces, quotes or backslashes");
+            return CX_ERR_INVALID;
+        }
     memcpy(g->url, url, urllen);
     g->url[urllen] = '\0';
     for (unsigned i = 0; i < cfg->ngateways; i++)

@@ -312,6 +312,7 @@ def test_soak_one_connection_per_kernel(ctx):
           f" per kernel): {samples}")
     eq(errors[:5], [], "no errors")
     check(all(s[2] <= 1 for s in samples), f"at most one connection per kernel: {samples}")
-    settled = [s[1] for s in samples[len(samples) // 3:]]
+    # the first half creates the 64 sessions (a kernel start each); then flat
+    settled = [s[1] for s in samples[len(samples) // 2:]]
     check(max(settled) - min(settled) <= 40,
           f"the server's descriptors stay flat once the sessions exist: {samples}")

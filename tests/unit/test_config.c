@@ -37,6 +37,19 @@ static const struct {
     {"kernel_preload = num py\n", CX_ERR_INVALID, "kernel_preload"},
     {"kernel_preload = n\\u00e9\n", CX_ERR_INVALID, "kernel_preload"},
     {"kernel_preload = caf\xc3\xa9\n", CX_ERR_INVALID, "kernel_preload"},
+    /* more gateways: "gateway = URL [token=T] [max_kernels=N]", repeatable */
+    {"gateway = http://10.0.0.2:8888 token=abc max_kernels=64\n", CX_OK, NULL},
+    {"gateway = http://a\ngateway = https://b/ token=x\n", CX_OK, NULL},
+    {"gateway = ftp://a\n", CX_ERR_INVALID, "http:// or https://"},
+    {"gateway = http://a\"b\n", CX_ERR_INVALID, "no spaces, quotes"},
+    {"gateway = http://127.0.0.1:8888/\n", CX_ERR_INVALID, "listed twice"},
+    {"gateway = http://a max_kernels=0\n", CX_ERR_INVALID, "max_kernels is out of range"},
+    {"gateway = http://a max_kernels=x\n", CX_ERR_INVALID, "unknown word"},
+    {"gateway = http://a color=red\n", CX_ERR_INVALID, "unknown word"},
+    {"gateway = \n", CX_ERR_INVALID, "gateway"},
+    {"max_kernels = 0\n", CX_ERR_INVALID, "max_kernels"},
+    {"metrics_allow = 10.0.0.0/33\n", CX_ERR_INVALID, "metrics_allow"},
+    {"max_code_bytes = 8M\n", CX_ERR_INVALID, "max_code_bytes is above max_run_body_bytes"},
 };
 
 int
@@ -46,6 +59,28 @@ main(void)
     char err[512];
     uint64_t v;
 
+    if (cx_config_defaults(&cfg) != CX_OK)
+        return 1;
+    is_int(cfg.ngateways, 1, "one gateway by default");
+    is_str(cfg.gateways[0].url, "http://127.0.0.1:8888", "from gateway_url");
+    is_int(cfg.gateways[0].max_kernels, 128, "max_kernels 128");
+    cx_config_cleanup(&cfg);
+    ok(cx_config_parse(&cfg, "t.conf",
+                       "gateway_url = http://x:1/\ngateway_token = t1\nmax_kernels = 7\n"
+                       "gateway = http://y:2 token=t2\ngateway = https://z:3 max_kernels=9\n",
+                       err, sizeof(err)) == CX_OK,
+       "three gateways (%s)", err);
+    is_int(cfg.ngateways, 3, "three of them");
+    ok(!strcmp(cfg.gateways[0].url, "http://x:1") && !strcmp(cfg.gateways[0].token, "t1") &&
+           cfg.gateways[0].max_kernels == 7,
+       "the first from gateway_url, without its slash");
+    ok(!strcmp(cfg.gateways[1].url, "http://y:2") && !strcmp(cfg.gateways[1].token, "t2") &&
+           cfg.gateways[1].max_kernels == 7,
+       "the second with its token and max_kernels' default");
+    ok(!strcmp(cfg.gateways[2].url, "https://z:3") && !strcmp(cfg.gateways[2].token, "") &&
+           cfg.gateways[2].max_kernels == 9,
+       "the third with its own budget and no token");
+    cx_config_cleanup(&cfg);
     if (cx_config_defaults(&cfg) != CX_OK)
         return 1;
     /* SPEC §5 defaults */
