@@ -391,6 +391,60 @@ def write_doc(path, machine):
 NOTES_MARKER = "<!-- everything below is kept when the benchmark rewrites this file -->"
 
 
+def mem_available_mib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def capacity(b, ceiling, minutes):
+    """The largest number of live conversations one machine holds with every
+    run answering 200: new conversations (a kernel each) one after another,
+    every 25th step a run in each earlier one too, until a run fails, memory
+    runs low (1.5 GiB available), the ceiling or the time budget. The
+    budget is lifted for it (max_kernels = ceiling)."""
+    saved = dict(b.st.conf_extra)
+    b.st.conf_extra.update(max_kernels=str(ceiling + 10), max_sessions_per_user=str(ceiling + 10),
+                           kernel_pool_size="0",
+                           default_ttl="3600")
+    b.st.write_config()
+    b.st.kill_pidfile("codexec-fcgi")
+    b.st.start_fcgi()
+    start_mem, t_end = mem_available_mib(), time.monotonic() + minutes * 60
+    live, limit = [], "the ceiling of this measurement"
+    while len(live) < ceiling:
+        if time.monotonic() > t_end:
+            limit = f"the time budget ({minutes} min)"
+            break
+        if mem_available_mib() < 1536:
+            limit = "memory (less than 1.5 GiB available)"
+            break
+        cid = f"cap-{len(live)}"
+        status, body = b.req("POST", "/v1/runs", {"conversation_id": cid, "code": "x = 1"})
+        if status != 200:
+            limit = f"a new conversation answered {status}: {body[:120]!r}"
+            break
+        live.append(cid)
+        if len(live) % 25 == 0:
+            bad = [c for c in live if b.req("POST", "/v1/runs", {"conversation_id": c,
+                                                                  "code": "x"})[0] != 200]
+            if bad:
+                limit = f"{len(bad)} earlier conversation(s) stopped answering 200"
+                break
+    used = start_mem - mem_available_mib()
+    row("capacity", "live conversations held, every run 200", len(live), None, "convs",
+        f"stopped by {limit}; {used / max(len(live), 1):.0f} MiB each")
+    for c in live:
+        b.req("DELETE", f"/v1/conversations/{c}/session")
+    b.st.conf_extra.clear()
+    b.st.conf_extra.update(saved)
+    b.st.write_config()
+    b.st.kill_pidfile("codexec-fcgi")
+    b.st.start_fcgi()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -399,7 +453,8 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="each measurement once, briefly")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "performance.md"))
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
-    ap.add_argument("--only", action="append", choices=["run", "cold", "capture", "download", "concurrency"],
+    ap.add_argument("--only", action="append",
+                    choices=["run", "cold", "capture", "download", "concurrency", "capacity"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     if a.smoke:
@@ -427,6 +482,8 @@ def main():
             downloads(b, big)
         if want("concurrency"):
             concurrency(b, a.seconds)
+        if want("capacity"):
+            capacity(b, 20 if a.smoke else 400, 2 if a.smoke else 20)
         machine = describe_machine()
         if not a.smoke and not a.only:
             write_doc(a.doc, machine)
