@@ -237,8 +237,9 @@ send_direct(struct cx_req *r, const struct cx_download *d)
     } else {
         cx_req_send_head(r, 200, d->mime, (long long)d->size);
     }
-    if (strcmp(r->method, "HEAD") != 0 && d->size > 0)
-        (void)cx_req_send_file(r, fd, first, last); /* a short body tells the client */
+    if (strcmp(r->method, "HEAD") != 0 && d->size > 0 &&
+        cx_req_send_file(r, fd, first, last)) /* a short body tells the client */
+        cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, last - first + 1);
     close(fd);
 }
 
@@ -278,15 +279,19 @@ cx_h_artifacts_content(struct cx_req *r)
     download_headers(r, &d);
     if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256))
         cx_req_send_empty(r, 304);
-    else if (cfg->delivery == CX_DELIVERY_X_ACCEL)
+    else if (cfg->delivery == CX_DELIVERY_X_ACCEL) {
         send_redirect(r, cfg->x_accel_prefix, d.key, d.mime); /* nginx sends it */
-    else if (cfg->delivery == CX_DELIVERY_DIRECT)
+        if (strcmp(r->method, "HEAD") != 0) /* (the whole file: nginx serves ranges itself) */
+            cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
+    } else if (cfg->delivery == CX_DELIVERY_DIRECT)
         send_direct(r, &d);
     else if (cx_storage_path(cfg->storage_dir, d.key, path, sizeof(path)))
         cx_req_send_lib_error(r, CX_ERR_INTERNAL, NULL);
     else {
         cx_req_header(r, "X-Sendfile", path); /* Apache mod_xsendfile, lighttpd */
         cx_req_send_head(r, 200, d.mime, -1);
+        if (strcmp(r->method, "HEAD") != 0)
+            cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
     }
 }
 

@@ -150,8 +150,7 @@ serve(struct cx_ctx *w, FCGX_Request *fr)
     if (!r.status)
         cx_req_send_error(&r, 500, "internal_error", "internal error");
     cx_metrics_observe(r.route ? r.route : "unknown", r.status, cx_now_us() - t0);
-    cx_log_info("%s %s %d %lldus", r.method, r.route ? r.route : "-", r.status,
-                (long long)(cx_now_us() - t0));
+    cx_log_request(r.method, r.route ? r.route : "-", r.status, (long long)(cx_now_us() - t0));
     cx_buf_cleanup(&r.headers);
     cx_log_set_request_id(NULL);
 }
@@ -420,6 +419,7 @@ start_up(const char *config_path, unsigned workers, const char **listen_addr)
         cfg.workers = workers;
     if (!*listen_addr)
         *listen_addr = cfg.listen;
+    cx_log_set_json(cfg.log_format == 1);
     if (cx_log_open(cfg.log_file, cfg.log_level)) {
         fprintf(stderr, "codexec-fcgi: cannot open log file \"%s\": %s\n", cfg.log_file,
                 strerror(errno));

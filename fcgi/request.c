@@ -192,6 +192,9 @@ cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
         cx_req_header(r, "WWW-Authenticate", "Bearer");
     if (a->status == 503) /* capacity frees up quickly; a service takes longer */
         cx_req_header(r, "Retry-After", err == CX_ERR_CAPACITY ? "2" : "5");
+    if (err == CX_ERR_QUOTA || err == CX_ERR_CAPACITY || err == CX_ERR_CONFLICT ||
+        err == CX_ERR_TOO_LARGE)
+        cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code); /* a static string */
     cx_req_send_error(r, a->status, a->code, msg && *msg ? msg : a->message);
 }
 
@@ -242,7 +245,7 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
                            &len);
     if (rc == CX_ERR_TOO_LARGE) {
         snprintf(msg, sizeof(msg), "the request body exceeds %llu bytes", (unsigned long long)max);
-        cx_req_send_error(r, 413, "payload_too_large", msg);
+        cx_req_send_lib_error(r, CX_ERR_TOO_LARGE, msg);
         return NULL;
     }
     if (rc == CX_ERR_INVALID) {

@@ -10,6 +10,7 @@
 #include "config.h"
 #include "db.h"
 #include "log.h"
+#include "metrics.h"
 #include "mime.h"
 #include "storage.h"
 
@@ -269,6 +270,9 @@ commit_answer(struct commit *c, json_t *artifacts)
                                         cx_mime_kind(p->f->mime), "size", (json_int_t)p->f->size,
                                         "sha256", p->f->sha256, "download_url", url));
     }
+    if (c->run_id)
+        for (size_t i = 0; i < c->np; i++)
+            cx_metrics_add(CX_COUNT_CAPTURE_BYTES, c->p[i].f->size);
     cx_log_info("%s %s: %zu artifact version(s) stored", c->run_id ? "run" : "upload",
                 c->run_id ? c->run_id : "-", c->np);
 }

@@ -16,6 +16,7 @@
 
 static const char *const levels[] = {"error", "warn", "info", "debug"};
 static const char *const deliveries[] = {"direct", "x-accel", "x-sendfile"};
+static const char *const log_formats[] = {"text", "json"};
 
 enum cx_err
 cx_conf_parse_size(const char *s, uint64_t *out)
@@ -242,15 +243,28 @@ set_bool(const struct cx_conf_key *k, char *base, const char *v, char *msg, size
 static enum cx_err
 set_choice(const struct cx_conf_key *k, char *base, const char *v, char *msg, size_t msglen)
 {
-    bool level = k->type == CX_CONF_LEVEL;
-    int i = level ? lookup(levels, sizeof(levels) / sizeof(levels[0]), v)
-                  : lookup(deliveries, sizeof(deliveries) / sizeof(deliveries[0]), v);
+    static const struct {
+        enum cx_conf_type type;
+        const char *const *words;
+        size_t n;
+        const char *expected;
+    } choices[] = {
+        {CX_CONF_LEVEL, levels, 4, "error, warn, info or debug"},
+        {CX_CONF_DELIVERY, deliveries, 3, "direct, x-accel or x-sendfile"},
+        {CX_CONF_LOG_FORMAT, log_formats, 2, "text or json"},
+    };
 
-    if (i < 0)
-        return invalid(k, msg, msglen,
-                       level ? "error, warn, info or debug" : "direct, x-accel or x-sendfile");
-    *(int *)base = i;
-    return CX_OK;
+    for (size_t c = 0; c < sizeof(choices) / sizeof(choices[0]); c++) {
+        int i;
+        if (choices[c].type != k->type)
+            continue;
+        i = lookup(choices[c].words, choices[c].n, v);
+        if (i < 0)
+            return invalid(k, msg, msglen, choices[c].expected);
+        *(int *)base = i;
+        return CX_OK;
+    }
+    return CX_ERR_INTERNAL;
 }
 
 static enum cx_err
@@ -304,7 +318,7 @@ static const set_fn setters[] = {
     [CX_CONF_STR] = set_str,     [CX_CONF_UINT] = set_number,     [CX_CONF_SIZE] = set_number,
     [CX_CONF_BOOL] = set_bool,   [CX_CONF_LEVEL] = set_choice,    [CX_CONF_DELIVERY] = set_choice,
     [CX_CONF_MODE] = set_mode,   [CX_CONF_MODULES] = set_modules, [CX_CONF_PATH] = set_path,
-    [CX_CONF_ADDRS] = set_addrs, [CX_CONF_LINES] = set_lines,
+    [CX_CONF_ADDRS] = set_addrs, [CX_CONF_LINES] = set_lines,     [CX_CONF_LOG_FORMAT] = set_choice,
 };
 
 /* Sets one key; on failure writes a message (without position) to msg. */

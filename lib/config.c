@@ -22,6 +22,7 @@ static const struct cx_conf_key keys[] = {
     {"workers", CX_CONF_UINT, O(workers), "16", 1, 1024},
     {"log_file", CX_CONF_STR, O(log_file), "", 0, 0},
     {"log_level", CX_CONF_LEVEL, O(log_level), "info", 0, 0},
+    {"log_format", CX_CONF_LOG_FORMAT, O(log_format), "text", 0, 0},
     /* the services it uses */
     {"database", CX_CONF_STR, O(database), "dbname=codexec", 0, 0},
     {"gateway_url", CX_CONF_STR, O(gateway_url), "http://127.0.0.1:8888", 0, 0},

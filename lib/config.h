@@ -30,6 +30,7 @@ struct cx_config {
     unsigned workers;
     char *log_file; /* "" = stderr */
     int log_level;  /* enum cx_log_level */
+    int log_format; /* 0 text, 1 JSON lines (log.h) */
     /* services */
     char *database; /* libpq conninfo */
     char *gateway_url;

@@ -5,6 +5,7 @@
 
 #include "db.h"
 #include "log.h"
+#include "metrics.h"
 
 #define MAX_STATEMENTS 256
 
@@ -93,6 +94,7 @@ ensure_connected(struct cx_db *db)
     disconnect(db);
     db->conn = PQconnectdb(db->conninfo);
     if (!db->conn || PQstatus(db->conn) != CONNECTION_OK) {
+        cx_metrics_count(CX_COUNT_DATABASE_ERRORS);
         log_conn_error(db, "connection to PostgreSQL failed");
         disconnect(db);
         return CX_ERR_DB;
@@ -127,6 +129,7 @@ result_error(struct cx_db *db, PGresult *r, int id)
 {
     const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
 
+    cx_metrics_count(CX_COUNT_DATABASE_ERRORS);
     snprintf(db->sqlstate, sizeof(db->sqlstate), "%s", state ? state : "");
     if (state && strcmp(state, "23505") == 0)
         return CX_ERR_CONFLICT;

@@ -144,10 +144,13 @@ cx_gateway_call(struct cx_gateway *gw, const char *method, const char *path, jso
         if (msg)
             snprintf(msg, msglen, "gateway %s %s failed: %s", method, path, curl_easy_strerror(cc));
         cx_log_warn(0, "gateway %s %s failed: %s", method, path, curl_easy_strerror(cc));
+        cx_metrics_count(CX_COUNT_GATEWAY_ERRORS);
         rc = cc == CURLE_OPERATION_TIMEDOUT ? CX_ERR_TIMEOUT : CX_ERR_GATEWAY;
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+    if (*status >= 500)
+        cx_metrics_count(CX_COUNT_GATEWAY_ERRORS);
     if (resp && gw->body.len > 0)
         *resp = json_loadb(gw->body.data, gw->body.len, 0, NULL);
     if (msg && (*status < 200 || *status >= 300))

@@ -70,14 +70,76 @@ cx_log_set_request_id(const char *id)
     request_id[i] = '\0';
 }
 
+static int log_json;
+
+void
+cx_log_set_json(bool json)
+{
+    log_json = json;
+}
+
+/* Appends s to line[*n] as JSON string content (control characters are
+ * already gone: '"' and '\\' are what remains to escape). */
+static void
+json_text(char *line, size_t size, size_t *n, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len && *n + 2 < size; i++) {
+        if (s[i] == '"' || s[i] == '\\')
+            line[(*n)++] = '\\';
+        line[(*n)++] = s[i];
+    }
+}
+
+/* One line out: the message (already formatted, control characters
+ * replaced) with the time, level, process, thread, request id and, in
+ * JSON, the extra fields (a JSON object's members, or ""). */
+static void
+emit(int level, const char *msg, size_t msglen, const char *fields)
+{
+    char line[4096];
+    struct timespec ts;
+    struct tm tm;
+    size_t n;
+    int k;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    if (log_json)
+        k = snprintf(line, sizeof(line),
+                     "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
+                     "\"pid\":%ld,\"tid\":%ld,\"request_id\":\"%s\"%s%s,\"msg\":\"",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, names[level], (long)getpid(), (long)syscall(SYS_gettid),
+                     request_id, *fields ? "," : "", fields);
+    else
+        k = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ [%s] %ld#%ld %s%s%s",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, names[level], (long)getpid(), (long)syscall(SYS_gettid),
+                     request_id[0] ? "req=" : "", request_id, request_id[0] ? " " : "");
+    if (k < 0)
+        return;
+    n = (size_t)k < sizeof(line) - 8 ? (size_t)k : sizeof(line) - 8;
+    if (log_json) {
+        json_text(line, sizeof(line) - 3, &n, msg, msglen);
+        line[n++] = '"';
+        line[n++] = '}';
+    } else {
+        size_t m = msglen < sizeof(line) - 2 - n ? msglen : sizeof(line) - 2 - n;
+        memcpy(line + n, msg, m);
+        n += m;
+    }
+    line[n++] = '\n';
+    /* One write per line: O_APPEND keeps lines whole across threads and processes. */
+    while (write(log_fd, line, n) < 0 && errno == EINTR)
+        ;
+}
+
 void
 cx_log_write(int level, int errnum, const char *fmt, ...)
 {
-    char line[2048], ebuf[128];
-    struct timespec ts;
-    struct tm tm;
+    char msg[2048], ebuf[128];
     va_list ap;
-    size_t n, i, head;
+    size_t n;
     int k;
 
     if (level > log_lvl)
@@ -86,36 +148,80 @@ cx_log_write(int level, int errnum, const char *fmt, ...)
         level = CX_LOG_ERR;
     if (level > CX_LOG_DEBUG)
         level = CX_LOG_DEBUG;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    k = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ [%s] %ld#%ld %s%s%s",
-                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                 ts.tv_nsec / 1000000, names[level], (long)getpid(), (long)syscall(SYS_gettid),
-                 request_id[0] ? "req=" : "", request_id, request_id[0] ? " " : "");
-    if (k < 0)
-        return;
-    head = (size_t)k < sizeof(line) ? (size_t)k : sizeof(line) - 1;
     va_start(ap, fmt);
-    k = vsnprintf(line + head, sizeof(line) - head, fmt, ap);
+    k = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    n = k < 0 ? head : head + (size_t)k;
-    if (n > sizeof(line) - 1)
-        n = sizeof(line) - 1;
+    n = k < 0 ? 0 : (size_t)k < sizeof(msg) ? (size_t)k : sizeof(msg) - 1;
     if (errnum) {
         const char *e = strerror_r(errnum, ebuf, sizeof(ebuf));
-        k = snprintf(line + n, sizeof(line) - n, " (%d: %s)", errnum, e);
+        k = snprintf(msg + n, sizeof(msg) - n, " (%d: %s)", errnum, e);
         if (k > 0)
             n += (size_t)k;
-        if (n > sizeof(line) - 1)
-            n = sizeof(line) - 1;
+        if (n > sizeof(msg) - 1)
+            n = sizeof(msg) - 1;
     }
-    for (i = head; i < n; i++)
-        if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
-            line[i] = '?';
-    if (n > sizeof(line) - 2)
-        n = sizeof(line) - 2;
-    line[n++] = '\n';
-    /* One write per line: O_APPEND keeps lines whole across threads and processes. */
-    while (write(log_fd, line, n) < 0 && errno == EINTR)
-        ;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)msg[i] < 0x20 || msg[i] == 0x7f)
+            msg[i] = '?';
+    emit(level, msg, n, "");
+}
+
+/* A word fit for a log field: letters, digits, "_" and "-" only, at most 31. */
+static void
+word(const char *in, char out[32])
+{
+    size_t i = 0;
+
+    for (; in && in[i] && i < 31; i++) {
+        char c = in[i];
+        out[i] = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                         c == '_' || c == '-'
+                     ? c
+                     : '?';
+    }
+    out[i] = '\0';
+}
+
+void
+cx_log_request(const char *method_in, const char *route_in, int status, long long us)
+{
+    char msg[256], fields[256], method[32], route[32];
+    int n;
+
+    if (CX_LOG_INFO > log_lvl)
+        return;
+    word(method_in, method); /* the client's: nothing of it may shape a line */
+    word(route_in, route);
+    n = snprintf(msg, sizeof(msg), "%s %s %d %lldus", method, route, status, us);
+    snprintf(fields, sizeof(fields),
+             "\"event\":\"request\",\"method\":\"%s\",\"route\":\"%s\",\"status\":%d,"
+             "\"duration_us\":%lld",
+             method, route, status, us);
+    emit(CX_LOG_INFO, msg,
+         n < 0                     ? 0
+         : (size_t)n < sizeof(msg) ? (size_t)n
+                                   : sizeof(msg) - 1,
+         fields);
+}
+
+void
+cx_log_run(const char *run_id, const char *status, long long ms, unsigned long long output_bytes,
+           bool reset)
+{
+    char msg[256], fields[320];
+    int n;
+
+    if (CX_LOG_INFO > log_lvl)
+        return;
+    n = snprintf(msg, sizeof(msg), "run %s %s in %lldms output=%llu reset=%d", run_id, status, ms,
+                 output_bytes, reset);
+    snprintf(fields, sizeof(fields),
+             "\"event\":\"run\",\"run_id\":\"%s\",\"status\":\"%s\",\"duration_ms\":%lld,"
+             "\"output_bytes\":%llu,\"reset\":%s",
+             run_id, status, ms, output_bytes, reset ? "true" : "false");
+    emit(CX_LOG_INFO, msg,
+         n < 0                     ? 0
+         : (size_t)n < sizeof(msg) ? (size_t)n
+                                   : sizeof(msg) - 1,
+         fields);
 }

@@ -35,7 +35,36 @@ static const struct {
     [CX_COUNT_GATEWAY_STALE] = {"gateway_stale_messages",
                                 "Kernel messages read and dropped (not for a run of ours)."},
     [CX_COUNT_ACCEPT_ERRORS] = {"accept_errors", "accept() failures a worker backed off from."},
+    [CX_COUNT_CAPTURE_BYTES] = {"capture_bytes", "Bytes of captured files stored."},
+    [CX_COUNT_DOWNLOAD_BYTES] = {"download_bytes", "Bytes of artifacts handed out."},
+    [CX_COUNT_DATABASE_ERRORS] = {"database_errors",
+                                  "PostgreSQL statements or connections that failed."},
+    [CX_COUNT_GATEWAY_ERRORS] = {"gateway_errors", "Gateway calls that failed."},
 };
+
+static const struct {
+    const char *name, *label, *help;
+} family_info[CX_FAMILY__N] = {
+    [CX_FAMILY_RUNS] = {"runs", "status", "Runs ended, by status."},
+    [CX_FAMILY_EVICTIONS] = {"session_evictions", "reason",
+                             "Idle sessions closed to make room, by reason."},
+    [CX_FAMILY_REFUSALS] = {"refusals", "reason", "Requests refused for a limit, by reason."},
+};
+
+#define MAX_LABELLED 64
+static struct {
+    enum cx_family family;
+    const char *value;
+    uint64_t count;
+} labelled[MAX_LABELLED];
+static size_t nlabelled;
+
+/* Runs: one histogram, the request buckets. */
+static struct {
+    uint64_t buckets[NBOUNDS];
+    uint64_t count;
+    double sum;
+} runs_hist;
 
 static int64_t gauges[CX_GAUGE__N];
 static const struct {
@@ -54,6 +83,70 @@ void
 cx_metrics_count(enum cx_counter c)
 {
     __atomic_add_fetch(&counters[c], 1, __ATOMIC_RELAXED);
+}
+
+void
+cx_metrics_add(enum cx_counter c, uint64_t n)
+{
+    __atomic_add_fetch(&counters[c], n, __ATOMIC_RELAXED);
+}
+
+void
+cx_metrics_count_by(enum cx_family f, const char *value)
+{
+    size_t i;
+
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < nlabelled; i++)
+        if (labelled[i].family == f && !strcmp(labelled[i].value, value))
+            break;
+    if (i == nlabelled && nlabelled < MAX_LABELLED) {
+        labelled[i].family = f;
+        labelled[i].value = value;
+        nlabelled++;
+    }
+    if (i < nlabelled)
+        labelled[i].count++;
+    pthread_mutex_unlock(&lock);
+}
+
+void
+cx_metrics_run_duration(int64_t us)
+{
+    double s = (double)us / 1e6;
+
+    pthread_mutex_lock(&lock);
+    for (size_t b = 0; b < NBOUNDS; b++)
+        if (s <= bounds[b])
+            runs_hist.buckets[b]++;
+    runs_hist.count++;
+    runs_hist.sum += s;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Under lock: the labelled counters and the runs' histogram. */
+static void
+render_runs(struct cx_buf *b)
+{
+    for (int f = 0; f < CX_FAMILY__N; f++) {
+        cx_buf_addf(b, "# HELP codexec_%s_total %s\n# TYPE codexec_%s_total counter\n",
+                    family_info[f].name, family_info[f].help, family_info[f].name);
+        for (size_t i = 0; i < nlabelled; i++)
+            if (labelled[i].family == (enum cx_family)f)
+                cx_buf_addf(b, "codexec_%s_total{%s=\"%s\"} %llu\n", family_info[f].name,
+                            family_info[f].label, labelled[i].value,
+                            (unsigned long long)labelled[i].count);
+    }
+    cx_buf_adds(b, "# HELP codexec_run_duration_seconds Runs' durations, from the request to "
+                   "the answer.\n# TYPE codexec_run_duration_seconds histogram\n");
+    for (size_t k = 0; k < NBOUNDS; k++)
+        cx_buf_addf(b, "codexec_run_duration_seconds_bucket{le=\"%g\"} %llu\n", bounds[k],
+                    (unsigned long long)runs_hist.buckets[k]);
+    cx_buf_addf(b,
+                "codexec_run_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+                "codexec_run_duration_seconds_sum %.6f\ncodexec_run_duration_seconds_count %llu\n",
+                (unsigned long long)runs_hist.count, runs_hist.sum,
+                (unsigned long long)runs_hist.count);
 }
 
 uint64_t
@@ -115,6 +208,7 @@ cx_metrics_render(struct cx_buf *b)
                     gauge_info[g].name, gauge_info[g].help, gauge_info[g].name, gauge_info[g].name,
                     (long long)__atomic_load_n(&gauges[g], __ATOMIC_RELAXED));
     pthread_mutex_lock(&lock);
+    render_runs(b);
     cx_buf_adds(b, "# HELP codexec_http_requests_total HTTP requests by route and status.\n"
                    "# TYPE codexec_http_requests_total counter\n");
     for (size_t i = 0; i < nseries; i++)

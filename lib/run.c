@@ -11,6 +11,7 @@
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
+#include "metrics.h"
 #include "run.h"
 #include "runexec.h"
 #include "session.h"
@@ -351,8 +352,15 @@ run_end(struct run *r, json_t *payload)
     snprintf(ms, sizeof(ms), "%lld", (long long)r->ms);
     if (cx_db_exec(r->cx->db, &q_run_finish, p, NULL))
         cx_log_warn(0, "could not record the end of run %s", r->id);
-    cx_log_info("run %s %s in %lldms output=%llu reset=%d", r->id, status, (long long)r->ms,
-                (unsigned long long)r->st.output_bytes, r->s.reset);
+    /* static label values only: ok, error (the code raised), timeout,
+     * failed (the request failed: no answer of the code's) */
+    cx_metrics_count_by(CX_FAMILY_RUNS, !payload                            ? "failed"
+                                        : status && !strcmp(status, "ok")   ? "ok"
+                                        : en && !strcmp(en, "TimeoutError") ? "timeout"
+                                                                            : "error");
+    cx_metrics_run_duration(r->ms * 1000);
+    cx_log_run(r->id, status && !strcmp(status, "ok") ? "ok" : "error", (long long)r->ms,
+               (unsigned long long)r->st.output_bytes, r->s.reset);
 }
 
 static enum cx_err

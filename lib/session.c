@@ -8,6 +8,7 @@
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
+#include "metrics.h"
 #include "prestart.h"
 #include "session.h"
 #include "util.h"
@@ -272,8 +273,10 @@ make_room(struct cx_ctx *cx, const char *user, const char *cid)
         unlock_conversation(cx, user, other);
         if (rc == CX_ERR_NOT_FOUND)
             continue;
-        if (rc == CX_OK)
+        if (rc == CX_OK) {
             cx_log_info("closed the least recently used session to make room");
+            cx_metrics_count_by(CX_FAMILY_EVICTIONS, "user_sessions");
+        }
         break;
     }
     PQclear(r);
@@ -479,6 +482,7 @@ evict_any(struct cx_ctx *cx, const struct cx_session *s)
         if (close_by_conversation(cx, user, cid, true) == CX_OK) {
             cx_log_info("a gateway at its kernel budget: closed the least recently used idle "
                         "session");
+            cx_metrics_count_by(CX_FAMILY_EVICTIONS, "gateway_budget");
             rc = CX_OK;
         }
         unlock_conversation(cx, user, cid);

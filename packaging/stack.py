@@ -704,6 +704,9 @@ http {{
             proxy_set_header Connection $connection_upgrade;
             proxy_set_header Host 127.0.0.1:{self.gateway_port};
             proxy_buffering off;
+            proxy_buffer_size 256k;  # the WebSocket's buffer each way
+            proxy_buffers 4 256k;
+            proxy_busy_buffers_size 256k;
             proxy_read_timeout 86400s;"""
         conf = f"""# Written by packaging/stack.py: the Kernel Gateway surface only.
 daemon off;

@@ -312,7 +312,8 @@ def test_soak_one_connection_per_kernel(ctx):
           f" per kernel): {samples}")
     eq(errors[:5], [], "no errors")
     check(all(s[2] <= 1 for s in samples), f"at most one connection per kernel: {samples}")
-    # the first half creates the 64 sessions (a kernel start each); then flat
+    # the first half creates the 64 sessions (a kernel start each); then no
+    # growth (sessions of earlier tests expiring may take some away)
     settled = [s[1] for s in samples[len(samples) // 2:]]
-    check(max(settled) - min(settled) <= 40,
-          f"the server's descriptors stay flat once the sessions exist: {samples}")
+    check(max(settled) - settled[0] <= 40,
+          f"the server's descriptors do not grow once the sessions exist: {samples}")
