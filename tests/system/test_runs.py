@@ -270,7 +270,6 @@ def test_tail_keeps_the_last_characters(ctx):
 
 
 def test_close_session(ctx):
-    import os
     run(ctx, "u-close", "c1", "x = 1\nimport os\nos.makedirs('d/e')\nopen('d/e/f.txt', 'w').write('f')\n"
                               "os.symlink('/etc', 'l')\nopen('.hidden', 'w').write('h')")
     kid = session_kernel(ctx, "u-close", "c1")
