@@ -194,8 +194,13 @@ def main():
         st.start_fcgi()
         st.start_nginx()
         import harness
+        import openapi_check
         ctx = harness.Context(st, build, a.flavour)
         run_system(res, st, ctx, a.only, a.pattern)
+        spec = openapi_check.SPEC
+        res.record(not spec.problems and spec.checked > 0,
+                   f"the {spec.checked} answers checked match docs/openapi.yaml",
+                   "\n".join(sorted(set(spec.problems)))[-4000:])
     except Exception as e:
         res.record(False, "the test stack starts", "".join(
             traceback.format_exception(type(e), e, e.__traceback__))[-3000:])

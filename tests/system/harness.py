@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 
+import openapi_check
 import stack
 
 
@@ -52,9 +53,13 @@ class Context:
         try:
             conn.request(method, path, body=body, headers=h)
             r = conn.getresponse()
-            return Response(r.status, r.getheaders(), r.read())
+            resp = Response(r.status, r.getheaders(), r.read())
         finally:
             conn.close()
+        if resp.header("X-Request-Id"):  # codexec's answer, not nginx's own
+            openapi_check.SPEC.check(method, path, resp.status,
+                                     {k.lower(): v for k, v in resp.headers}, resp.body)
+        return resp
 
     def get(self, path, **kw):
         return self.request("GET", path, **kw)
