@@ -30,6 +30,21 @@ done
 [ -z "$missing" ]; check $? "every exported function is declared in a public header"
 [ -n "$missing" ] && echo "# not declared:$missing"
 
+# And the converse: every function a public header declares is exported
+# (else a host linking the library, like tests/public, fails to link).
+# Comments and macros are dropped first; cx_err is the error enum and
+# cx_artifact_test_hooks a test-only structure.
+# shellcheck disable=SC2086
+declared=$(perl -0777 -ne 's{/\*.*?\*/}{}gs; s{#define[^\n]*(?:\\\n[^\n]*)*}{}g;
+  print "$1\n" while /\b(cx_[a-z0-9_]+)\s*\(/g' $public | sort -u |
+  grep -v -x -e cx_err -e cx_artifact_test_hooks)
+unexported=""
+for sym in $declared; do
+  grep -q -x "$sym" lib/libcodexec.sym || unexported="$unexported $sym"
+done
+[ -z "$unexported" ]; check $? "every function a public header declares is in lib/libcodexec.sym"
+[ -n "$unexported" ] && echo "# not exported:$unexported"
+
 bad=$(grep -l '#include "\.\./lib/' fcgi/*.c fcgi/*.h | while read -r f; do
   [ "$f" = fcgi/launcher.c ] && continue
   grep '#include "\.\./lib/' "$f" | grep -v '"\.\./lib/codexec.h"' | sed "s|^|$f: |"
