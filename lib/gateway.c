@@ -354,7 +354,8 @@ cx_gateway_timeout(struct cx_gateway *gw, long ms)
 
 /* Every process's view of each gateway's health: one probe at most every
  * PROBE_EVERY_MS per gateway, shared by the threads; while one thread
- * probes, the others take the last answer. */
+ * probes, the others take the last answer, except a recheck (a call that
+ * just failed), which waits for the probe under way. */
 #define PROBE_EVERY_MS   2000
 #define PROBE_TIMEOUT_MS 3000
 
@@ -364,6 +365,7 @@ static struct {
     int64_t at;
 } probes[32];
 static pthread_mutex_t probes_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t probes_done = PTHREAD_COND_INITIALIZER;
 
 static int
 probe_slot(const char *url)
@@ -392,6 +394,9 @@ usable(struct cx_gateway *gw, int64_t max_age_ms)
 
     pthread_mutex_lock(&probes_lock);
     i = probe_slot(gw->base);
+    if (max_age_ms == 0)
+        while (i >= 0 && probes[i].probing) /* its answer is as fresh as ours would be */
+            pthread_cond_wait(&probes_done, &probes_lock);
     probe = i >= 0 && !probes[i].probing && now - probes[i].at >= max_age_ms;
     if (probe)
         probes[i].probing = true;
@@ -409,6 +414,7 @@ usable(struct cx_gateway *gw, int64_t max_age_ms)
     probes[i].ok = ok;
     probes[i].at = cx_now_ms();
     probes[i].probing = false;
+    pthread_cond_broadcast(&probes_done);
     pthread_mutex_unlock(&probes_lock);
     return ok;
 }

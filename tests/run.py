@@ -198,7 +198,10 @@ def main():
         ctx = harness.Context(st, build, a.flavour)
         run_system(res, st, ctx, a.only, a.pattern)
         spec = openapi_check.SPEC
-        res.record(not spec.problems and spec.checked > 0,
+        # a selection of tests may send nothing through nginx; the whole
+        # suite must have answers to check
+        selected = bool(a.only or a.pattern)
+        res.record(not spec.problems and (spec.checked > 0 or selected),
                    f"the {spec.checked} answers checked match docs/openapi.yaml",
                    "\n".join(sorted(set(spec.problems)))[-4000:])
     except Exception as e:

@@ -70,16 +70,20 @@ main(void)
                        "gateway = http://y:2 token=t2\ngateway = https://z:3 max_kernels=9\n",
                        err, sizeof(err)) == CX_OK,
        "three gateways (%s)", err);
+    /* Under a failed allocation the parse fails and there is nothing to
+     * look at (tests/faultinject.py). */
     is_int(cfg.ngateways, 3, "three of them");
-    ok(!strcmp(cfg.gateways[0].url, "http://x:1") && !strcmp(cfg.gateways[0].token, "t1") &&
-           cfg.gateways[0].max_kernels == 7,
-       "the first from gateway_url, without its slash");
-    ok(!strcmp(cfg.gateways[1].url, "http://y:2") && !strcmp(cfg.gateways[1].token, "t2") &&
-           cfg.gateways[1].max_kernels == 7,
-       "the second with its token and max_kernels' default");
-    ok(!strcmp(cfg.gateways[2].url, "https://z:3") && !strcmp(cfg.gateways[2].token, "") &&
-           cfg.gateways[2].max_kernels == 9,
-       "the third with its own budget and no token");
+    if (cfg.ngateways == 3) {
+        is_str(cfg.gateways[0].url, "http://x:1", "the first from gateway_url, without its slash");
+        is_str(cfg.gateways[0].token, "t1", "the first's token");
+        is_int(cfg.gateways[0].max_kernels, 7, "the first's max_kernels");
+        is_str(cfg.gateways[1].url, "http://y:2", "the second");
+        is_str(cfg.gateways[1].token, "t2", "with its token");
+        is_int(cfg.gateways[1].max_kernels, 7, "and max_kernels' default");
+        is_str(cfg.gateways[2].url, "https://z:3", "the third");
+        is_str(cfg.gateways[2].token, "", "with no token");
+        is_int(cfg.gateways[2].max_kernels, 9, "and its own budget");
+    }
     cx_config_cleanup(&cfg);
     if (cx_config_defaults(&cfg) != CX_OK)
         return 1;

@@ -77,6 +77,7 @@ vanished_kernel(struct cx_gateway *gw)
         return;
     }
     ok(cx_gateway_kernel_get(gw, kid, &model) == CX_OK &&
+           json_string_value(json_object_get(model, "id")) &&
            !strcmp(json_string_value(json_object_get(model, "id")), kid),
        "its model names it");
     json_decref(model);
