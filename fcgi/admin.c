@@ -290,7 +290,7 @@ dispatch(struct cx_ctx *cx, int argc, char **argv)
 int
 main(int argc, char **argv)
 {
-    const char *config_path = "/etc/codexec/codexec.conf";
+    const char *config_path = CX_CONFIG_FILE;
     struct cx_config cfg;
     struct cx_ctx cx = {0};
     char errbuf[512];

@@ -534,7 +534,7 @@ stop_threads(struct threads *t)
 int
 main(int argc, char **argv)
 {
-    const char *config_path = "/etc/codexec/codexec.conf", *listen_addr = NULL;
+    const char *config_path = CX_CONFIG_FILE, *listen_addr = NULL;
     struct threads t = {0};
     unsigned workers = 0;
     sigset_t sigs;

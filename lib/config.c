@@ -30,8 +30,8 @@ static const struct cx_conf_key keys[] = {
     {"max_kernels", CX_CONF_UINT, O(max_kernels), "128", 1, 100000},
     {"gateway", CX_CONF_LINES, O(gateway_lines), "", 0, 0},
     {"kernel_name", CX_CONF_STR, O(kernel_name), "python3", 0, 0},
-    {"storage_dir", CX_CONF_STR, O(storage_dir), "/var/lib/codexec/storage", 0, 0},
-    {"secret_file", CX_CONF_STR, O(secret_file), "/etc/codexec/secret", 0, 0},
+    {"storage_dir", CX_CONF_STR, O(storage_dir), CX_LOCALSTATEDIR "/lib/codexec/storage", 0, 0},
+    {"secret_file", CX_CONF_STR, O(secret_file), CX_SYSCONFDIR "/codexec/secret", 0, 0},
     /* who may do what, and how downloads leave */
     {"trust_remote_user", CX_CONF_BOOL, O(trust_remote_user), "false", 0, 0},
     {"require_approval", CX_CONF_BOOL, O(require_approval), "false", 0, 0},

@@ -14,6 +14,15 @@
 
 enum cx_delivery { CX_DELIVERY_DIRECT, CX_DELIVERY_X_ACCEL, CX_DELIVERY_X_SENDFILE };
 
+/* Where configure put things (make install; the Debian package: /etc, /var). */
+#ifndef CX_SYSCONFDIR
+#define CX_SYSCONFDIR "/etc"
+#endif
+#ifndef CX_LOCALSTATEDIR
+#define CX_LOCALSTATEDIR "/var"
+#endif
+#define CX_CONFIG_FILE CX_SYSCONFDIR "/codexec/codexec.conf"
+
 /* A Jupyter gateway: gateway_url/gateway_token/max_kernels, then each
  * "gateway = URL [token=TOKEN] [max_kernels=N]" line. */
 #define CX_GATEWAY_URL_MAX 512

@@ -437,3 +437,46 @@ def test_crash_between_rename_and_commit_then_fsck(ctx):
     check(f"\t{user}\tc1\t" in r.stdout, "sessions list shows it")
     ctx.admin("sessions", "close", "--user", user, "--conversation", "c1")
     eq(ctx.psql(f"SELECT count(*) FROM sessions WHERE user_id = '{user}'"), "0", "sessions close")
+
+
+def metric_value(text, line_re, default=None):
+    m = re.search(rf"^{line_re} (\d+(?:\.\d+)?(?:e[+-]?\d+)?)$", text, re.M)
+    if not m and default is not None:
+        return default  # a labelled series appears with its first event
+    check(m, f"/metrics has {line_re}")
+    return float(m.group(1))
+
+
+def test_metrics_families_after_a_run(ctx):
+    """The families an operator alerts on (README, "Metrics") are on
+    /metrics after a run that captured a file and a download of it, with
+    values that moved by what happened."""
+    user = "a-metrics"
+    before = ctx.get("/metrics").body.decode()
+    ok0 = metric_value(before, r'codexec_runs_total\{status="ok"\}', 0)
+    cap0 = metric_value(before, "codexec_capture_bytes_total")
+    dl0 = metric_value(before, "codexec_download_bytes_total")
+    dur0 = metric_value(before, "codexec_run_duration_seconds_count")
+    r = run(ctx, user, "c1", "open('m.bin', 'wb').write(b'x' * 5000)")
+    a = r["artifacts"][0]
+    got = ctx.get(a["download_url"], key=ctx.key(user))
+    eq(len(got.body), 5000, "download")
+    text = ctx.get("/metrics").body.decode()
+    check(metric_value(text, r'codexec_runs_total\{status="ok"\}') >= ok0 + 1, "runs_total{ok} moved")
+    check(metric_value(text, "codexec_run_duration_seconds_count") >= dur0 + 1, "run duration counted")
+    check(metric_value(text, r'codexec_run_duration_seconds_bucket\{le="\+Inf"\}') >= dur0 + 1,
+          "run duration histogram")
+    check(metric_value(text, "codexec_capture_bytes_total") >= cap0 + 5000, "capture bytes moved")
+    check(metric_value(text, "codexec_download_bytes_total") >= dl0 + 5000, "download bytes moved")
+    check(metric_value(text, r'codexec_sessions\{gateway="[^"]+"\}') >= 1, "live sessions by gateway")
+    check(metric_value(text, r'codexec_kernels\{gateway="[^"]+"\}') >= 1, "kernels by gateway")
+    metric_value(text, r'codexec_kernel_pool_ready\{gateway="[^"]+"\}')
+    metric_value(text, r'codexec_gateway_max_kernels\{gateway="[^"]+"\}')
+    for family, kind in [("codexec_runs_total", "counter"),
+                         ("codexec_run_duration_seconds", "histogram"),
+                         ("codexec_session_evictions_total", "counter"),
+                         ("codexec_refusals_total", "counter"),
+                         ("codexec_database_errors_total", "counter"),
+                         ("codexec_gateway_errors_total", "counter"),
+                         ("codexec_sessions", "gauge"), ("codexec_kernels", "gauge")]:
+        check(f"# TYPE {family} {kind}\n" in text, f"# TYPE {family} {kind}")

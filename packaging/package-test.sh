@@ -1,0 +1,204 @@
+#!/bin/bash
+# The installed package, tested as a user runs it. `packaging/quickstart
+# package-test` runs this inside a fresh Debian 12 root in two phases:
+#
+#   package-test.sh install DEB   (systemd-nspawn, network): apt install the
+#       package as a user would, systemd-analyze verify its units, enable
+#       the nginx site, and enable the unit that runs the second phase;
+#   package-test.sh check         (systemd-nspawn --boot, systemd as PID 1,
+#       private network): run by that unit after boot, with PostgreSQL,
+#       nginx, codexec-gateway.service and codexec.socket started by systemd
+#       itself, under every hardening directive of the shipped units.
+#
+# `check` creates the database as the README says, runs code and downloads
+# its artifact through nginx, checks socket activation, the units'
+# hardening, the kernels' user, /metrics, logrotate's SIGHUP, reload and a
+# stopped service coming back on the next request. It ends with
+# "package-test: ok" and writes its exit status to /var/tmp/pkg/rc.
+set -euo pipefail
+say() { printf 'package-test: %s\n' "$*"; }
+fail() { say "FAILED: $*"; exit 1; }
+here=/var/tmp/pkg
+
+phase_install() {
+  local deb=$1
+  export DEBIAN_FRONTEND=noninteractive
+  say "apt install $deb (and what it recommends), PostgreSQL, nginx, systemd"
+  apt-get update -qq
+  apt-get install -y -qq "$deb" postgresql nginx curl systemd procps logrotate >/dev/null
+  local unit=/lib/systemd/system
+  say "systemd-analyze verify"
+  systemd-analyze verify --man=no $unit/codexec.socket $unit/codexec.service \
+    $unit/codexec-gateway.service
+  say "the nginx site, enabled as the README says"
+  ln -sf /etc/nginx/sites-available/codexec /etc/nginx/sites-enabled/codexec
+  rm -f /etc/nginx/sites-enabled/default
+  sed -i 's/server_name codexec.example.com;/server_name localhost;/' \
+    /etc/nginx/sites-available/codexec
+  nginx -t
+  cat >/etc/systemd/system/codexec-package-test.service <<EOF
+[Unit]
+Description=codexec package test (second phase)
+After=multi-user.target postgresql.service nginx.service codexec-gateway.service codexec.socket
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Service]
+Type=oneshot
+ExecStart=/bin/bash $here/package-test.sh check
+StandardOutput=append:$here/check.log
+StandardError=append:$here/check.log
+TimeoutStartSec=900
+
+[Install]
+WantedBy=multi-user.target
+EOF
+  systemctl enable codexec-package-test.service
+  # a booted container needs a machine id and no getty on the console
+  systemd-machine-id-setup >/dev/null
+  systemctl mask console-getty.service getty@tty1.service >/dev/null 2>&1 || true
+  say "installed"
+}
+
+wait_for() {  # wait_for SECONDS WHAT COMMAND...
+  local n=$1 what=$2
+  shift 2
+  for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 1; done
+  fail "$what"
+}
+
+run_code() {  # run_code KEY CONVERSATION CODE -> the answer
+  python3 - "$1" "$2" "$3" <<'EOF'
+import json, sys, urllib.request
+key, conv, code = sys.argv[1:]
+req = urllib.request.Request("http://127.0.0.1/v1/runs",
+    data=json.dumps({"conversation_id": conv, "code": code}).encode(),
+    headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+print(urllib.request.urlopen(req, timeout=120).read().decode())
+EOF
+}
+
+field() {  # field JSON EXPR
+  printf '%s' "$1" | python3 -c "import json, sys; d = json.load(sys.stdin); print($2)"
+}
+
+check_hardening() {
+  local p
+  for p in ProtectSystem=strict NoNewPrivileges=yes PrivateTmp=yes ProtectHome=yes \
+           User=codexec MemoryDenyWriteExecute=yes RestrictNamespaces=yes; do
+    systemctl show codexec.service -p "${p%%=*}" | grep -qx "$p" ||
+      fail "codexec.service does not run with $p"
+  done
+  systemctl show codexec-gateway.service -p User | grep -qx User=codexec-kernel ||
+    fail "the gateway does not run as codexec-kernel"
+  systemctl show codexec-gateway.service -p Delegate | grep -qx Delegate=yes ||
+    fail "the gateway has no delegated cgroup"
+  say "hardening: in force (ProtectSystem=strict, NoNewPrivileges, PrivateTmp, ...)"
+}
+
+check_kernels_user() {
+  pgrep -u codexec-kernel -f ipykernel >/dev/null || fail "no kernel runs as codexec-kernel"
+  if pgrep -u codexec -f ipykernel >/dev/null; then fail "a kernel runs as codexec"; fi
+  say "kernels: run as codexec-kernel, none as codexec"
+}
+
+check_logrotate() {  # check_logrotate KEY
+  local log=/var/log/codexec/codexec.log
+  [ -s "$log" ] || fail "codexec wrote no $log"
+  logrotate -f /etc/logrotate.d/codexec
+  [ -e "$log.1" ] || fail "logrotate did not rotate $log"
+  curl -fsS -o /dev/null -H "Authorization: Bearer $1" http://127.0.0.1/v1/artifacts ||
+    fail "no answer after logrotate"
+  wait_for 10 "codexec did not reopen its log on SIGHUP" test -s "$log"
+  say "logrotate: rotated; codexec reopened its log on SIGHUP"
+}
+
+check_restarts() {  # check_restarts KEY
+  systemctl reload codexec.service
+  curl -fsS -o /dev/null -H "Authorization: Bearer $1" http://127.0.0.1/v1/artifacts ||
+    fail "no answer after systemctl reload"
+  systemctl stop codexec.service
+  systemctl is-active -q codexec.socket || fail "stopping the service stopped the socket"
+  local out
+  out=$(run_code "$1" pkg 'print(x)')
+  [ "$(field "$out" 'd["status"]')" = ok ] || fail "after a stop the run answered: $out"
+  systemctl is-active -q codexec.service || fail "the socket did not start the service again"
+  say "reload, stop: the socket starts the service again on the next request"
+}
+
+check_cgroups() {  # check_cgroups KEY
+  # Delegate=yes: the gateway's user owns its unit's cgroup, so the launcher
+  # can make each kernel's cgroup below it.
+  local parent=system.slice/codexec-gateway.service out pid line mem
+  sed -i "s|^cgroup =.*|cgroup = $parent|" /etc/codexec/sandbox.conf
+  runuser -u codexec -- codexec-admin pool drain >/dev/null
+  out=$(run_code "$1" pkg-cgroup 'print("in a cgroup")')
+  [ "$(field "$out" 'd["status"]')" = ok ] || fail "with cgroup = $parent the run answered: $out"
+  pid=$(pgrep -n -u codexec-kernel -f ipykernel) || fail "no kernel after the run"
+  line=$(grep -E '^[0-9]+:([^:]*,)?memory(,[^:]*)?:|^0::' "/proc/$pid/cgroup" | head -1)
+  case "$line" in
+    *"/$parent/k-"*) ;;
+    *) fail "the newest kernel is not in a cgroup below $parent: $line" ;;
+  esac
+  if [ "${line%%:*}" = 0 ]; then  # cgroup v2
+    mem=$(cat "/sys/fs/cgroup${line##*:}/memory.max" 2>/dev/null || true)
+  else
+    mem=$(cat "/sys/fs/cgroup/memory${line##*:}/memory.limit_in_bytes" 2>/dev/null || true)
+  fi
+  [ "$mem" = 2147483648 ] || fail "the kernel's cgroup (${line##*:}) has memory limit '$mem', not 2G"
+  say "cgroups: each kernel in its own cgroup below $parent, memory limited"
+}
+
+phase_check() {
+  say "systemd $(systemctl --version | head -1 | cut -d' ' -f2) is PID 1: $(ps -o comm= -p 1)"
+  wait_for 120 "PostgreSQL did not start" runuser -u postgres -- psql -qc 'SELECT 1'
+  say "PostgreSQL: the codexec role and database, then codexec-admin migrate"
+  runuser -u postgres -- psql -qc "CREATE ROLE codexec LOGIN"
+  runuser -u postgres -- createdb -O codexec codexec
+  runuser -u codexec -- codexec-admin migrate
+  systemctl is-active -q codexec.socket || fail "codexec.socket is not listening"
+  if systemctl is-active -q codexec.service; then fail "codexec.service ran before any request"; fi
+  say "socket activation: codexec.socket listens, codexec.service not started yet"
+  wait_for 120 "codexec-gateway.service did not start" systemctl is-active -q codexec-gateway.service
+  wait_for 120 "the gateway does not answer" \
+    curl -fsS -o /dev/null -H "Authorization: token $(sed -n 's/^JUPYTER_TOKEN=//p' /etc/codexec/gateway.env)" \
+    http://127.0.0.1:18888/api/kernelspecs
+
+  local key out url got
+  key=$(runuser -u codexec -- codexec-admin key create --user pkg)
+  say "a run through nginx"
+  out=$(run_code "$key" pkg $'open("hello.txt", "w").write("hi from the package")\nx = 6 * 7\nprint(x)')
+  [ "$(field "$out" 'd["stdout_tail"].strip()')" = 42 ] || fail "the run answered: $out"
+  systemctl is-active -q codexec.service || fail "the request did not start codexec.service"
+  say "its artifact through nginx (x-accel)"
+  url=$(field "$out" 'd["artifacts"][0]["download_url"]')
+  got=$(curl -fsS -H "Authorization: Bearer $key" "http://127.0.0.1$url")
+  [ "$got" = "hi from the package" ] || fail "the download gave: $got"
+  check_hardening
+  check_kernels_user
+  check_cgroups "$key"
+  say "/metrics (loopback only) shows the families operators alert on"
+  local m f
+  m=$(curl -fsS http://127.0.0.1/metrics)
+  for f in 'codexec_runs_total{status="ok"}' codexec_run_duration_seconds_count codexec_sessions \
+           codexec_kernels codexec_capture_bytes_total codexec_download_bytes_total; do
+    printf '%s\n' "$m" | grep -q "^$f" || fail "no $f in /metrics"
+  done
+  check_logrotate "$key"
+  check_restarts "$key"
+  say ok
+}
+
+case "${1:-}" in
+install) phase_install "$2" ;;
+check)
+  rc=0
+  ( phase_check ) || rc=$?
+  echo "$rc" >"$here/rc"
+  if [ "$rc" != 0 ]; then
+    journalctl --no-pager -n 60 -u codexec.service -u codexec-gateway.service -u codexec.socket || true
+  fi
+  exit "$rc"
+  ;;
+*) echo "usage: package-test.sh install DEB | check" >&2; exit 2 ;;
+esac
