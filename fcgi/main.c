@@ -8,7 +8,9 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcgiapp.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +28,11 @@
 
 static int listen_fd;
 static volatile int stopping; /* set under reaper_lock */
+/* Written once when stopping: wakes the worker waiting for a connection.
+ * The listening socket itself is never shut down: under socket activation
+ * it is systemd's as well, and shutdown() would break it for the next
+ * start (codexec.socket then fails with "resources"). */
+static int stop_pipe[2] = {-1, -1};
 
 /* One worker at a time waits in accept(): the holder of the acceptor role.
  * Having accepted, it hands the role to the worker that went idle last
@@ -193,6 +200,27 @@ accept_failed(unsigned *backoff_ms)
     nanosleep(&ts, NULL);
 }
 
+/* Waits until the listening socket has a connection (true) or the process
+ * is stopping (false). */
+static bool
+wait_for_connection(void)
+{
+    struct pollfd p[2] = {{.fd = listen_fd, .events = POLLIN},
+                          {.fd = stop_pipe[0], .events = POLLIN}};
+
+    for (;;) {
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return !stopping; /* accept() says what is wrong */
+        }
+        if (p[1].revents)
+            return false;
+        if (p[0].revents)
+            return true;
+    }
+}
+
 static void *
 worker_main(void *arg)
 {
@@ -211,7 +239,7 @@ worker_main(void *arg)
     }
     cx_metrics_gauge_add(CX_GAUGE_WORKERS, 1);
     while (take_role(&me)) {
-        int rc = stopping ? -1 : FCGX_Accept_r(&fr);
+        int rc = stopping || !wait_for_connection() ? -1 : FCGX_Accept_r(&fr);
 
         pass_role();
         if (rc < 0 && stopping)
@@ -455,6 +483,10 @@ start_threads(struct threads *t)
         cx_log_err(errno, "pthread_cond_init() failed");
         return false;
     }
+    if (pipe2(stop_pipe, O_CLOEXEC) != 0) {
+        cx_log_err(errno, "pipe2() failed");
+        return false;
+    }
     t->workers = calloc(cfg.workers, sizeof(*t->workers));
     idle_stack = calloc(cfg.workers, sizeof(*idle_stack));
     if (!t->workers || !idle_stack)
@@ -513,10 +545,10 @@ stop_threads(struct threads *t)
     stopping = 1;
     pthread_cond_broadcast(&reaper_cond);
     pthread_mutex_unlock(&reaper_lock);
-    /* Wakes every thread blocked in accept(); connections already accepted
-     * are separate sockets and finish normally. */
-    if (listen_fd >= 0)
-        shutdown(listen_fd, SHUT_RDWR);
+    /* Wakes the worker waiting for a connection; connections already
+     * accepted finish normally. */
+    if (stop_pipe[1] >= 0 && write(stop_pipe[1], "x", 1) != 1)
+        cx_log_err(errno, "write() to the stop pipe failed");
     if (idle_stack)
         wake_idle_workers();
     for (unsigned i = 0; i < t->started; i++)

@@ -69,12 +69,15 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...
 
 run_code() {  # run_code KEY CONVERSATION CODE -> the answer
   python3 - "$1" "$2" "$3" <<'EOF'
-import json, sys, urllib.request
+import json, sys, urllib.error, urllib.request
 key, conv, code = sys.argv[1:]
 req = urllib.request.Request("http://127.0.0.1/v1/runs",
     data=json.dumps({"conversation_id": conv, "code": code}).encode(),
     headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
-print(urllib.request.urlopen(req, timeout=120).read().decode())
+try:
+    print(urllib.request.urlopen(req, timeout=120).read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
 EOF
 }
 
@@ -107,7 +110,7 @@ check_logrotate() {  # check_logrotate KEY
   [ -s "$log" ] || fail "codexec wrote no $log"
   logrotate -f /etc/logrotate.d/codexec
   [ -e "$log.1" ] || fail "logrotate did not rotate $log"
-  curl -fsS -o /dev/null -H "Authorization: Bearer $1" http://127.0.0.1/v1/artifacts ||
+  curl -fsS -o /dev/null -H "Authorization: Bearer $1" http://127.0.0.1/v1/artifacts?conversation_id=pkg ||
     fail "no answer after logrotate"
   wait_for 10 "codexec did not reopen its log on SIGHUP" test -s "$log"
   say "logrotate: rotated; codexec reopened its log on SIGHUP"
@@ -115,7 +118,7 @@ check_logrotate() {  # check_logrotate KEY
 
 check_restarts() {  # check_restarts KEY
   systemctl reload codexec.service
-  curl -fsS -o /dev/null -H "Authorization: Bearer $1" http://127.0.0.1/v1/artifacts ||
+  curl -fsS -o /dev/null -H "Authorization: Bearer $1" http://127.0.0.1/v1/artifacts?conversation_id=pkg ||
     fail "no answer after systemctl reload"
   systemctl stop codexec.service
   systemctl is-active -q codexec.socket || fail "stopping the service stopped the socket"
@@ -130,6 +133,15 @@ check_cgroups() {  # check_cgroups KEY
   # Delegate=yes: the gateway's user owns its unit's cgroup, so the launcher
   # can make each kernel's cgroup below it.
   local parent=system.slice/codexec-gateway.service out pid line mem
+  # systemd realizes the unit's cgroup in the memory controller's hierarchy
+  # only where it manages that controller (on a host, v1 or v2). Booted by
+  # systemd-nspawn on a machine with v1 controllers, the container's
+  # systemd gets no controller at all: nothing to delegate, said plainly.
+  if [ ! -d "/sys/fs/cgroup/memory/$parent" ] &&
+     ! grep -qw memory "/sys/fs/cgroup/$parent/cgroup.controllers" 2>/dev/null; then
+    say "cgroups: NOT TESTED here: this container's systemd manages no memory controller"
+    return 0
+  fi
   sed -i "s|^cgroup =.*|cgroup = $parent|" /etc/codexec/sandbox.conf
   runuser -u codexec -- codexec-admin pool drain >/dev/null
   out=$(run_code "$1" pkg-cgroup 'print("in a cgroup")')

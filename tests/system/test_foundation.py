@@ -314,6 +314,53 @@ def test_listens_on_fd0_when_spawned(ctx):
         os.unlink(path)
 
 
+def test_socket_activation_survives_a_stop(ctx):
+    """Under systemd socket activation (LISTEN_FDS=1, the socket as fd 3)
+    the listening socket is systemd's too: a stopped codexec-fcgi must leave
+    it listening, so the next connection starts the next process. (Found by
+    package-test: shutdown() of the socket on SIGTERM made codexec.socket
+    fail with "resources".) The test holds the socket as systemd does."""
+    st = ctx.st
+    path = os.path.join(st.rundir, "activated.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(16)
+    st.chown(path)
+    conf = os.path.join(st.var, "activated.conf")
+    with open(st.conf) as f, open(conf, "w") as out:
+        out.writelines(l for l in f if not l.startswith("listen "))
+    os.chmod(conf, 0o640)
+    st.chown(conf)
+
+    def start():
+        # LISTEN_PID must be the program's own pid: a shell sets it and execs
+        cmd = st.as_user() + ["/bin/sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"', "sh",
+                              os.path.join(st.bin, "codexec-fcgi"), "--config", conf,
+                              "--workers", "2"]
+        # the socket becomes fd 3 in the child only (preexec_fn runs before
+        # the child closes what pass_fds does not keep)
+        return subprocess.Popen(cmd, pass_fds=(3,), preexec_fn=lambda: os.dup2(srv.fileno(), 3),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+    try:
+        for i in range(2):
+            proc = start()
+            try:
+                status, _, body = fcgi_client.request(path, "GET", "/v1/health")
+                eq(status, 200, f"process {i}: health over the activated socket: {body!r}")
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                eq(proc.wait(timeout=20), 0, f"process {i}: clean exit on SIGTERM")
+            # the socket still listens: a client can connect (and wait)
+            c = socket.socket(socket.AF_UNIX)
+            c.settimeout(5)
+            c.connect(path)
+            c.close()
+    finally:
+        srv.close()
+        os.unlink(path)
+
+
 def test_kept_connections_are_closed(ctx):
     """With `fastcgi_keep_conn on`, libfcgi would keep a worker waiting on the
     idle connection (holding the acceptor role, so nobody accepts): codexec
