@@ -244,6 +244,8 @@ worker_main(void *arg)
         pass_role();
         if (rc < 0 && stopping)
             break;
+        if (rc == -EAGAIN || rc == -EWOULDBLOCK)
+            continue; /* the connection went away before its request: wait again */
         if (rc < 0) {
             accept_failed(&backoff_ms);
             continue;
@@ -467,6 +469,17 @@ start_up(const char *config_path, unsigned workers, const char **listen_addr)
         return false;
     }
     listen_fd = open_listener(*listen_addr);
+    /* Non-blocking: libfcgi goes back to accept() by itself when a
+     * connection closes before its request, and a blocking accept() there
+     * would sleep through a stop (and through the stop pipe) until the next
+     * connection. Accepted connections do not inherit the flag. */
+    if (listen_fd >= 0) {
+        int fl = fcntl(listen_fd, F_GETFL);
+        if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+            cx_log_err(errno, "fcntl() of the listening socket failed");
+            return false;
+        }
+    }
     return listen_fd >= 0;
 }
 

@@ -219,12 +219,13 @@ close_locked(struct cx_ctx *cx, const char *id, const char *kernel_id, const cha
     if (kernel_id && *kernel_id && gw) {
         cx_kernel_pool_forget(kernel_id);
         rc = cx_gateway_kernel_delete(gw, kernel_id);
-        /* An eviction goes on when the kernel's gateway went away: no row
-         * names the kernel from now on, and the reconciler deletes it once
-         * the gateway is back (kernel_orphan_grace). The run that needed
-         * the room does not fail for a gateway it does not use. */
-        if (rc && !(keep_row && (rc == CX_ERR_GATEWAY || rc == CX_ERR_TIMEOUT) &&
-                    !cx_gateway_recheck(gw)))
+        /* An eviction goes on when the kernel's gateway went away (the
+         * call failed, not timed out, and so does a probe): no row names
+         * the kernel from now on, and the reconciler deletes it once the
+         * gateway is back (kernel_orphan_grace). The run that needed the
+         * room does not fail for a gateway it does not use. A gateway that
+         * is only slow keeps the row: its kernel still counts. */
+        if (rc && !(keep_row && rc == CX_ERR_GATEWAY && !cx_gateway_recheck(gw)))
             return defer(cx, id, rc);
     }
     rc = cx_db_exec(cx->db, keep_row ? &q_evicted : &q_delete, p, NULL);

@@ -96,7 +96,29 @@ check_hardening() {
     fail "the gateway does not run as codexec-kernel"
   systemctl show codexec-gateway.service -p Delegate | grep -qx Delegate=yes ||
     fail "the gateway has no delegated cgroup"
-  say "hardening: in force (ProtectSystem=strict, NoNewPrivileges, PrivateTmp, ...)"
+  systemctl show codexec-gateway.service -p NoNewPrivileges | grep -qx NoNewPrivileges=yes ||
+    fail "the gateway runs without NoNewPrivileges"
+  local tok code
+  tok=$(sed -n 's/^JUPYTER_TOKEN=//p' /etc/codexec/gateway.env)
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: token $tok" \
+    http://127.0.0.1:18888/api/terminals)
+  [ "$code" = 404 ] || fail "the gateway offers terminals (POST /api/terminals answered $code)"
+  say "hardening: in force (ProtectSystem=strict, NoNewPrivileges, PrivateTmp, ...); no terminals"
+}
+
+check_kernel_user_reads_nothing() {
+  local f
+  for f in /etc/codexec/secret /etc/codexec/codexec.conf /etc/codexec/gateway.env; do
+    if runuser -u codexec-kernel -- cat "$f" >/dev/null 2>&1; then
+      fail "codexec-kernel can read $f"
+    fi
+  done
+  if runuser -u codexec-kernel -- ls /var/lib/codexec/storage >/dev/null 2>&1; then
+    fail "codexec-kernel can list the storage"
+  fi
+  runuser -u codexec-kernel -- cat /etc/codexec/sandbox.conf >/dev/null ||
+    fail "codexec-kernel cannot read sandbox.conf"
+  say "the kernels' user reads none of codexec's files (secret, config, token, storage)"
 }
 
 check_kernels_user() {
@@ -169,7 +191,9 @@ phase_check() {
   runuser -u postgres -- createdb -O codexec codexec
   runuser -u codexec -- codexec-admin migrate
   systemctl is-active -q codexec.socket || fail "codexec.socket is not listening"
-  if systemctl is-active -q codexec.service; then fail "codexec.service ran before any request"; fi
+  [ "$(systemctl show -p ActiveState --value codexec.service)" = inactive ] &&
+    [ "$(systemctl show -p NRestarts --value codexec.service)" = 0 ] ||
+    fail "codexec.service ran before any request: $(systemctl show -p ActiveState -p NRestarts codexec.service)"
   say "socket activation: codexec.socket listens, codexec.service not started yet"
   wait_for 120 "codexec-gateway.service did not start" systemctl is-active -q codexec-gateway.service
   wait_for 120 "the gateway does not answer" \
@@ -188,6 +212,7 @@ phase_check() {
   [ "$got" = "hi from the package" ] || fail "the download gave: $got"
   check_hardening
   check_kernels_user
+  check_kernel_user_reads_nothing
   check_cgroups "$key"
   say "/metrics (loopback only) shows the families operators alert on"
   local m f

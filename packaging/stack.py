@@ -665,6 +665,9 @@ http {{
             "/usr/bin/python3", "-m", "jupyter_server", f"--config={server_conf}",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
             "--ServerApp.port_retries=0", "--ServerApp.open_browser=False",
+            # no terminals: the gateway's token must not be a shell outside
+            # the sandbox
+            "--ServerApp.terminals_enabled=False",
             f"--ServerApp.root_dir={self.workspaces}",
             "--KernelManager.transport=ipc",
             # The last resort against leaked kernels (codexec's reconciler

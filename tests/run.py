@@ -168,6 +168,13 @@ def main():
         "max_output_bytes": "1M",
         "user_quota_artifacts": "100",
         "kernel_pool_size": "0",  # test_pool turns it on
+        # The suite's sessions live default_ttl (10 minutes) and outnumber
+        # the default budget of 128 by the time the pool and run tests come
+        # (the soak alone makes 64; test_hostile adds 20 rows whose kernels
+        # can't be deleted): a budget the suite does not meet, so that no
+        # test depends on which ran before it. The budget's own tests run
+        # processes of their own with small ones (test_capacity).
+        "max_kernels": "1024",
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      gateway_proxy_port=stack.free_port(),  # the suite runs through it

@@ -27,13 +27,6 @@ def pool_rows(ctx):
 def set_pool(ctx, n):
     st = ctx.st
     st.conf_extra["kernel_pool_size"] = str(n)
-    # The pool fills only within the gateway's budget, and the suite's
-    # earlier tests (the soak's 64 conversations among them) may still hold
-    # all of the default 128: room for the pool, whatever ran before.
-    if n:
-        st.conf_extra["max_kernels"] = "4096"
-    else:
-        st.conf_extra.pop("max_kernels", None)
     st.write_config()
     st.kill_pidfile("codexec-fcgi")
     st.start_fcgi()
