@@ -62,8 +62,11 @@ def plan(count, per_run, budget):
     return sorted(set(first + [n for n in spread if n <= count]))
 
 
-def inject(prog, env, budget, timeout=120):
-    """(failed allocations tried, allocations in all, problems)."""
+def inject(prog, env, budget, timeout=200):
+    """(failed allocations tried, allocations in all, problems). The
+    timeout is above the longest deadline of the code under test (a pooled
+    kernel's warm-up waits 120 s): a failed allocation that leaves a wait to
+    run to its deadline is a clean answer; one that hangs is not."""
     why, out, took = run_once(prog, env, 0, timeout)
     m = re.search(r"^failalloc: (\d+)$", out, re.M)
     if why or not m:
