@@ -528,22 +528,39 @@ place(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
     return CX_ERR_CAPACITY;
 }
 
-/* place() and start_kernel(): when the start fails because the gateway
- * just went away (its probe had not noticed yet), once more elsewhere. */
+/* Probes every gateway now; whether one is usable. */
+static bool
+recheck_all(struct cx_ctx *cx)
+{
+    bool any = false;
+
+    for (unsigned i = 0; i < cx->ngws; i++)
+        any |= cx_gateway_recheck(cx->gws[i]);
+    return any;
+}
+
+/* place() and start_kernel(), once more when the answer they went by was
+ * stale: the start failed because its gateway just went away (its probe
+ * had not noticed yet), or no gateway was usable by their last probes and
+ * one is back now (a busy gateway can miss a probe). */
 static enum cx_err
 place_and_start(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
 {
     enum cx_err rc = place(cx, s, msg, msglen);
+    bool placed = rc == CX_OK;
 
-    if (rc == CX_OK)
+    if (placed)
         rc = start_kernel(cx, s, msg, msglen);
-    if ((rc == CX_ERR_GATEWAY || rc == CX_ERR_TIMEOUT) && !cx_gateway_recheck(s->gw)) {
+    if (rc != CX_ERR_GATEWAY && rc != CX_ERR_TIMEOUT)
+        return rc;
+    if (placed ? cx_gateway_recheck(s->gw) : !recheck_all(cx))
+        return rc;
+    if (placed)
         cx_log_warn(0, "session %s: gateway %s went away; placing its kernel elsewhere", s->id,
                     s->gateway_url);
-        rc = place(cx, s, msg, msglen);
-        if (rc == CX_OK)
-            rc = start_kernel(cx, s, msg, msglen);
-    }
+    rc = place(cx, s, msg, msglen);
+    if (rc == CX_OK)
+        rc = start_kernel(cx, s, msg, msglen);
     return rc;
 }
 
@@ -653,7 +670,8 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
     snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", PQgetvalue(r, 0, 4));
     PQclear(r);
     s->gw = cx_ctx_gateway(cx, s->gateway_url);
-    if (!s->kernel_id[0] || !s->gw || !cx_gateway_usable(s->gw)) {
+    /* moving the kernel loses the session's state: worth a fresh probe */
+    if (!s->kernel_id[0] || !s->gw || (!cx_gateway_usable(s->gw) && !cx_gateway_recheck(s->gw))) {
         rc = cx_session_move_kernel(cx, s, msg, msglen);
         if (rc)
             goto fail;

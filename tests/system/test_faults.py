@@ -7,6 +7,7 @@ half-stored that fsck can't explain. The matrix is in docs/reliability.md."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -123,6 +124,59 @@ def test_gateway_killed_mid_run(ctx):
     body = r.json()
     eq(body["stdout_tail"], "back\n", "in a new kernel")
     eq(body["session"]["reset"], True, "which says its state is gone")
+
+
+def log_mark(ctx):
+    return os.path.getsize(os.path.join(ctx.st.logdir, "codexec.log"))
+
+
+def logged_since(ctx, mark, text):
+    with open(os.path.join(ctx.st.logdir, "codexec.log"), errors="replace") as f:
+        f.seek(mark)
+        return text in f.read()
+
+
+def test_a_missed_probe_costs_no_session_its_state(ctx):
+    """A gateway too busy to answer one probe (here: stopped for the probe's
+    3 s; in the wild, swamped by a tenant's output flood) is probed once
+    more before a session's kernel is given up: while the failed probe's
+    answer is fresh, the conversation keeps its kernel and its state."""
+    st = ctx.st
+    user, cid = "fault-probe", new_id()
+    run(ctx, user, cid, "x = 41")
+    pid = st.pid("jupyter")
+    mark = log_mark(ctx)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: logged_since(ctx, mark, "is not usable"), 30, "a probe that fails")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    r = run(ctx, user, cid, "print(x + 1)")
+    eq(r["stdout_tail"], "42\n", "the same kernel, its state kept")
+    eq(r["session"]["reset"], False, "no reset")
+
+
+def test_a_new_conversation_while_no_gateway_is_usable(ctx):
+    """Every gateway known to be down: a new conversation answers codexec's
+    own 502 (not nginx's, after a worker died), the process stays up, and
+    conversations start again once the gateway is back."""
+    st = ctx.st
+    fcgi = st.pid("codexec-fcgi")
+    mark = log_mark(ctx)
+    st.kill_pidfile("jupyter")
+    try:
+        wait_until(lambda: logged_since(ctx, mark, "is not usable"), 30, "the probe notices")
+        for _ in range(3):
+            r = ctx.post("/v1/runs", {"conversation_id": new_id(), "code": "1"},
+                         key=ctx.key("fault-nogw"))
+            expect_error(r, 502, "gateway_error")
+        eq(st.pid("codexec-fcgi"), fcgi, "codexec-fcgi is the same process")
+    finally:
+        st.start_jupyter()
+    r = wait_until(lambda: (lambda r: r if r.status == 200 else None)(
+        ctx.post("/v1/runs", {"conversation_id": new_id(), "code": "print(2)"},
+                 key=ctx.key("fault-nogw"), timeout=120)), 60, "conversations start again")
+    eq(r.json()["stdout_tail"], "2\n", "a new conversation runs")
 
 
 class SmallStorage:
