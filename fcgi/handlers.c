@@ -101,6 +101,19 @@ cx_h_runs_create(struct cx_req *r)
         return;
     rc = cx_run_request_parse(r->w->cfg, body, &req, msg, sizeof(msg));
     json_decref(body);
+    if (rc == CX_OK && cx_req_wants_events(r)) {
+        struct cx_sse sse;
+        struct cx_run_sink sink;
+
+        /* one worker thread per stream, as for any run: it writes the
+         * events itself while it waits for the kernel */
+        cx_req_sse_sink(r, &sse, &sink);
+        rc = cx_run_submit_stream(r->w, &r->who, &req, &sink, &out, &pending, msg, sizeof(msg));
+        cx_run_request_cleanup(&req);
+        cx_req_sse_end(&sse, rc, pending ? 202 : 200, out, msg);
+        json_decref(out);
+        return;
+    }
     if (rc == CX_OK) {
         rc = cx_run_submit(r->w, &r->who, &req, &out, &pending, msg, sizeof(msg));
         cx_run_request_cleanup(&req);
@@ -127,7 +140,22 @@ decide(struct cx_req *r, decision_fn fn)
 void
 cx_h_runs_approve(struct cx_req *r)
 {
-    decide(r, cx_run_approve);
+    char msg[CX_MSG_MAX] = "";
+    struct cx_sse sse;
+    struct cx_run_sink sink;
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_wants_events(r)) {
+        decide(r, cx_run_approve);
+        return;
+    }
+    if (!cx_req_authenticate(r))
+        return;
+    cx_req_sse_sink(r, &sse, &sink);
+    rc = cx_run_approve_stream(r->w, &r->who, r->captures[0], &sink, &out, msg, sizeof(msg));
+    cx_req_sse_end(&sse, rc, 200, out, msg);
+    json_decref(out);
 }
 
 void

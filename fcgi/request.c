@@ -181,13 +181,19 @@ static const struct answer {
     [CX_ERR_INTERNAL] = {500, "internal_error", "internal error"},
 };
 
+static const struct answer *
+answer_of(enum cx_err err)
+{
+    if ((unsigned)err < CX_ERR__COUNT && answers[err].status)
+        return &answers[err];
+    return &answers[CX_ERR_INTERNAL];
+}
+
 void
 cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
 {
-    const struct answer *a = &answers[CX_ERR_INTERNAL];
+    const struct answer *a = answer_of(err);
 
-    if ((unsigned)err < CX_ERR__COUNT && answers[err].status)
-        a = &answers[err];
     if (a->status == 401)
         cx_req_header(r, "WWW-Authenticate", "Bearer");
     if (a->status == 503) /* capacity frees up quickly; a service takes longer */
@@ -348,4 +354,81 @@ cx_req_auth_result(struct cx_req *r, enum cx_err rc)
         return true;
     cx_req_send_lib_error(r, rc, NULL);
     return false;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Server-Sent Events                                                       */
+
+bool
+cx_req_wants_events(struct cx_req *r)
+{
+    const char *accept = cx_req_param(r, "HTTP_ACCEPT");
+
+    return accept && strcasestr(accept, "text/event-stream");
+}
+
+static bool
+sse_event(void *ctx, const char *name, json_t *data)
+{
+    struct cx_sse *sse = ctx;
+    FCGX_Stream *out = sse->r->fr->out;
+    char *text = NULL;
+
+    if (sse->gone)
+        return false;
+    if (!sse->started) {
+        cx_req_header(sse->r, "X-Accel-Buffering", "no"); /* nginx: no buffering */
+        cx_req_send_head(sse->r, 200, "text/event-stream; charset=utf-8", -1);
+        sse->started = true;
+    }
+    if (!name) {
+        FCGX_PutS(": keep-alive\n\n", out); /* a comment: proxies see traffic */
+    } else {
+        /* compact JSON escapes every line break: one data line */
+        text = json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!text)
+            return true; /* this event is lost, not the stream */
+        FCGX_FPrintF(out, "event: %s\ndata: ", name);
+        FCGX_PutStr(text, (int)strlen(text), out);
+        FCGX_PutS("\n\n", out);
+        free(text);
+    }
+    if (FCGX_FFlush(out) != 0 || FCGX_GetError(out) != 0) {
+        sse->gone = true;
+        cx_log_info("the client of a streaming run went away; the run goes on");
+        return false;
+    }
+    return true;
+}
+
+void
+cx_req_sse_sink(struct cx_req *r, struct cx_sse *sse, struct cx_run_sink *sink)
+{
+    *sse = (struct cx_sse){.r = r};
+    *sink = (struct cx_run_sink){.fn = sse_event, .ctx = sse};
+}
+
+void
+cx_req_sse_end(struct cx_sse *sse, enum cx_err rc, int status, json_t *out, const char *msg)
+{
+    const struct answer *a = answer_of(rc);
+    json_t *error;
+
+    if (!sse->started) {
+        if (rc == CX_OK)
+            cx_req_send_json(sse->r, status, out);
+        else
+            cx_req_send_lib_error(sse->r, rc, msg);
+        return;
+    }
+    if (rc == CX_OK) {
+        sse_event(sse, "result", out);
+        return;
+    }
+    error = cx_http_error_json(a->code, msg && *msg ? msg : a->message);
+    if (rc == CX_ERR_QUOTA || rc == CX_ERR_CAPACITY || rc == CX_ERR_CONFLICT)
+        cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code);
+    if (error)
+        sse_event(sse, "result", error);
+    json_decref(error);
 }

@@ -53,6 +53,26 @@ void cx_req_send_empty(struct cx_req *r, int status);
  * sentence for the client. */
 void cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg);
 
+/* A response of Server-Sent Events (a streaming run): it begins, 200
+ * text/event-stream, with the first event the library tells the sink, and
+ * every event is flushed to the web server as it is written (nginx is told
+ * not to buffer). */
+struct cx_sse {
+    struct cx_req *r;
+    bool started; /* the head was sent */
+    bool gone;    /* a write failed: the client went away */
+};
+
+/* Whether the client asked for a stream (Accept: text/event-stream). */
+bool cx_req_wants_events(struct cx_req *r);
+/* Fills sink to write events of r through sse. */
+void cx_req_sse_sink(struct cx_req *r, struct cx_sse *sse, struct cx_run_sink *sink);
+/* The end of a streaming call: when the stream began, its final "result"
+ * event, whose data is what the call would have answered (out on CX_OK,
+ * else the error's body); when it did not, the ordinary answer (status on
+ * CX_OK). out is borrowed. */
+void cx_req_sse_end(struct cx_sse *sse, enum cx_err rc, int status, json_t *out, const char *msg);
+
 /* True for a Content-Type of application/json; else sends 415. */
 bool cx_req_json_type(struct cx_req *r);
 

@@ -31,6 +31,7 @@ struct cx_capture {
     json_t *skipped;
     bool done;
     int outputs;
+    char output_path[48]; /* the last rich output's name */
     /* What a run's kernel can make us hold, counted here: a record user
      * code forges in its own cell is as welcome as the helper's, so the
      * caps apply to what arrives, not to what the helper promised. */
@@ -340,32 +341,33 @@ ext_for(const char *mime)
     return "bin";
 }
 
-void
+const char *
 cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, size_t len)
 {
     struct cx_captured f;
     uint64_t got;
 
     if (c->receiving)
-        return; /* not between a file's chunks; outputs come from the user's cell */
+        return NULL; /* not between a file's chunks; outputs come from the user's cell */
     memset(&f, 0, sizeof(f));
     c->outputs++;
     snprintf(f.path, sizeof(f.path), "output-%d.%s", c->outputs, ext_for(mime));
+    snprintf(c->output_path, sizeof(c->output_path), "output-%d.%s", c->outputs, ext_for(mime));
     if (len > c->cfg->max_artifact_bytes) {
         cx_capture_skip(c, f.path, "too_large");
-        return;
+        return c->output_path;
     }
     if (!room_for_file(c)) {
         cx_capture_skip(c, f.path, "too_many_files");
-        return;
+        return c->output_path;
     }
     if (c->output_bytes + len > c->cfg->max_output_bytes) {
         cx_capture_skip(c, f.path, "output_limit");
-        return;
+        return c->output_path;
     }
     if (c->staged + len > c->cfg->user_quota_bytes) {
         cx_capture_skip(c, f.path, "quota_exceeded");
-        return;
+        return c->output_path;
     }
     c->output_bytes += len;
     c->staged += len;
@@ -373,7 +375,7 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         cx_storage_writer_write(f.w, data, len) || cx_storage_writer_finish(f.w, &got, f.sha256)) {
         cx_storage_writer_abort(f.w);
         cx_capture_skip(c, f.path, "storage_error");
-        return;
+        return c->output_path;
     }
     f.size = got;
     if (cx_mime_detect(data, len < MAGIC_BYTES ? len : MAGIC_BYTES, f.path, f.mime, sizeof(f.mime)))
@@ -382,6 +384,7 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         cx_storage_writer_abort(f.w);
         cx_capture_skip(c, f.path, "internal_error");
     }
+    return c->output_path;
 }
 
 void

@@ -48,8 +48,11 @@ void cx_capture_on_message(struct cx_capture *c, json_t *msg);
 void cx_capture_on_result(struct cx_capture *c, json_t *value);
 
 /* Adds a rich output (a display_data image, say) as a captured file named
- * output-<n>.<ext>. data: the decoded bytes. */
-void cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, size_t len);
+ * output-<n>.<ext>. data: the decoded bytes. Returns that name (valid until
+ * the next call), also when the output was skipped (the skipped list says
+ * why); NULL when it came between a file's chunks and was ignored. */
+const char *cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data,
+                                  size_t len);
 
 /* Adds a finished writer as a captured file (takes w). */
 void cx_capture_add_file(struct cx_capture *c, const char *path, struct cx_storage_writer *w,

@@ -45,6 +45,7 @@ static const struct cx_conf_key keys[] = {
     {"interrupt_grace", CX_CONF_UINT, O(interrupt_grace), "5", 1, 600},
     {"busy_wait", CX_CONF_UINT, O(busy_wait), "10", 0, 3600},
     {"approval_ttl", CX_CONF_UINT, O(approval_ttl), "3600", 1, 30 * 86400},
+    {"run_answer_ttl", CX_CONF_UINT, O(run_answer_ttl), "604800", 0, 365 * 86400},
     /* sizes (SPEC §5) */
     {"tail_chars", CX_CONF_UINT, O(tail_chars), "4000", 1, 1000000},
     {"max_output_bytes", CX_CONF_SIZE, O(max_output_bytes), "8M", 1024, 1 * GiB},

@@ -60,6 +60,7 @@ struct cx_config {
     unsigned interrupt_grace;
     unsigned busy_wait;
     unsigned approval_ttl;
+    unsigned run_answer_ttl; /* seconds a run's answer is kept (0: not kept) */
     unsigned tail_chars;
     uint64_t max_output_bytes;
     uint64_t max_code_bytes;

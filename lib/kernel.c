@@ -376,7 +376,7 @@ send_kernel_info(struct cx_kernel_conn *c, char msg_id[40])
 static enum cx_err
 ready_answer(const struct cx_buf *msg, char ids[][40], int n)
 {
-    json_t *m = json_loadb(msg->data, msg->len, 0, NULL);
+    json_t *m = json_loadb(msg->data, msg->len, JSON_ALLOW_NUL, NULL);
     const char *channel = json_string_value(json_object_get(m, "channel"));
     const char *parent =
         json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
@@ -497,7 +497,7 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         c->messages++;
         if (op != CX_WS_TEXT)
             continue; /* messages with binary buffers carry nothing we use */
-        m = json_loadb(c->msg.data, c->msg.len, 0, NULL);
+        m = json_loadb(c->msg.data, c->msg.len, JSON_ALLOW_NUL, NULL);
         if (!m)
             continue;
         type = json_string_value(json_object_get(json_object_get(m, "header"), "msg_type"));

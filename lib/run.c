@@ -27,7 +27,7 @@ CX_SQL(q_run_get, 2,
                              "started_at") ","
                                            " " CX_SQL_UTC_MS(
                                                "finished_at") ","
-                                                              " execution_ms"
+                                                              " execution_ms, answer::text"
                                                               " FROM runs WHERE id = $1::uuid AND "
                                                               "user_id = $2");
 
@@ -56,6 +56,13 @@ cx_run_get(struct cx_ctx *cx, const char *user, const char *run_id, json_t **out
         "started_at", text_or_null(r, 9), "finished_at", text_or_null(r, 10), "execution_ms",
         PQgetisnull(r, 0, 11) ? json_null()
                               : json_integer(strtoll(PQgetvalue(r, 0, 11), NULL, 10)));
+    if (*out && !PQgetisnull(r, 0, 12)) {
+        /* the answer's fields the record does not have (its own agree) */
+        json_t *answer = json_loads(PQgetvalue(r, 0, 12), 0, NULL);
+        if (json_is_object(answer))
+            json_object_update_missing(*out, answer);
+        json_decref(answer);
+    }
     PQclear(r);
     return *out ? CX_OK : CX_ERR_NOMEM;
 }
@@ -69,10 +76,36 @@ CX_SQL(q_run_insert, 6,
        "INSERT INTO runs (id, user_id, conversation_id, api_key_id, status, code_length,"
        " code_sha256, started_at) VALUES ($1::uuid, $2, $3, nullif($4, '')::uuid, 'running',"
        " $5::int, $6, now())");
-CX_SQL(q_run_finish, 6,
+CX_SQL(q_run_finish, 7,
        "UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
-       " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now()"
-       " WHERE id = $1::uuid");
+       " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now(),"
+       " answer = $7::jsonb WHERE id = $1::uuid");
+
+/* A kept answer's size at most: the parts a run's code makes long (its
+ * value, traceback, tails, skipped list) give way first, and the answer
+ * says so. */
+#define ANSWER_KEEP_MAX (256 * 1024)
+
+static char *
+answer_text(json_t *payload)
+{
+    static const char *const long_parts[] = {"result", "traceback", "stdout_tail", "stderr_tail",
+                                             "skipped"};
+    char *text = json_dumps(payload, JSON_COMPACT);
+    json_t *copy;
+
+    if (!text || strlen(text) <= ANSWER_KEEP_MAX)
+        return text;
+    free(text);
+    copy = json_copy(payload);
+    for (size_t i = 0; copy && i < sizeof(long_parts) / sizeof(long_parts[0]); i++)
+        json_object_del(copy, long_parts[i]);
+    if (copy)
+        json_object_set_new(copy, "answer_truncated", json_true());
+    text = copy ? json_dumps(copy, JSON_COMPACT) : NULL;
+    json_decref(copy);
+    return text;
+}
 
 static void
 set_error(json_t *payload, const char *ename, const char *evalue, json_t *tb)
@@ -188,6 +221,12 @@ run_execute(struct run *r, char *msg, size_t msglen)
         if (rc)
             return rc;
         reused = cx_kernel_conn_messages(r->st.conn) > 0;
+        if (attempt == 0)
+            cx_runexec_say(&r->st, "status",
+                           json_pack("{s:s,s:{s:s,s:b,s:b,s:s}}", "state", "executing", "session",
+                                     "conversation_id", r->req->conversation_id, "created",
+                                     r->s.created, "reset", r->s.reset, "expires_at",
+                                     r->s.expires_at));
         t0 = cx_now_us();
         rc = cx_runexec_execute(&r->st, &r->s, r->req, r->in, msg, msglen);
         bool again = (rc == CX_ERR_NOT_FOUND && !(r->st.events & CX_EVENT(CX_OUTCOME_TIMEOUT))) ||
@@ -267,6 +306,10 @@ run_capture(struct run *r)
     r->artifacts = json_array();
     if (!r->st.cap)
         return;
+    if (!r->st.capturing) {
+        r->st.capturing = true;
+        cx_runexec_status(&r->st, "capturing");
+    }
     r->s.capture_rescan = timed_out || r->s.reset ? true : !cx_capture_done(r->st.cap);
     if (!r->s.reset && !timed_out && r->artifacts &&
         cx_artifact_commit_capture(r->cx, r->who->user, r->req->conversation_id, r->id, r->st.cap,
@@ -307,8 +350,8 @@ run_payload(struct run *r, json_t **out)
 
     for (size_t i = 0; loaded && i < r->in->n; i++)
         json_array_append_new(loaded, json_string(r->in->v[i].path));
-    payload = json_pack("{s:s,s:s,s:s,s:O,s:o,s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id", r->id,
-                        "status", "ok", "stdout_tail", cx_tail_text(&r->st.out, cfg->tail_chars),
+    payload = json_pack("{s:s,s:s,s:o,s:O,s:o,s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id", r->id,
+                        "status", "ok", "stdout_tail", cx_tail_json(&r->st.out, cfg->tail_chars),
                         "artifacts", r->artifacts, "inputs_loaded", loaded, "result",
                         r->st.have_result ? r->st.result : NULL, "truncated", r->st.truncated,
                         "execution_ms", (json_int_t)r->ms, "session", "conversation_id",
@@ -319,8 +362,7 @@ run_payload(struct run *r, json_t **out)
     if (r->st.cap && json_array_size(cx_capture_skipped(r->st.cap)))
         json_object_set(payload, "skipped", cx_capture_skipped(r->st.cap));
     if (r->st.err.b.len)
-        json_object_set_new(payload, "stderr_tail",
-                            json_string(cx_tail_text(&r->st.err, cfg->tail_chars)));
+        json_object_set_new(payload, "stderr_tail", cx_tail_json(&r->st.err, cfg->tail_chars));
     run_error(r, payload);
     *out = payload;
     return CX_OK;
@@ -334,12 +376,14 @@ run_end(struct run *r, json_t *payload)
     const char *status = payload ? json_string_value(json_object_get(payload, "status")) : "error";
     const char *en = payload ? json_string_value(json_object_get(payload, "error_name")) : NULL;
     char ms[24];
-    const char *p[6] = {r->id,
+    char *answer = payload && r->cx->cfg->run_answer_ttl ? answer_text(payload) : NULL;
+    const char *p[7] = {r->id,
                         status,
                         en ? en : (payload ? NULL : "RequestFailed"),
                         r->st.truncated ? "true" : "false",
                         r->s.reset ? "true" : "false",
-                        ms};
+                        ms,
+                        answer};
 
     if (r->s.locked) {
         if (!r->s.reset)
@@ -352,6 +396,7 @@ run_end(struct run *r, json_t *payload)
     snprintf(ms, sizeof(ms), "%lld", (long long)r->ms);
     if (cx_db_exec(r->cx->db, &q_run_finish, p, NULL))
         cx_log_warn(0, "could not record the end of run %s", r->id);
+    free(answer);
     /* static label values only: ok, error (the code raised), timeout,
      * failed (the request failed: no answer of the code's) */
     cx_metrics_count_by(CX_FAMILY_RUNS, !payload                            ? "failed"
@@ -365,20 +410,24 @@ run_end(struct run *r, json_t *payload)
 
 static enum cx_err
 run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-               const struct cx_inputs *in, const char *run_id, json_t **out, char *msg,
-               size_t msglen)
+               const struct cx_inputs *in, const char *run_id, const struct cx_run_sink *sink,
+               json_t **out, char *msg, size_t msglen)
 {
     struct run r = {.cx = cx, .who = who, .req = req, .in = in, .id = run_id};
     enum cx_err rc;
 
     *out = NULL;
     rc = cx_runexec_init(&r.st, cx, in, req->capture_artifacts);
-    if (rc == CX_OK)
+    r.st.sink = sink;
+    if (rc == CX_OK) {
+        cx_runexec_status(&r.st, "queued"); /* for the conversation and its kernel */
         rc = cx_session_acquire(cx, who->user, req->conversation_id, req->ttl, &r.s, msg, msglen);
+    }
     if (rc == CX_OK)
         rc = run_settle(&r, run_execute(&r, msg, msglen), msg, msglen);
     if (rc == CX_OK) {
         run_capture(&r);
+        cx_runexec_flush(&r.st);
         rc = run_payload(&r, out);
     }
     run_end(&r, *out);
@@ -391,17 +440,27 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
  * and runs. A missing input now fails the run as a 404. */
 static enum cx_err
 run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-                const char *run_id, json_t **out, char *msg, size_t msglen)
+                const char *run_id, const struct cx_run_sink *sink, json_t **out, char *msg,
+                size_t msglen)
 {
     struct cx_inputs in;
-    enum cx_err rc = cx_stage_load(cx, who->user, req, &in, msg, msglen);
+    enum cx_err rc;
+
+    if (sink) {
+        json_t *ev =
+            json_pack("{s:s,s:s}", "run_id", run_id, "conversation_id", req->conversation_id);
+        if (ev && !sink->fn(sink->ctx, "run", ev))
+            sink = NULL; /* gone already: the run goes on */
+        json_decref(ev);
+    }
+    rc = cx_stage_load(cx, who->user, req, &in, msg, msglen);
 
     if (rc) {
         const char *p[2] = {run_id, "error"};
         if (cx_db_exec(cx->db, &q_run_status, p, NULL))
             cx_log_warn(0, "could not fail run %s", run_id);
     } else {
-        rc = run_in_session(cx, who, req, &in, run_id, out, msg, msglen);
+        rc = run_in_session(cx, who, req, &in, run_id, sink, out, msg, msglen);
     }
     cx_stage_cleanup(&in);
     return rc;
@@ -459,6 +518,14 @@ enum cx_err
 cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
               json_t **out, bool *pending, char *msg, size_t msglen)
 {
+    return cx_run_submit_stream(cx, who, req, NULL, out, pending, msg, msglen);
+}
+
+enum cx_err
+cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
+                     const struct cx_run_sink *sink, json_t **out, bool *pending, char *msg,
+                     size_t msglen)
+{
     char run_id[37], len_s[24], sha[65];
     const char *p[9] = {run_id, who->user, req->conversation_id, who->key_id, len_s, sha};
     struct cx_inputs in;
@@ -486,7 +553,7 @@ cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_r
     rc = cx_db_exec(cx->db, &q_run_insert, p, NULL);
     if (rc)
         return rc;
-    return run_with_inputs(cx, who, req, run_id, out, msg, msglen);
+    return run_with_inputs(cx, who, req, run_id, sink, out, msg, msglen);
 }
 
 CX_SQL(q_pending_take, 2,
@@ -564,6 +631,13 @@ enum cx_err
 cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id, json_t **out,
                char *msg, size_t msglen)
 {
+    return cx_run_approve_stream(cx, who, run_id, NULL, out, msg, msglen);
+}
+
+enum cx_err
+cx_run_approve_stream(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+                      const struct cx_run_sink *sink, json_t **out, char *msg, size_t msglen)
+{
     struct cx_run_request req;
     json_t *request = NULL;
     enum cx_err rc;
@@ -581,7 +655,7 @@ cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *ru
             cx_log_warn(0, "could not fail run %s", run_id);
         return rc;
     }
-    rc = run_with_inputs(cx, who, &req, run_id, out, msg, msglen);
+    rc = run_with_inputs(cx, who, &req, run_id, sink, out, msg, msglen);
     cx_run_request_cleanup(&req);
     return rc;
 }
@@ -605,6 +679,9 @@ cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run
 CX_SQL(q_expire_pending, 0,
        "WITH p AS (DELETE FROM pending_runs WHERE expires_at < now() RETURNING run_id)"
        " UPDATE runs SET status = 'expired', finished_at = now() FROM p WHERE runs.id = p.run_id");
+CX_SQL(q_forget_answers, 1,
+       "UPDATE runs SET answer = NULL WHERE id IN (SELECT id FROM runs WHERE answer IS NOT NULL"
+       " AND finished_at < now() - make_interval(secs => $1::int) LIMIT 1000)");
 CX_SQL(q_abandon, 1,
        "UPDATE runs SET status = 'error', error_name = 'Abandoned', finished_at = now()"
        " WHERE status = 'running' AND started_at < now() - make_interval(secs => $1::int)");
@@ -630,5 +707,10 @@ cx_run_expire(struct cx_ctx *cx, int *changed)
         return rc;
     *changed += (int)strtol(PQcmdTuples(r), NULL, 10);
     PQclear(r);
+    /* answers past run_answer_ttl, a bounded batch per sweep */
+    snprintf(secs, sizeof(secs), "%u", cx->cfg->run_answer_ttl);
+    rc = cx_db_exec(cx->db, &q_forget_answers, p, NULL);
+    if (rc)
+        return rc;
     return CX_OK;
 }

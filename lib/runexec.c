@@ -11,6 +11,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "metrics.h"
+#include "run.h"
 #include "runexec.h"
 #include "session.h"
 #include "stage.h"
@@ -95,9 +96,10 @@ tail_add(struct cx_tail *t, const char *s, size_t n)
     cx_buf_add(&t->b, s, n);
 }
 
-/* The last chars code points, starting on a character boundary. */
-const char *
-cx_tail_text(struct cx_tail *t, unsigned chars)
+/* The last chars code points, starting on a character boundary, as a
+ * JSON string (a NUL the kernel sent is kept). */
+json_t *
+cx_tail_json(struct cx_tail *t, unsigned chars)
 {
     const char *start = t->b.data ? t->b.data : "";
     const char *p = start + t->b.len;
@@ -110,7 +112,7 @@ cx_tail_text(struct cx_tail *t, unsigned chars)
     }
     while (((unsigned char)*p & 0xc0) == 0x80)
         p++; /* never start inside a character */
-    return p;
+    return json_stringn(p, (size_t)(start + t->b.len - p));
 }
 
 void
@@ -139,6 +141,101 @@ cx_run_strip_ansi(char *s)
     *w = '\0';
 }
 
+/* ------------------------------------------------------------------------ */
+/* A streaming run's events                                                 */
+
+#define PEND_MAX 16384 /* stream text told at once without waiting more */
+
+static void
+tell(struct cx_runexec *st, const char *name, json_t *data)
+{
+    if (st->sink && !st->sink->fn(st->sink->ctx, name, data))
+        st->sink = NULL; /* the client is gone; the run goes on */
+    st->said_us = cx_now_us();
+}
+
+void
+cx_runexec_flush(struct cx_runexec *st)
+{
+    if (st->pend.len && st->sink && !cx_buf_err(&st->pend)) {
+        json_t *d = json_pack("{s:s%}", "text", st->pend.data, st->pend.len);
+        if (d)
+            tell(st, st->pend_err ? "stderr" : "stdout", d);
+        json_decref(d);
+    }
+    cx_buf_reset(&st->pend);
+    st->pend_since_us = 0;
+}
+
+void
+cx_runexec_say(struct cx_runexec *st, const char *name, json_t *data)
+{
+    if (st->sink) {
+        cx_runexec_flush(st);
+        if (!data)
+            data = json_object();
+        if (data)
+            tell(st, name, data);
+    }
+    json_decref(data);
+}
+
+void
+cx_runexec_status(struct cx_runexec *st, const char *state)
+{
+    if (st->sink)
+        cx_runexec_say(st, "status", json_pack("{s:s}", "state", state));
+}
+
+/* Stream text waits up to CX_RUN_COALESCE_MS for more of the same stream:
+ * one event for a burst of prints. Whole JSON strings are appended, so a
+ * character is never split. True when text began to wait: the wait in
+ * progress must end sooner than it planned, to tell it in time. */
+static bool
+pend_add(struct cx_runexec *st, bool err, const char *s, size_t n)
+{
+    bool began;
+
+    if (!st->sink)
+        return false;
+    if (st->pend.len && st->pend_err != err)
+        cx_runexec_flush(st); /* the two streams' order is kept */
+    st->pend_err = err;
+    began = !st->pend_since_us;
+    if (began)
+        st->pend_since_us = cx_now_us();
+    cx_buf_add(&st->pend, s, n);
+    if (st->pend.len >= PEND_MAX) {
+        cx_runexec_flush(st);
+        return false;
+    }
+    return began;
+}
+
+/* When the sink needs us next: the waiting text, else a heartbeat. */
+static int64_t
+sink_due(const struct cx_runexec *st)
+{
+    if (!st->sink)
+        return INT64_MAX;
+    if (st->pend_since_us)
+        return st->pend_since_us + CX_RUN_COALESCE_MS * 1000LL;
+    return st->said_us + CX_RUN_HEARTBEAT_MS * 1000LL;
+}
+
+static void
+sink_tick(struct cx_runexec *st)
+{
+    int64_t now = cx_now_us();
+
+    if (!st->sink)
+        return;
+    if (st->pend_since_us && now >= st->pend_since_us + CX_RUN_COALESCE_MS * 1000LL)
+        cx_runexec_flush(st);
+    else if (!st->pend_since_us && now >= st->said_us + CX_RUN_HEARTBEAT_MS * 1000LL)
+        tell(st, NULL, NULL);
+}
+
 static void
 count_output(struct cx_runexec *st, size_t n)
 {
@@ -153,35 +250,44 @@ count_output(struct cx_runexec *st, size_t n)
     }
 }
 
-/* Images and other rich outputs of the user's cell become artifacts. */
+/* Images and other rich outputs of the user's cell become artifacts, and
+ * a listener hears of each under the name it gets. */
 static void
 rich_outputs(struct cx_runexec *st, json_t *data)
 {
     static const char *const binary[] = {"image/png", "image/jpeg", "image/gif", "application/pdf"};
     static const char *const text[] = {"image/svg+xml"};
+    const char *mime = NULL, *path = NULL;
 
-    for (size_t i = 0; i < sizeof(binary) / sizeof(binary[0]); i++) {
+    for (size_t i = 0; !mime && i < sizeof(binary) / sizeof(binary[0]); i++) {
         const char *b64 = json_string_value(json_object_get(data, binary[i]));
         size_t cap, len = 0;
         unsigned char *buf;
 
         if (!b64)
             continue;
+        mime = binary[i]; /* one artifact per output, the richest form */
+        if (!st->cap)
+            break;
         cap = strlen(b64) / 4 * 3 + 3;
         buf = malloc(cap);
         if (buf && sodium_base642bin(buf, cap, b64, strlen(b64), "\n\r ", &len, NULL,
                                      sodium_base64_VARIANT_ORIGINAL) == 0)
-            cx_capture_add_output(st->cap, binary[i], buf, len);
+            path = cx_capture_add_output(st->cap, mime, buf, len);
         free(buf);
-        return; /* one artifact per output, the richest form */
     }
-    for (size_t i = 0; i < sizeof(text) / sizeof(text[0]); i++) {
+    for (size_t i = 0; !mime && i < sizeof(text) / sizeof(text[0]); i++) {
         json_t *v = json_object_get(data, text[i]);
-        if (json_is_string(v)) {
-            cx_capture_add_output(st->cap, text[i], json_string_value(v), json_string_length(v));
-            return;
-        }
+
+        if (!json_is_string(v))
+            continue;
+        mime = text[i];
+        if (st->cap)
+            path =
+                cx_capture_add_output(st->cap, mime, json_string_value(v), json_string_length(v));
     }
+    if (mime && st->sink)
+        cx_runexec_say(st, "display", json_pack("{s:s,s:s?}", "mime_type", mime, "path", path));
 }
 
 static bool
@@ -218,6 +324,10 @@ on_message(void *ctx, int index, const char *type, json_t *content)
     if (index == st->carrier && st->cap && !strcmp(type, "display_data")) {
         json_t *m = json_object_get(json_object_get(content, "data"), CX_CAPTURE_MIME);
         if (m) {
+            if (!st->capturing) {
+                st->capturing = true; /* the user's code is done */
+                cx_runexec_status(st, "capturing");
+            }
             cx_capture_on_message(st->cap, m);
             return CX_OK;
         }
@@ -231,10 +341,14 @@ on_message(void *ctx, int index, const char *type, json_t *content)
 
         if (!json_is_string(text))
             return CX_OK;
+        bool err = name && !strcmp(name, "stderr");
+
         count_output(st, n);
         if (st->truncated)
             return CX_OK;
-        tail_add(name && !strcmp(name, "stderr") ? &st->err : &st->out, json_string_value(text), n);
+        tail_add(err ? &st->err : &st->out, json_string_value(text), n);
+        if (pend_add(st, err, json_string_value(text), n))
+            return CX_ERR_TIMEOUT; /* resumable: wait_windows() comes back in time */
     } else if (!strcmp(type, "error")) {
         json_decref(st->error);
         st->error = json_incref(content);
@@ -249,7 +363,7 @@ on_message(void *ctx, int index, const char *type, json_t *content)
             st->have_result = true;
             return CX_OK;
         }
-        if (index == CX_REQ_USER && st->cap)
+        if (index == CX_REQ_USER && (st->cap || st->sink))
             rich_outputs(st, data);
         if (index == CX_REQ_USER && !strcmp(type, "execute_result")) {
             json_t *plain = json_object_get(data, "text/plain");
@@ -296,7 +410,14 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
 
         if (now >= deadline_us)
             return CX_ERR_TIMEOUT;
-        rc = cx_kernel_wait(st->conn, reqs, n, n, until, on_message, st);
+        /* the window, in steps where a listener is due sooner */
+        do {
+            int64_t due = sink_due(st);
+
+            rc = cx_kernel_wait(st->conn, reqs, n, n, due < until ? due : until, on_message, st);
+            if (rc == CX_ERR_TIMEOUT)
+                sink_tick(st);
+        } while (rc == CX_ERR_TIMEOUT && cx_now_us() < until);
         if (rc == CX_ERR_TOO_LARGE) {
             st->abandoned = true; /* output left unread: do not pool */
             return CX_OK;
@@ -466,6 +587,8 @@ cx_runexec_init(struct cx_runexec *st, struct cx_ctx *cx, const struct cx_inputs
     st->reqs = st->all + st->base;
     cx_tail_init(&st->out, cx->cfg->tail_chars);
     cx_tail_init(&st->err, cx->cfg->tail_chars);
+    /* counted output only, told in PEND_MAX pieces */
+    cx_buf_init(&st->pend, (size_t)cx->cfg->max_output_bytes + PEND_MAX);
     if (capture && cx_capture_new(cx->cfg, &st->cap))
         return CX_ERR_NOMEM;
     return CX_OK;
@@ -490,6 +613,7 @@ cx_runexec_cleanup(struct cx_runexec *st)
     json_decref(st->result);
     cx_buf_cleanup(&st->out.b);
     cx_buf_cleanup(&st->err.b);
+    cx_buf_cleanup(&st->pend);
     memset(st, 0, sizeof(*st));
 }
 

@@ -46,10 +46,12 @@ struct cx_tail {
     size_t keep; /* bytes to keep at least: 4 × tail_chars */
 };
 void cx_tail_init(struct cx_tail *t, unsigned chars);
-/* The last chars code points, starting on a character boundary (borrowed). */
-const char *cx_tail_text(struct cx_tail *t, unsigned chars);
+/* The last chars code points, starting on a character boundary: a new
+ * JSON string. */
+json_t *cx_tail_json(struct cx_tail *t, unsigned chars);
 
 struct cx_gateway;
+struct cx_run_sink;
 
 struct cx_runexec {
     struct cx_ctx *cx;
@@ -72,7 +74,22 @@ struct cx_runexec {
     int nreq;
     int carrier;            /* the request carrying the epilogue's expressions */
     struct cx_capture *cap; /* NULL without capture */
+    /* a streaming run's listener (run.h), NULL for none */
+    const struct cx_run_sink *sink;
+    struct cx_buf pend;    /* stream text not yet told, of one stream: */
+    bool pend_err;         /* stderr's */
+    int64_t pend_since_us; /* when it began to wait (0: nothing waits) */
+    int64_t said_us;       /* when the sink last heard from us */
+    bool capturing;        /* "capturing" was said */
 };
+
+/* Tells st's sink an event (data: taken, may be NULL for {}), after the
+ * stream text that waits; nothing when nobody listens. */
+void cx_runexec_say(struct cx_runexec *st, const char *name, json_t *data);
+/* A "status" event of state. */
+void cx_runexec_status(struct cx_runexec *st, const char *state);
+/* Tells the sink the stream text that waits. */
+void cx_runexec_flush(struct cx_runexec *st);
 
 /* Sizes the requests for in and, with capture, makes the capture. Clean up
  * with cx_runexec_cleanup() on any return. */
