@@ -7,10 +7,11 @@ fetch() in test_browser."""
 import http.client
 import json
 import socket
+import threading
 import time
 
 import openapi_check
-from harness import check, eq, expect_error, new_id, wait_until
+from harness import check, eq, new_id, wait_until
 from test_runs import run
 
 
@@ -275,7 +276,6 @@ def test_a_busy_conversation_in_the_stream(ctx):
     answers."""
     user, cid = "st-busy", new_id()
     run(ctx, user, cid, "1")
-    import threading
     t = threading.Thread(target=lambda: run(ctx, user, cid, "import time\ntime.sleep(8)"))
     t.start()
     time.sleep(1.5)
