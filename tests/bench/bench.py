@@ -445,6 +445,69 @@ def capacity(b, ceiling, minutes):
     b.st.start_fcgi()
 
 
+def stream_run(b, cid, code):
+    """A streaming run: (time to the head, to the first event, to the first
+    stdout event, to the end), ms."""
+    c = http.client.HTTPConnection("127.0.0.1", b.st.http_port, timeout=600)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/runs", body=json.dumps({"conversation_id": cid, "code": code}).encode(),
+              headers={"Content-Type": "application/json", "Accept": "text/event-stream",
+                       "Authorization": f"Bearer {b.key}"})
+    r = c.getresponse()
+    head = (time.perf_counter() - t0) * 1000
+    first = out = None
+    result = False
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        t = (time.perf_counter() - t0) * 1000
+        if line.startswith(b"event: "):
+            first = first if first is not None else t
+            if line.startswith(b"event: stdout") and out is None:
+                out = t
+            result = result or line.startswith(b"event: result")
+    end = (time.perf_counter() - t0) * 1000
+    c.close()
+    if r.status != 200 or not result:
+        raise RuntimeError(f"stream failed: {r.status}")
+    return head, first, out, end
+
+
+def streaming(b, n_runs):
+    """Streaming against the plain answer, taken in turns in one warm
+    conversation: the overhead on a trivial run and the time to the first
+    byte (target: within 10 % of the non-streaming run)."""
+    cid = "stream-bench"
+    b.run(cid, "x = 0")
+    b.settle()
+    plain, stream, head, first = [], [], [], []
+    for _ in range(n_runs):
+        t0 = time.perf_counter()
+        b.run(cid, "x=1")
+        plain.append((time.perf_counter() - t0) * 1000)
+        h, f, _, e = stream_run(b, cid, "x=1")
+        head.append(h)
+        first.append(f)
+        stream.append(e)
+    pm = statistics.median(plain)
+    row("stream", "POST /v1/runs x=1, streamed to its result (median)", statistics.median(stream), pm,
+        "ms", "ratio to the same run answered whole, taken in turns (≤ 1.10 wanted)")
+    row("stream", "  time to the response head (median)", statistics.median(head), pm, "ms",
+        "ratio to the whole answer's time")
+    row("stream", "  time to the first event (median)", statistics.median(first), pm, "ms",
+        "ratio to the whole answer's time")
+    outs, plains = [], []
+    code = "import time\nprint('a', flush=True)\ntime.sleep(0.3)"
+    for _ in range(max(3, n_runs // 5)):
+        t0 = time.perf_counter()
+        b.run(cid, code)
+        plains.append((time.perf_counter() - t0) * 1000)
+        outs.append(stream_run(b, cid, code)[2])
+    row("stream", "  print, then 0.3 s of work: first stdout event (median)", statistics.median(outs),
+        statistics.median(plains), "ms", "ratio to waiting for the whole answer")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -454,7 +517,7 @@ def main():
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "performance.md"))
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
     ap.add_argument("--only", action="append",
-                    choices=["run", "cold", "capture", "download", "concurrency", "capacity"],
+                    choices=["run", "stream", "cold", "capture", "download", "concurrency", "capacity"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     if a.smoke:
@@ -473,6 +536,8 @@ def main():
         want = lambda s: not a.only or s in a.only
         if want("run"):
             run_overhead(b, a.runs)
+        if want("stream"):
+            streaming(b, a.runs)
         if want("cold"):
             cold_start(b, 3 if a.smoke else 8)
             cold_imports(b, 3 if a.smoke else 8)

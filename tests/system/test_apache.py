@@ -9,6 +9,7 @@ import subprocess
 import stack
 from harness import check, eq, wait_until
 import test_downloads
+import test_stream
 
 MODULES = "/usr/lib/apache2/modules"
 
@@ -76,6 +77,20 @@ def test_downloads_through_apache_with_x_sendfile(ctx):
         check(r.header("X-Sendfile") is None, "the X-Sendfile header never reaches the client")
     finally:
         ctx.port_override = None
+        httpd.send_signal(signal.SIGTERM)
+        fcgi.send_signal(signal.SIGTERM)
+        httpd.wait(timeout=20)
+        fcgi.wait(timeout=20)
+
+
+def test_streaming_run_through_apache(ctx):
+    """packaging/apache/codexec.conf's flushpackets=on: a streaming run's
+    events pass through Apache as they are written."""
+    port, fcgi, httpd = start_apache(ctx)
+    try:
+        ta, tb = test_stream.timed_a_then_b(ctx, port=port)
+        print(f"# through Apache: a after {ta * 1000:.0f} ms, b after {tb * 1000:.0f} ms")
+    finally:
         httpd.send_signal(signal.SIGTERM)
         fcgi.send_signal(signal.SIGTERM)
         httpd.wait(timeout=20)

@@ -88,3 +88,36 @@ def test_page_escapes_and_scopes(ctx):
     check("version=2&" in url, f"the current version: {url}")
     r = ctx.get(url)
     eq((r.status, r.body), (200, b"two"), "a link from the page downloads without a key")
+
+
+def readme_reader():
+    """The fetch() reader the README documents, verbatim."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "README.md")) as f:
+        text = f.read()
+    m = re.search(r"```js\n(async function runStreaming.*?)```", text, re.S)
+    check(m is not None, "the README shows the stream reader")
+    return m.group(1)
+
+
+def test_chromium_reads_a_stream_with_fetch(ctx):
+    """The README's fetch() reader, run in Chromium against nginx: stdout
+    arrives while the code sleeps, and the result event is the answer."""
+    key = ctx.key("b-stream")
+    cfg = {"base": f"http://127.0.0.1:{ctx.st.http_port}", "key": key, "reader": readme_reader(),
+           "cid": "c1", "code": "import time\nprint('a', flush=True)\ntime.sleep(1)\nprint('b')"}
+    p = subprocess.run(["node", os.path.join(BROWSER, "stream.mjs"), json.dumps(cfg)],
+                       cwd=BROWSER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=180)
+    check(p.returncode == 0, f"node ran: {p.stderr[-2000:]}")
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    check("error" not in out, f"browser script: {out.get('error')}")
+    ev = out["events"]
+    eq(ev[0][1], "run", f"the run event first: {[e[1] for e in ev]}")
+    outs = [e for e in ev if e[1] == "stdout"]
+    eq("".join(e[2]["text"] for e in outs), "a\nb\n", "the output")
+    ta = next(e[0] for e in outs if "a" in e[2]["text"])
+    tb = next(e[0] for e in outs if "b" in e[2]["text"])
+    check(tb - ta >= 600, f"a arrived {tb - ta:.0f} ms before b in the page")
+    eq(ev[-1][1], "result", "the result last")
+    eq(ev[-1][2]["stdout_tail"], "a\nb\n", "the answer")
+    eq(ev[-1][2]["status"], "ok", "ok")

@@ -1,0 +1,30 @@
+// Reads a streaming run in Debian's Chromium (headless) with fetch(), using
+// the reader the README documents. Input: one JSON argument {base, key,
+// reader, code, cid}. Output: one JSON line {events: [[ms, name, data]...]}.
+import { chromium } from 'playwright-core';
+
+const cfg = JSON.parse(process.argv[2]);
+const browser = await chromium.launch({
+  executablePath: '/usr/bin/chromium',
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+         '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const out = {};
+try {
+  const page = await browser.newPage();
+  await page.goto(cfg.base + '/v1/health'); // the API's origin: fetch() is same-origin
+  out.events = await page.evaluate(`(async () => {
+    ${cfg.reader}
+    const events = [];
+    await runStreaming(${JSON.stringify(cfg.code)}, ${JSON.stringify(cfg.cid)},
+                       ${JSON.stringify(cfg.key)},
+                       (name, data) => events.push([performance.now(), name, data]));
+    return events;
+  })()`);
+} catch (e) {
+  out.error = String(e && e.stack || e);
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(out));
