@@ -134,6 +134,13 @@ main(void)
     is_str(json_string_value(json_object_get(e.reply, "ename")), "ZeroDivisionError", "ename");
     cx_exec_cleanup(&e, 1);
 
+    /* a NUL in what the kernel sends does not lose the message */
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c, "raise ValueError('x\\x00y')", cx_now_us() + 10000000, &s, &e) == CX_OK,
+       "an error with a NUL in its message ends the wait");
+    ok(e.got_reply && s.errors == 1, "its reply and its error message arrived");
+    cx_exec_cleanup(&e, 1);
+
     /* pipelining: three requests in flight, answered in order */
     {
         struct cx_exec r[3] = {{.code = "a = 1"}, {.code = "a += 1"}, {.code = "print(a)"}};
