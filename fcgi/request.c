@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "../lib/codexec.h"
@@ -401,9 +402,19 @@ sse_event(void *ctx, const char *name, json_t *data)
     return true;
 }
 
+/* A client that stops reading (the web server passes a stream on
+ * unbuffered, so its stall is ours) must not hold the worker past the
+ * run: a write that makes no progress for this long counts as the client
+ * gone, and the run goes on without it. */
+#define SSE_SEND_TIMEOUT_S 10
+
 void
 cx_req_sse_sink(struct cx_req *r, struct cx_sse *sse, struct cx_run_sink *sink)
 {
+    struct timeval tv = {.tv_sec = SSE_SEND_TIMEOUT_S};
+
+    if (setsockopt(r->fr->ipcFd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)))
+        cx_log_warn(errno, "a streaming answer without a send timeout");
     *sse = (struct cx_sse){.r = r};
     *sink = (struct cx_run_sink){.fn = sse_event, .ctx = sse};
 }

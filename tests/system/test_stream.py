@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 
+import fcgi_client
 import openapi_check
 from harness import check, eq, new_id, wait_until
 from test_runs import run
@@ -287,3 +288,32 @@ def test_a_busy_conversation_in_the_stream(ctx):
         eq([e[2]["state"] for e in s.named("status")], ["queued"], "it waited in the queue")
     finally:
         t.join(60)
+
+
+def test_a_client_that_stops_reading_holds_nothing(ctx):
+    """A client that keeps its connection but stops reading (straight on
+    codexec's socket, where no web server buffers for it): after 10 s
+    without progress codexec counts it gone; the run ends as it would have
+    and is recorded, the worker free."""
+    user = "st-stall"
+    body = json.dumps({"conversation_id": new_id(),
+                       "code": "import sys\nfor i in range(95):\n    sys.stdout.write('z' * 9999 + '\\n')\n"
+                               "    sys.stdout.flush()"}).encode()
+    req = fcgi_client.Request(ctx.st.socket, "POST", "/v1/runs", body_length=len(body),
+                              params={"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}",
+                                      "HTTP_ACCEPT": "text/event-stream"})
+    req.send_body(body)
+    req.sock.sendall(fcgi_client._record(fcgi_client.STDIN, 1, b""))
+    head = b""
+    while b"event: run" not in head or b"\n\n" not in head.split(b"event: run", 1)[1]:
+        head += req.sock.recv(4096)
+    run_id = json.loads(head.split(b"event: run\ndata: ", 1)[1].split(b"\n", 1)[0])["run_id"]
+    t0 = time.monotonic()  # from here on nothing is read
+    rec = wait_until(lambda: (lambda r: r if r.get("status") not in ("running", None) else None)(
+        ctx.get(f"/v1/runs/{run_id}", key=ctx.key(user)).json()), 60, "the run ends")
+    took = time.monotonic() - t0
+    req.sock.close()
+    eq(rec["status"], "ok", f"it ran to its end: {rec}")
+    eq(rec["stdout_tail"][-10:], "z" * 9 + "\n", "its answer is kept")
+    check(took < 40, f"the stalled client held the run {took:.1f} s (the send timeout is 10 s)")
+    print(f"# the stalled client held the run {took:.1f} s")
