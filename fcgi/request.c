@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sendfile.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -360,6 +361,13 @@ cx_req_auth_result(struct cx_req *r, enum cx_err rc)
 /* ------------------------------------------------------------------------ */
 /* Server-Sent Events                                                       */
 
+/* A client that stops reading, or reads a byte now and then (the web
+ * server passes a stream on unbuffered, so its stall is ours), must not
+ * hold the worker past the run: a stream may spend this long in all
+ * waiting for the connection to take its events; then the client counts
+ * as gone, the connection is cut, and the run goes on without it. */
+#define SSE_STALL_BUDGET_MS 10000
+
 bool
 cx_req_wants_events(struct cx_req *r)
 {
@@ -368,12 +376,76 @@ cx_req_wants_events(struct cx_req *r)
     return accept && strcasestr(accept, "text/event-stream");
 }
 
+/* Writes n bytes without blocking, waiting in poll() out of the stream's
+ * stall budget. */
+static bool
+write_budgeted(struct cx_sse *sse, const unsigned char *p, size_t n)
+{
+    int fd = sse->r->fr->ipcFd;
+
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            int64_t t0 = cx_now_ms();
+            int rc;
+
+            if (sse->stalled_ms >= SSE_STALL_BUDGET_MS)
+                return false;
+            rc = poll(&pfd, 1, (int)(SSE_STALL_BUDGET_MS - sse->stalled_ms));
+            sse->stalled_ms += cx_now_ms() - t0;
+            if (rc < 0 && errno != EINTR)
+                return false;
+            continue;
+        }
+        return false;
+    }
+    return true;
+}
+
+/* data as FastCGI stdout records of this request (the framing libfcgi
+ * uses; its own buffer is empty, flushed after the head). */
+static bool
+write_records(struct cx_sse *sse, const char *data, size_t len)
+{
+    int id = sse->r->fr->requestId;
+
+    while (len > 0) {
+        size_t n = len < RECORD_MAX ? len : RECORD_MAX, pad = (8 - n % 8) % 8;
+        unsigned char head[8] = {1,
+                                 6,
+                                 (unsigned char)(id >> 8),
+                                 (unsigned char)id,
+                                 (unsigned char)(n >> 8),
+                                 (unsigned char)n,
+                                 (unsigned char)pad,
+                                 0};
+        static const unsigned char zeros[8];
+
+        if (!write_budgeted(sse, head, sizeof(head)) ||
+            !write_budgeted(sse, (const unsigned char *)data, n) ||
+            (pad && !write_budgeted(sse, zeros, pad)))
+            return false;
+        data += n;
+        len -= n;
+    }
+    return true;
+}
+
 static bool
 sse_event(void *ctx, const char *name, json_t *data)
 {
     struct cx_sse *sse = ctx;
-    FCGX_Stream *out = sse->r->fr->out;
+    struct cx_buf b;
     char *text = NULL;
+    bool ok;
 
     if (sse->gone)
         return false;
@@ -381,42 +453,53 @@ sse_event(void *ctx, const char *name, json_t *data)
         cx_req_header(sse->r, "X-Accel-Buffering", "no"); /* nginx: no buffering */
         cx_req_send_head(sse->r, 200, "text/event-stream; charset=utf-8", -1);
         sse->started = true;
+        if (FCGX_FFlush(sse->r->fr->out) != 0 || FCGX_GetError(sse->r->fr->out) != 0)
+            goto gone;
     }
-    if (!name) {
-        FCGX_PutS(": keep-alive\n\n", out); /* a comment: proxies see traffic */
-    } else {
+    if (name) {
         /* compact JSON escapes every line break: one data line */
         text = json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY);
         if (!text)
             return true; /* this event is lost, not the stream */
-        FCGX_FPrintF(out, "event: %s\ndata: ", name);
-        FCGX_PutStr(text, (int)strlen(text), out);
-        FCGX_PutS("\n\n", out);
-        free(text);
     }
-    if (FCGX_FFlush(out) != 0 || FCGX_GetError(out) != 0) {
-        sse->gone = true;
-        cx_log_info("the client of a streaming run went away; the run goes on");
-        return false;
-    }
-    return true;
+    cx_buf_init(&b, strlen(text ? text : "") + 64);
+    if (name)
+        cx_buf_addf(&b, "event: %s\ndata: %s\n\n", name, text);
+    else
+        cx_buf_adds(&b, ": keep-alive\n\n"); /* a comment: proxies see traffic */
+    free(text);
+    ok = !cx_buf_err(&b) && write_records(sse, b.data, b.len);
+    cx_buf_cleanup(&b);
+    if (ok)
+        return true;
+gone:
+    sse->gone = true;
+    /* Nothing valid can follow a record cut short: libfcgi's own last
+     * records then fail at once instead of waiting on the client. */
+    shutdown(sse->r->fr->ipcFd, SHUT_RDWR);
+    cx_log_info("the client of a streaming run went away; the run goes on");
+    return false;
 }
 
-/* A client that stops reading (the web server passes a stream on
- * unbuffered, so its stall is ours) must not hold the worker past the
- * run: a write that makes no progress for this long counts as the client
- * gone, and the run goes on without it. */
-#define SSE_SEND_TIMEOUT_S 10
+/* libfcgi's own blocking writes of the stream (the head, the closing
+ * records after the last event) give up after as long as the stall budget.
+ * It stays for the connection's life: codexec's configurations close it
+ * after the request (no fastcgi_keep_conn). */
+static void
+send_timeout(struct cx_req *r)
+{
+    struct timeval tv = {.tv_sec = SSE_STALL_BUDGET_MS / 1000};
+
+    if (setsockopt(r->fr->ipcFd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)))
+        cx_log_warn(errno, "could not set a send timeout on a streaming answer");
+}
 
 void
 cx_req_sse_sink(struct cx_req *r, struct cx_sse *sse, struct cx_run_sink *sink)
 {
-    struct timeval tv = {.tv_sec = SSE_SEND_TIMEOUT_S};
-
-    if (setsockopt(r->fr->ipcFd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)))
-        cx_log_warn(errno, "a streaming answer without a send timeout");
     *sse = (struct cx_sse){.r = r};
     *sink = (struct cx_run_sink){.fn = sse_event, .ctx = sse};
+    send_timeout(r);
 }
 
 void

@@ -59,8 +59,9 @@ void cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg);
  * not to buffer). */
 struct cx_sse {
     struct cx_req *r;
-    bool started; /* the head was sent */
-    bool gone;    /* a write failed: the client went away */
+    bool started;       /* the head was sent */
+    bool gone;          /* a write failed: the client went away */
+    int64_t stalled_ms; /* spent waiting for the connection to take events */
 };
 
 /* Whether the client asked for a stream (Accept: text/event-stream). */

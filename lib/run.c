@@ -27,7 +27,7 @@ CX_SQL(q_run_get, 2,
                              "started_at") ","
                                            " " CX_SQL_UTC_MS(
                                                "finished_at") ","
-                                                              " execution_ms, answer::text"
+                                                              " execution_ms, answer"
                                                               " FROM runs WHERE id = $1::uuid AND "
                                                               "user_id = $2");
 
@@ -79,18 +79,18 @@ CX_SQL(q_run_insert, 6,
 CX_SQL(q_run_finish, 7,
        "UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
        " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now(),"
-       " answer = $7::jsonb WHERE id = $1::uuid");
+       " answer = $7 WHERE id = $1::uuid");
 
 /* A kept answer's size at most: the parts a run's code makes long (its
- * value, traceback, tails, skipped list) give way first, and the answer
- * says so. */
+ * value, error, traceback, tails, skipped list) give way first, then all
+ * but the short fields; the answer says so. */
 #define ANSWER_KEEP_MAX (256 * 1024)
 
 static char *
 answer_text(json_t *payload)
 {
-    static const char *const long_parts[] = {"result", "traceback", "stdout_tail", "stderr_tail",
-                                             "skipped"};
+    static const char *const long_parts[] = {"result",      "error",       "traceback",
+                                             "stdout_tail", "stderr_tail", "skipped"};
     char *text = json_dumps(payload, JSON_COMPACT);
     json_t *copy;
 
@@ -104,14 +104,41 @@ answer_text(json_t *payload)
         json_object_set_new(copy, "answer_truncated", json_true());
     text = copy ? json_dumps(copy, JSON_COMPACT) : NULL;
     json_decref(copy);
+    if (!text || strlen(text) <= ANSWER_KEEP_MAX)
+        return text;
+    free(text);
+    copy = json_pack("{s:O?,s:O?,s:O?,s:b}", "run_id", json_object_get(payload, "run_id"), "status",
+                     json_object_get(payload, "status"), "truncated",
+                     json_object_get(payload, "truncated"), "answer_truncated", 1);
+    text = copy ? json_dumps(copy, JSON_COMPACT) : NULL;
+    json_decref(copy);
     return text;
 }
 
+/* An exception's name as answered and recorded (runs.error_name): its
+ * class name is the code's to choose, so whole characters up to 128 bytes. */
 static void
-set_error(json_t *payload, const char *ename, const char *evalue, json_t *tb)
+clip_name(const char *ename, char *out, size_t outlen)
 {
-    char *text = NULL;
-    size_t n = strlen(ename) + strlen(evalue) + 3;
+    size_t n = strlen(ename);
+
+    if (n >= outlen) {
+        n = outlen - 1;
+        while (n > 0 && ((unsigned char)ename[n] & 0xc0) == 0x80)
+            n--; /* never inside a character */
+    }
+    memcpy(out, ename, n);
+    out[n] = '\0';
+}
+
+static void
+set_error(json_t *payload, const char *ename_in, const char *evalue, json_t *tb)
+{
+    char ename[129], *text = NULL;
+    size_t n;
+
+    clip_name(ename_in, ename, sizeof(ename));
+    n = strlen(ename) + strlen(evalue) + 3;
 
     text = malloc(n);
     if (!text)

@@ -157,13 +157,25 @@ tell(struct cx_runexec *st, const char *name, json_t *data)
 void
 cx_runexec_flush(struct cx_runexec *st)
 {
-    if (st->pend.len && st->sink && !cx_buf_err(&st->pend)) {
-        json_t *d = json_pack("{s:s%}", "text", st->pend.data, st->pend.len);
+    /* in events of PEND_MAX bytes at most, cut between characters: a
+     * single huge print costs no huge event */
+    for (size_t at = 0; st->sink && !cx_buf_err(&st->pend) && at < st->pend.len;) {
+        size_t n = st->pend.len - at;
+        json_t *d;
+
+        if (n > PEND_MAX) {
+            n = PEND_MAX;
+            while (n > 1 && ((unsigned char)st->pend.data[at + n] & 0xc0) == 0x80)
+                n--;
+        }
+        d = json_pack("{s:s%}", "text", st->pend.data + at, n);
         if (d)
             tell(st, st->pend_err ? "stderr" : "stdout", d);
         json_decref(d);
+        at += n;
     }
     cx_buf_reset(&st->pend);
+    cx_buf_shrink(&st->pend, 2 * PEND_MAX);
     st->pend_since_us = 0;
 }
 
@@ -286,8 +298,11 @@ rich_outputs(struct cx_runexec *st, json_t *data)
             path =
                 cx_capture_add_output(st->cap, mime, json_string_value(v), json_string_length(v));
     }
-    if (mime && st->sink)
+    /* as many as can become artifacts, and none past the output limit */
+    if (mime && st->sink && !st->truncated && st->displays < st->cx->cfg->max_captured_files) {
+        st->displays++;
         cx_runexec_say(st, "display", json_pack("{s:s,s:s?}", "mime_type", mime, "path", path));
+    }
 }
 
 static bool

@@ -81,6 +81,7 @@ struct cx_runexec {
     int64_t pend_since_us; /* when it began to wait (0: nothing waits) */
     int64_t said_us;       /* when the sink last heard from us */
     bool capturing;        /* "capturing" was said */
+    unsigned displays;     /* "display" events said */
 };
 
 /* Tells st's sink an event (data: taken, may be NULL for {}), after the

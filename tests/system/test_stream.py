@@ -210,6 +210,17 @@ def test_hostile_output_cannot_forge_events(ctx):
     check(res["error"].startswith("ValueError: x"), f"the error (up to the NUL): {res}")
     eq(res["stdout_tail"], "a\x00b\n", "the tail, whole")
     eq("".join(e[2]["text"] for e in s.named("stdout")), "a\x00b\n", "the stream, whole")
+    rec = ctx.get(f"/v1/runs/{res['run_id']}", key=ctx.key("st-forge")).json()
+    eq((rec["status"], rec["error_name"]), ("error", "ValueError"), "its end is recorded")
+    eq(rec["stdout_tail"], "a\x00b\n", "with its answer, NUL and all")
+    # an exception class's name is the code's to choose: kept to 128 bytes
+    s = stream(ctx, "st-forge", "raise type('E' * 100000, (Exception,), {})('long')")
+    s.all()
+    res = s.result()
+    eq(res["error_name"], "E" * 128, "the name, clipped")
+    rec = ctx.get(f"/v1/runs/{res['run_id']}", key=ctx.key("st-forge")).json()
+    eq(rec["error_name"], "E" * 128, "recorded so")
+    check(len(json.dumps(rec)) < 300 * 1024, "a kept answer stays small")
 
 
 def test_heartbeats_while_quiet(ctx):
