@@ -62,6 +62,20 @@ cx_req_send_text(struct cx_req *r, int status, const char *content_type, const c
  * ends the stream and the request as usual. */
 #define RECORD_MAX 65528 /* a multiple of 8: no padding */
 
+/* The head of a FastCGI stdout record of request id: n bytes, then pad. */
+static void
+record_head(unsigned char head[8], int id, size_t n, size_t pad)
+{
+    head[0] = 1; /* FCGI_VERSION_1 */
+    head[1] = 6; /* FCGI_STDOUT */
+    head[2] = (unsigned char)(id >> 8);
+    head[3] = (unsigned char)id;
+    head[4] = (unsigned char)(n >> 8);
+    head[5] = (unsigned char)n;
+    head[6] = (unsigned char)pad;
+    head[7] = 0;
+}
+
 static bool
 write_all(int fd, const unsigned char *p, size_t n)
 {
@@ -89,15 +103,10 @@ cx_req_send_file(struct cx_req *r, int fd, uint64_t first, uint64_t last)
         size_t n =
             last - (uint64_t)off + 1 < RECORD_MAX ? (size_t)(last - (uint64_t)off + 1) : RECORD_MAX;
         size_t pad = (8 - n % 8) % 8, left = n;
-        unsigned char head[8] = {1,
-                                 6,
-                                 (unsigned char)(id >> 8),
-                                 (unsigned char)id,
-                                 (unsigned char)(n >> 8),
-                                 (unsigned char)n,
-                                 (unsigned char)pad,
-                                 0};
+        unsigned char head[8];
         static const unsigned char zeros[8];
+
+        record_head(head, id, n, pad);
 
         if (!write_all(out, head, sizeof(head)))
             goto cut;
@@ -419,15 +428,10 @@ write_records(struct cx_sse *sse, const char *data, size_t len)
 
     while (len > 0) {
         size_t n = len < RECORD_MAX ? len : RECORD_MAX, pad = (8 - n % 8) % 8;
-        unsigned char head[8] = {1,
-                                 6,
-                                 (unsigned char)(id >> 8),
-                                 (unsigned char)id,
-                                 (unsigned char)(n >> 8),
-                                 (unsigned char)n,
-                                 (unsigned char)pad,
-                                 0};
+        unsigned char head[8];
         static const unsigned char zeros[8];
+
+        record_head(head, id, n, pad);
 
         if (!write_budgeted(sse, head, sizeof(head)) ||
             !write_budgeted(sse, (const unsigned char *)data, n) ||

@@ -1,16 +1,11 @@
 // Drives Debian's Chromium (headless) through codexec's download surface.
 // Input: one JSON argument {base, key, link, page}. Output: one JSON line.
-import { chromium } from 'playwright-core';
+import { launchChromium } from './launch.mjs';
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 
 const cfg = JSON.parse(process.argv[2]);
-const browser = await chromium.launch({
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-         '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launchChromium();
 const out = {};
 const sha = (p) => createHash('sha256').update(readFileSync(p)).digest('hex');
 

@@ -1,15 +1,10 @@
 // Reads a streaming run in Debian's Chromium (headless) with fetch(), using
 // the reader the README documents. Input: one JSON argument {base, key,
 // reader, code, cid}. Output: one JSON line {events: [[ms, name, data]...]}.
-import { chromium } from 'playwright-core';
+import { launchChromium } from './launch.mjs';
 
 const cfg = JSON.parse(process.argv[2]);
-const browser = await chromium.launch({
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-         '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launchChromium();
 const out = {};
 try {
   const page = await browser.newPage();

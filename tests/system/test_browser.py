@@ -27,6 +27,17 @@ def solid_png(w, h, rgb):
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
+def node(script, cfg):
+    """Runs a browser script of tests/browser with cfg; its JSON answer."""
+    p = subprocess.run(["node", os.path.join(BROWSER, script), json.dumps(cfg)],
+                       cwd=BROWSER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=180)
+    check(p.returncode == 0, f"node ran: {p.stderr[-2000:]}")
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    check("error" not in out, f"browser script: {out.get('error')}")
+    return out
+
+
 def test_chromium_downloads_and_artifacts_page(ctx):
     user = "b-chromium"
     key = ctx.key(user)
@@ -42,12 +53,7 @@ def test_chromium_downloads_and_artifacts_page(ctx):
     base = f"http://127.0.0.1:{ctx.st.http_port}"
     cfg = {"base": base, "key": key, "link": base + link, "page": base + "/v1/conversations/c1/artifacts.html",
            "html": base + html_link}
-    p = subprocess.run(["node", os.path.join(BROWSER, "artifacts.mjs"), json.dumps(cfg)],
-                       cwd=BROWSER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=180)
-    check(p.returncode == 0, f"node ran: {p.stderr[-2000:]}")
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    check("error" not in out, f"browser script: {out.get('error')}")
+    out = node("artifacts.mjs", cfg)
     eq(out["link"]["name"], rep["filename"], "the signed link saves under the artifact's name")
     eq(out["link"]["sha256"], rep["sha256"], "with the exact bytes")
     eq(out["page_status"], 200, "the page loads")
@@ -105,12 +111,7 @@ def test_chromium_reads_a_stream_with_fetch(ctx):
     key = ctx.key("b-stream")
     cfg = {"base": f"http://127.0.0.1:{ctx.st.http_port}", "key": key, "reader": readme_reader(),
            "cid": "c1", "code": "import time\nprint('a', flush=True)\ntime.sleep(1)\nprint('b')"}
-    p = subprocess.run(["node", os.path.join(BROWSER, "stream.mjs"), json.dumps(cfg)],
-                       cwd=BROWSER, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=180)
-    check(p.returncode == 0, f"node ran: {p.stderr[-2000:]}")
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    check("error" not in out, f"browser script: {out.get('error')}")
+    out = node("stream.mjs", cfg)
     ev = out["events"]
     eq(ev[0][1], "run", f"the run event first: {[e[1] for e in ev]}")
     outs = [e for e in ev if e[1] == "stdout"]

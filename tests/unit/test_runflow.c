@@ -6,26 +6,6 @@
 #include "../../lib/session.h"
 #include "cxtest.h"
 
-static json_t *
-submit(struct cxtest *t, const struct cx_principal *who, const char *body, enum cx_err *rc)
-{
-    struct cx_run_request req;
-    char msg[CX_MSG_MAX] = "";
-    json_t *j = json_loads(body, 0, NULL), *out = NULL;
-    bool pending = false;
-
-    need(j != NULL, "a request body");
-    *rc = cx_run_request_parse(&t->cfg, j, &req, msg, sizeof(msg));
-    json_decref(j);
-    if (*rc)
-        return NULL;
-    *rc = cx_run_submit(&t->cx, who, &req, &out, &pending, msg, sizeof(msg));
-    cx_run_request_cleanup(&req);
-    if (*rc)
-        printf("# run: %s\n", msg);
-    return out;
-}
-
 /* A listener that notes the events' names and the stdout it hears, and
  * goes away after stop_after calls (0: never). */
 struct events {
@@ -48,6 +28,7 @@ on_event(void *ctx, const char *name, json_t *data)
     return !e->stop_after || e->calls < e->stop_after;
 }
 
+/* A run as codexec-fcgi makes one; e: its listener, or NULL for none. */
 static json_t *
 submit_stream(struct cxtest *t, const struct cx_principal *who, const char *body, struct events *e,
               enum cx_err *rc)
@@ -63,9 +44,18 @@ submit_stream(struct cxtest *t, const struct cx_principal *who, const char *body
     json_decref(j);
     if (*rc)
         return NULL;
-    *rc = cx_run_submit_stream(&t->cx, who, &req, &sink, &out, &pending, msg, sizeof(msg));
+    *rc =
+        cx_run_submit_stream(&t->cx, who, &req, e ? &sink : NULL, &out, &pending, msg, sizeof(msg));
     cx_run_request_cleanup(&req);
+    if (*rc)
+        printf("# run: %s\n", msg);
     return out;
+}
+
+static json_t *
+submit(struct cxtest *t, const struct cx_principal *who, const char *body, enum cx_err *rc)
+{
+    return submit_stream(t, who, body, NULL, rc);
 }
 
 static void
