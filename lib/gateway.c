@@ -20,6 +20,7 @@ struct cx_gateway {
     struct curl_slist *headers;
     struct cx_buf body;
     long timeout_ms; /* of the next calls */
+    long base_ms;    /* what cx_gateway_timeout(gw, 0) comes back to */
 };
 
 static size_t
@@ -42,7 +43,7 @@ cx_gateway_new(const char *url, const char *token, struct cx_gateway **out)
     if (!gw)
         return CX_ERR_NOMEM;
     cx_buf_init(&gw->body, MAX_REST_BODY);
-    gw->timeout_ms = 120000;
+    gw->timeout_ms = gw->base_ms = 120000;
     gw->base = strdup(url);
     if (!gw->base)
         goto fail;
@@ -349,7 +350,13 @@ cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out)
 void
 cx_gateway_timeout(struct cx_gateway *gw, long ms)
 {
-    gw->timeout_ms = ms > 0 ? ms : 120000;
+    gw->timeout_ms = ms > 0 ? ms : gw->base_ms;
+}
+
+void
+cx_gateway_default_timeout(struct cx_gateway *gw, long ms)
+{
+    gw->timeout_ms = gw->base_ms = ms > 0 ? ms : 120000;
 }
 
 /* Every process's view of each gateway's health: one probe at most every

@@ -56,6 +56,8 @@ enum cx_err cx_gateway_kernelspecs(struct cx_gateway *gw, json_t **out) CX_MUSTC
 /* The time limit of the handle's next calls, in ms; 0: the default (two
  * minutes, for a kernel start on a loaded machine). */
 void cx_gateway_timeout(struct cx_gateway *gw, long ms);
+/* Sets the handle's default (0: two minutes) and its next calls' limit. */
+void cx_gateway_default_timeout(struct cx_gateway *gw, long ms);
 
 /* Whether the gateway should get new kernels: it answered its last probe
  * (GET /api/kernelspecs with our token, 3 s at most), probed every 2 s at

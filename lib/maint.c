@@ -96,12 +96,19 @@ reconcile(struct cx_ctx *cx, int *deleted)
     return rc;
 }
 
+#define MAINT_TIMEOUT_MS 15000
+
 enum cx_err
 cx_maint_sweep(struct cx_ctx *cx, int limit, bool artifacts, struct cx_maint *done)
 {
     enum cx_err rc, rc2;
 
     memset(done, 0, sizeof(*done));
+    /* Maintenance only deletes and lists: a gateway that hangs holds the
+     * sweep (its other gateways, the runs' expiry) MAINT_TIMEOUT_MS per
+     * call, not a kernel start's two minutes. */
+    for (unsigned i = 0; i < cx->ngws; i++)
+        cx_gateway_default_timeout(cx->gws[i], MAINT_TIMEOUT_MS);
     rc = cx_session_reap(cx, limit, &done->sessions);
     /* each part goes on after another failed: they share nothing */
     rc2 = cx_run_expire(cx, &done->runs);

@@ -4,12 +4,16 @@
  * surface every Jupyter gateway offers is used: /api/kernels and
  * /api/kernelspecs. (The kernel
  * channels are test_kernel's.) */
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
 #include <sodium.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "../../lib/gateway.h"
 #include "../../lib/log.h"
+#include "../../lib/util.h"
 #include "tap.h"
 
 static const char *const unsafe_ids[] = {
@@ -91,6 +95,40 @@ vanished_kernel(struct cx_gateway *gw)
            CX_ERR_NOT_FOUND, "a kernel that never was: not found");
 }
 
+/* A server that takes the connection and never answers: a call gives up
+ * at the handle's limit, and a one-call limit goes back to the handle's
+ * default, not to two minutes. */
+static void
+hung_server(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof(a);
+    struct cx_gateway *gw = NULL;
+    char url[64];
+    int64_t t0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    need(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 8) == 0 &&
+             getsockname(fd, (struct sockaddr *)&a, &alen) == 0,
+         "a listening socket nobody serves");
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", ntohs(a.sin_port));
+    need(cx_gateway_new(url, "t", &gw) == CX_OK, "a handle on it");
+    cx_gateway_default_timeout(gw, 700);
+    t0 = cx_now_ms();
+    is_int(cx_gateway_kernel_get(gw, "00000000-0000-0000-0000-000000000000", NULL), CX_ERR_TIMEOUT,
+           "a hung server times out");
+    ok(cx_now_ms() - t0 < 5000, "at the handle's default (%lld ms)", (long long)(cx_now_ms() - t0));
+    cx_gateway_timeout(gw, 300);
+    cx_gateway_timeout(gw, 0);
+    t0 = cx_now_ms();
+    is_int(cx_gateway_kernel_get(gw, "00000000-0000-0000-0000-000000000000", NULL), CX_ERR_TIMEOUT,
+           "again, after a one-call limit");
+    ok(cx_now_ms() - t0 < 5000, "back at the default, not two minutes (%lld ms)",
+       (long long)(cx_now_ms() - t0));
+    cx_gateway_free(gw);
+    close(fd);
+}
+
 int
 main(void)
 {
@@ -113,6 +151,7 @@ main(void)
     wrong_peers(url, token);
 
     vanished_kernel(gw);
+    hung_server();
 
     cx_gateway_free(gw);
     curl_global_cleanup();
