@@ -401,8 +401,11 @@ usable(struct cx_gateway *gw, int64_t max_age_ms)
 
     pthread_mutex_lock(&probes_lock);
     i = probe_slot(gw->base);
-    if (max_age_ms == 0)
-        while (i >= 0 && probes[i].probing) /* its answer is as fresh as ours would be */
+    /* An answer too old to use while a probe is under way: that probe's
+     * answer is as fresh as ours would be (a stale "usable" would send a
+     * kernel start into a gateway that has stopped answering). */
+    if (i >= 0 && now - probes[i].at >= max_age_ms)
+        while (probes[i].probing)
             pthread_cond_wait(&probes_done, &probes_lock);
     probe = i >= 0 && !probes[i].probing && now - probes[i].at >= max_age_ms;
     if (probe)

@@ -58,7 +58,7 @@ cx_run_get(struct cx_ctx *cx, const char *user, const char *run_id, json_t **out
                               : json_integer(strtoll(PQgetvalue(r, 0, 11), NULL, 10)));
     if (*out && !PQgetisnull(r, 0, 12)) {
         /* the answer's fields the record does not have (its own agree) */
-        json_t *answer = json_loads(PQgetvalue(r, 0, 12), 0, NULL);
+        json_t *answer = json_loads(PQgetvalue(r, 0, 12), JSON_ALLOW_NUL, NULL);
         if (json_is_object(answer))
             json_object_update_missing(*out, answer);
         json_decref(answer);
