@@ -472,7 +472,11 @@ sse_event(void *ctx, const char *name, json_t *data)
     else
         cx_buf_adds(&b, ": keep-alive\n\n"); /* a comment: proxies see traffic */
     free(text);
-    ok = !cx_buf_err(&b) && write_records(sse, b.data, b.len);
+    if (cx_buf_err(&b)) {
+        cx_buf_cleanup(&b);
+        return true; /* this event is lost, not the stream */
+    }
+    ok = write_records(sse, b.data, b.len);
     cx_buf_cleanup(&b);
     if (ok)
         return true;

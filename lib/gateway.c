@@ -403,9 +403,11 @@ usable(struct cx_gateway *gw, int64_t max_age_ms)
     i = probe_slot(gw->base);
     /* An answer too old to use while a probe is under way: that probe's
      * answer is as fresh as ours would be (a stale "usable" would send a
-     * kernel start into a gateway that has stopped answering). */
-    if (i >= 0 && now - probes[i].at >= max_age_ms)
-        while (probes[i].probing)
+     * kernel start into a gateway that has stopped answering; a stale "not
+     * usable" is skipped anyway, unless this is a recheck). The first probe
+     * to end after now ends the wait, so no waiter sits through a second. */
+    if (i >= 0 && (max_age_ms == 0 || probes[i].ok))
+        while (probes[i].probing && now - probes[i].at >= max_age_ms)
             pthread_cond_wait(&probes_done, &probes_lock);
     probe = i >= 0 && !probes[i].probing && now - probes[i].at >= max_age_ms;
     if (probe)
