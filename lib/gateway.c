@@ -401,16 +401,8 @@ usable(struct cx_gateway *gw, int64_t max_age_ms)
 
     pthread_mutex_lock(&probes_lock);
     i = probe_slot(gw->base);
-    /* An answer too old to use while a probe is under way: that probe's
-     * answer is as fresh as ours would be (a stale "usable" would send a
-     * kernel start into a gateway that has stopped answering; a stale "not
-     * usable" is skipped anyway, unless this is a recheck). The first probe
-     * to end after now ends the wait, so no waiter sits through a second.
-     * Before any probe has ended the gateway counts as usable, as when
-     * this process started: its first runs don't queue behind the first
-     * probe. */
-    if (i >= 0 && (max_age_ms == 0 || (probes[i].ok && probes[i].at != 0)))
-        while (probes[i].probing && now - probes[i].at >= max_age_ms)
+    if (max_age_ms == 0)
+        while (i >= 0 && probes[i].probing) /* its answer is as fresh as ours would be */
             pthread_cond_wait(&probes_done, &probes_lock);
     probe = i >= 0 && !probes[i].probing && now - probes[i].at >= max_age_ms;
     if (probe)

@@ -169,17 +169,14 @@ def test_sigkill_leaves_no_kernel(ctx):
         return ids - rows
     try:
         # 50 kills at least, more until one has left a kernel behind (where
-        # the kills land is chance, and slower builds land them elsewhere:
-        # a new process's first runs wait for its first probe of the
-        # gateway, which a loaded gateway answers late, so the kills go
-        # up to 3 s in)
+        # the kills land is chance, and slower builds land them elsewhere)
         for round_ in range(150):
             sock, proc = ctx.spawn_fcgi("killed", settings, workers=4)
             ths = [threading.Thread(target=lambda k=k: _quiet(fcgi_run, sock, k, new_id(), "1"))
                    for k in keys[:3]]
             for t in ths:
                 t.start()
-            time.sleep(rng.uniform(0, 3.0))
+            time.sleep(rng.uniform(0, 1.5))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
             for t in ths:
