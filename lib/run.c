@@ -333,10 +333,7 @@ run_capture(struct run *r)
     r->artifacts = json_array();
     if (!r->st.cap)
         return;
-    if (!r->st.capturing) {
-        r->st.capturing = true;
-        cx_runexec_status(&r->st, "capturing");
-    }
+    cx_runexec_capturing(&r->st);
     r->s.capture_rescan = timed_out || r->s.reset ? true : !cx_capture_done(r->st.cap);
     if (!r->s.reset && !timed_out && r->artifacts &&
         cx_artifact_commit_capture(r->cx, r->who->user, r->req->conversation_id, r->id, r->st.cap,

@@ -238,14 +238,21 @@ sink_due(const struct cx_runexec *st)
 static void
 sink_tick(struct cx_runexec *st)
 {
-    int64_t now = cx_now_us();
-
-    if (!st->sink)
+    if (!st->sink || cx_now_us() < sink_due(st))
         return;
-    if (st->pend_since_us && now >= st->pend_since_us + CX_RUN_COALESCE_MS * 1000LL)
+    if (st->pend_since_us)
         cx_runexec_flush(st);
-    else if (!st->pend_since_us && now >= st->said_us + CX_RUN_HEARTBEAT_MS * 1000LL)
-        tell(st, NULL, NULL);
+    else
+        tell(st, NULL, NULL); /* a heartbeat */
+}
+
+void
+cx_runexec_capturing(struct cx_runexec *st)
+{
+    if (!st->capturing) {
+        st->capturing = true;
+        cx_runexec_status(st, "capturing");
+    }
 }
 
 static void
@@ -339,10 +346,7 @@ on_message(void *ctx, int index, const char *type, json_t *content)
     if (index == st->carrier && st->cap && !strcmp(type, "display_data")) {
         json_t *m = json_object_get(json_object_get(content, "data"), CX_CAPTURE_MIME);
         if (m) {
-            if (!st->capturing) {
-                st->capturing = true; /* the user's code is done */
-                cx_runexec_status(st, "capturing");
-            }
+            cx_runexec_capturing(st); /* the user's code is done */
             cx_capture_on_message(st->cap, m);
             return CX_OK;
         }

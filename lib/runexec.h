@@ -89,6 +89,8 @@ struct cx_runexec {
 void cx_runexec_say(struct cx_runexec *st, const char *name, json_t *data);
 /* A "status" event of state. */
 void cx_runexec_status(struct cx_runexec *st, const char *state);
+/* The "capturing" status, once per run. */
+void cx_runexec_capturing(struct cx_runexec *st);
 /* Tells the sink the stream text that waits. */
 void cx_runexec_flush(struct cx_runexec *st);
 
