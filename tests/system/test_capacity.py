@@ -129,13 +129,21 @@ def test_kernel_budget(ctx):
         check(most <= 5, f"never more than 5 kernels on the gateway: {most}")
         status, _, r = fcgi_run(sock, keys[0], "c", "print('back')")
         eq((status, r["session"]["reset"]), (200, True), "an evicted conversation comes back reset")
-        # all five busy
+        # all five busy: the five conversations that hold the kernels now
+        # (10 gave way to 0), so no run waits on an eviction or a start
         busy = []
-        ths = [threading.Thread(target=lambda i=i: busy.append(
-            fcgi_run(sock, keys[10 + i], "c", "import time\ntime.sleep(4)")[0])) for i in range(5)]
+        ths = [threading.Thread(target=lambda k=k: busy.append(
+            fcgi_run(sock, k, "c", "import time\ntime.sleep(6)")[0]))
+            for k in keys[11:15] + keys[:1]]
         for t in ths:
             t.start()
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            states = [k.get("execution_state") for k in jupyter_kernels(ctx, url_c)]
+            if states.count("busy") == 5:
+                break
+            time.sleep(0.1)
+        eq(states.count("busy"), 5, f"five kernels busy: {states}")
         status, headers, r = fcgi_run(sock, ctx.key("bud-new"), "c", "1")
         eq(status, 503, f"all busy: {r}")
         eq(r["error"]["code"], "capacity_exhausted", "capacity_exhausted")
