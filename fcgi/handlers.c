@@ -239,6 +239,54 @@ send_redirect(struct cx_req *r, const char *prefix, const char *key, const char 
     cx_req_send_head(r, 200, mime, -1);
 }
 
+/* A direct download from an object store: the head goes out with the
+ * first bytes, so a store that fails at once still gets a clean answer. */
+struct from_store {
+    struct cx_req *r;
+    const struct cx_download *d;
+    int status;
+    uint64_t len;
+    bool sent_head, client_gone;
+};
+
+static bool
+on_store_bytes(void *ctx, const void *data, size_t len)
+{
+    struct from_store *f = ctx;
+
+    if (!f->sent_head) {
+        cx_req_send_head(f->r, f->status, f->d->mime, (long long)f->len);
+        f->sent_head = true;
+    }
+    if (!cx_req_send_bytes(f->r, data, len)) {
+        f->client_gone = true;
+        return false;
+    }
+    return true;
+}
+
+static void
+send_from_store(struct cx_req *r, const struct cx_download *d, int status, uint64_t first,
+                uint64_t last)
+{
+    struct from_store f = {.r = r, .d = d, .status = status, .len = last - first + 1};
+    enum cx_err rc;
+
+    if (d->size == 0 || !strcmp(r->method, "HEAD")) {
+        cx_req_send_head(r, status, d->mime, (long long)(d->size ? f.len : 0));
+        return;
+    }
+    rc = cx_download_read(r->w, d, first, last, on_store_bytes, &f);
+    if (rc == CX_OK && f.sent_head)
+        cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, f.len);
+    else if (rc == CX_ERR_NOT_FOUND && !f.sent_head)
+        cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
+    else if (!f.sent_head)
+        cx_req_send_error(r, 503, "unavailable",
+                          "the artifact storage is unavailable; retry later");
+    /* (else a short body: the client sees Content-Length unmet) */
+}
+
 static void
 send_direct(struct cx_req *r, const struct cx_download *d)
 {
@@ -253,14 +301,20 @@ send_direct(struct cx_req *r, const struct cx_download *d)
         cx_req_send_error(r, 416, "range_not_satisfiable", "the range is outside the file");
         return;
     }
+    if (range == CX_RANGE_ONE) {
+        snprintf(cr, sizeof(cr), "bytes %llu-%llu/%llu", (unsigned long long)first,
+                 (unsigned long long)last, (unsigned long long)d->size);
+        cx_req_header(r, "Content-Range", cr);
+    }
+    if (cx_download_from_store(r->w)) {
+        send_from_store(r, d, range == CX_RANGE_ONE ? 206 : 200, first, last);
+        return;
+    }
     if (cx_download_open(r->w, d, &fd)) {
         cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
         return;
     }
     if (range == CX_RANGE_ONE) {
-        snprintf(cr, sizeof(cr), "bytes %llu-%llu/%llu", (unsigned long long)first,
-                 (unsigned long long)last, (unsigned long long)d->size);
-        cx_req_header(r, "Content-Range", cr);
         cx_req_send_head(r, 206, d->mime, (long long)(last - first + 1));
     } else {
         cx_req_send_head(r, 200, d->mime, (long long)d->size);
@@ -269,6 +323,37 @@ send_direct(struct cx_req *r, const struct cx_download *d)
         cx_req_send_file(r, fd, first, last)) /* a short body tells the client */
         cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, last - first + 1);
     close(fd);
+}
+
+/* A presigned URL of the object: a 302 for the browser (it is a bearer
+ * token until it expires: never cached), or X-Accel-Redirect to nginx's
+ * internal location that proxies to the store. */
+static void
+send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
+{
+    char url[16384];
+    const char *prefix = r->w->cfg->x_accel_prefix;
+
+    if (cx_download_presign(r->w, d, for_browser, url, sizeof(url))) {
+        cx_req_send_lib_error(r, CX_ERR_INTERNAL, NULL);
+        return;
+    }
+    if (for_browser) {
+        cx_req_header(r, "Location", url);
+        cx_req_send_empty(r, 302);
+        return;
+    }
+    {
+        struct cx_buf loc;
+        cx_buf_init(&loc, sizeof(url) + 512);
+        cx_buf_addf(&loc, "%.*s%s",
+                    (int)strlen(prefix) - (prefix[0] && prefix[strlen(prefix) - 1] == '/'), prefix,
+                    url);
+        if (!cx_buf_err(&loc))
+            cx_req_header(r, "X-Accel-Redirect", loc.data);
+        cx_buf_cleanup(&loc);
+        cx_req_send_head(r, 200, d->mime, -1);
+    }
 }
 
 static void
@@ -304,16 +389,24 @@ cx_h_artifacts_content(struct cx_req *r)
         cx_req_send_lib_error(r, rc, msg);
         return;
     }
+    if (cfg->delivery == CX_DELIVERY_REDIRECT) {
+        send_presigned(r, &d, true);
+        return;
+    }
     download_headers(r, &d);
     if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256))
         cx_req_send_empty(r, 304);
-    else if (cfg->delivery == CX_DELIVERY_X_ACCEL) {
+    else if (cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w)) {
+        send_presigned(r, &d, false); /* nginx fetches it from the store */
+        if (strcmp(r->method, "HEAD") != 0)
+            cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
+    } else if (cfg->delivery == CX_DELIVERY_X_ACCEL) {
         send_redirect(r, cfg->x_accel_prefix, d.key, d.mime); /* nginx sends it */
         if (strcmp(r->method, "HEAD") != 0) /* (the whole file: nginx serves ranges itself) */
             cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
     } else if (cfg->delivery == CX_DELIVERY_DIRECT)
         send_direct(r, &d);
-    else if (cx_storage_path(cfg->storage_dir, d.key, path, sizeof(path)))
+    else if (cx_storage_path(r->w->store, d.key, path, sizeof(path)))
         cx_req_send_lib_error(r, CX_ERR_INTERNAL, NULL);
     else {
         cx_req_header(r, "X-Sendfile", path); /* Apache mod_xsendfile, lighttpd */

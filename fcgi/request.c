@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,12 @@ cut:
     /* A record promised bytes that will not come: nothing valid can follow. */
     shutdown(out, SHUT_RDWR);
     return false;
+}
+
+bool
+cx_req_send_bytes(struct cx_req *r, const void *data, size_t len)
+{
+    return len <= INT_MAX && FCGX_PutStr(data, (int)len, r->fr->out) == (int)len;
 }
 
 void

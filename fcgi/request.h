@@ -44,6 +44,8 @@ void cx_req_send_head(struct cx_req *r, int status, const char *content_type, lo
  * False when the file or the connection failed mid-way; the connection is
  * then cut, so the web server sees a short response, never a wrong one. */
 bool cx_req_send_file(struct cx_req *r, int fd, uint64_t first, uint64_t last);
+/* More of the body after cx_req_send_head(); false once the client went. */
+bool cx_req_send_bytes(struct cx_req *r, const void *data, size_t len);
 
 /* 204 or another status without a body. */
 void cx_req_send_empty(struct cx_req *r, int status);

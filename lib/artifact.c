@@ -144,7 +144,7 @@ cx_artifact_delete(struct cx_ctx *cx, const char *user, const char *id)
     rc = cx_db_commit(cx->db);
     if (rc == CX_OK)
         for (int i = 0; i < PQntuples(r); i++)
-            if (cx_storage_remove(cx->cfg->storage_dir, PQgetvalue(r, i, 0)))
+            if (cx_storage_remove(cx->store, PQgetvalue(r, i, 0)))
                 cx_log_warn(0, "could not remove a deleted version of %s; fsck will", id);
     PQclear(r);
     return rc;

@@ -18,6 +18,7 @@ extern const char cx_capture_helper_py[];
 
 struct cx_capture {
     const struct cx_config *cfg;
+    struct cx_storage *store;
     /* the file being received */
     bool receiving;
     long n;
@@ -48,13 +49,14 @@ struct cx_capture {
 #define SKIPPED_EXTRA 4096
 
 enum cx_err
-cx_capture_new(const struct cx_config *cfg, struct cx_capture **out)
+cx_capture_new(const struct cx_config *cfg, struct cx_storage *store, struct cx_capture **out)
 {
     struct cx_capture *c = calloc(1, sizeof(*c));
 
     if (!c)
         return CX_ERR_NOMEM;
     c->cfg = cfg;
+    c->store = store;
     c->max_files = cfg->max_captured_files;
     c->max_skipped = cfg->max_captured_files + SKIPPED_EXTRA;
     c->chunk = malloc(CHUNK);
@@ -286,7 +288,7 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg)
         snprintf(c->cur.path, sizeof(c->cur.path), "%s", path);
         c->n = (long)n;
         c->head_len = 0;
-        if (cx_storage_writer_new(c->cfg->storage_dir, &c->cur.w)) {
+        if (cx_storage_writer_new(c->store, &c->cur.w)) {
             cx_capture_skip(c, path, "storage_error");
             return;
         }
@@ -371,8 +373,8 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
     }
     c->output_bytes += len;
     c->staged += len;
-    if (cx_storage_writer_new(c->cfg->storage_dir, &f.w) ||
-        cx_storage_writer_write(f.w, data, len) || cx_storage_writer_finish(f.w, &got, f.sha256)) {
+    if (cx_storage_writer_new(c->store, &f.w) || cx_storage_writer_write(f.w, data, len) ||
+        cx_storage_writer_finish(f.w, &got, f.sha256)) {
         cx_storage_writer_abort(f.w);
         cx_capture_skip(c, f.path, "storage_error");
         return c->output_path;

@@ -16,6 +16,7 @@
 
 struct cx_config;
 struct cx_storage_writer;
+struct cx_storage;
 struct cx_capture;
 
 #define CX_CAPTURE_MIME "application/vnd.codexec.capture+json"
@@ -28,8 +29,10 @@ struct cx_captured {
     struct cx_storage_writer *w; /* finished; owned until taken */
 };
 
-/* staging: the storage root the writers stage under. Free with _free. */
-enum cx_err cx_capture_new(const struct cx_config *cfg, struct cx_capture **out) CX_MUSTCHECK;
+/* The writers stage in store (borrowed: it outlives the capture). Free
+ * with _free. */
+enum cx_err cx_capture_new(const struct cx_config *cfg, struct cx_storage *store,
+                           struct cx_capture **out) CX_MUSTCHECK;
 void cx_capture_free(struct cx_capture *c);
 
 /* The loader, a user expression (a constant), and the request metadata for

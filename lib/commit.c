@@ -101,7 +101,7 @@ remove_unclaimed(struct commit *c)
                 continue;
             named = cx_db_exec(db, &q_key_known, p, &r) != CX_OK || PQntuples(r) > 0;
             PQclear(r);
-            if (named || cx_storage_remove(c->cx->cfg->storage_dir, c->p[i].key))
+            if (named || cx_storage_remove(c->cx->store, c->p[i].key))
                 left++;
         }
         if (cx_db_exec(db, &q_storage_unlock, NULL, NULL))

@@ -15,8 +15,10 @@
 #define GiB (1024ULL * MiB)
 
 static const char *const levels[] = {"error", "warn", "info", "debug"};
-static const char *const deliveries[] = {"direct", "x-accel", "x-sendfile"};
+static const char *const deliveries[] = {"direct", "x-accel", "x-sendfile", "redirect"};
 static const char *const log_formats[] = {"text", "json"};
+static const char *const storages[] = {"local", "s3"};
+static const char *const addressings[] = {"path", "virtual"};
 
 enum cx_err
 cx_conf_parse_size(const char *s, uint64_t *out)
@@ -250,8 +252,10 @@ set_choice(const struct cx_conf_key *k, char *base, const char *v, char *msg, si
         const char *expected;
     } choices[] = {
         {CX_CONF_LEVEL, levels, 4, "error, warn, info or debug"},
-        {CX_CONF_DELIVERY, deliveries, 3, "direct, x-accel or x-sendfile"},
+        {CX_CONF_DELIVERY, deliveries, 4, "direct, x-accel, x-sendfile or redirect"},
         {CX_CONF_LOG_FORMAT, log_formats, 2, "text or json"},
+        {CX_CONF_STORAGE, storages, 2, "local or s3"},
+        {CX_CONF_S3_ADDRESSING, addressings, 2, "path or virtual"},
     };
 
     for (size_t c = 0; c < sizeof(choices) / sizeof(choices[0]); c++) {
@@ -315,10 +319,13 @@ set_lines(const struct cx_conf_key *k, char *base, const char *v, char *msg, siz
 }
 
 static const set_fn setters[] = {
-    [CX_CONF_STR] = set_str,     [CX_CONF_UINT] = set_number,     [CX_CONF_SIZE] = set_number,
-    [CX_CONF_BOOL] = set_bool,   [CX_CONF_LEVEL] = set_choice,    [CX_CONF_DELIVERY] = set_choice,
-    [CX_CONF_MODE] = set_mode,   [CX_CONF_MODULES] = set_modules, [CX_CONF_PATH] = set_path,
-    [CX_CONF_ADDRS] = set_addrs, [CX_CONF_LINES] = set_lines,     [CX_CONF_LOG_FORMAT] = set_choice,
+    [CX_CONF_STR] = set_str,        [CX_CONF_UINT] = set_number,
+    [CX_CONF_SIZE] = set_number,    [CX_CONF_BOOL] = set_bool,
+    [CX_CONF_LEVEL] = set_choice,   [CX_CONF_DELIVERY] = set_choice,
+    [CX_CONF_MODE] = set_mode,      [CX_CONF_MODULES] = set_modules,
+    [CX_CONF_PATH] = set_path,      [CX_CONF_ADDRS] = set_addrs,
+    [CX_CONF_LINES] = set_lines,    [CX_CONF_LOG_FORMAT] = set_choice,
+    [CX_CONF_STORAGE] = set_choice, [CX_CONF_S3_ADDRESSING] = set_choice,
 };
 
 /* Sets one key; on failure writes a message (without position) to msg. */

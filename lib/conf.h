@@ -14,18 +14,20 @@
 #include "err.h"
 
 enum cx_conf_type {
-    CX_CONF_STR,        /* char *, strdup'ed */
-    CX_CONF_UINT,       /* unsigned, within [min, max] */
-    CX_CONF_SIZE,       /* uint64_t with K/M/G, within [min, max] */
-    CX_CONF_BOOL,       /* bool: true/yes/on/1, false/no/off/0 */
-    CX_CONF_LEVEL,      /* int: error, warn, info, debug */
-    CX_CONF_DELIVERY,   /* int: direct, x-accel, x-sendfile */
-    CX_CONF_MODE,       /* unsigned, octal, at most max */
-    CX_CONF_MODULES,    /* char *: Python module names, normalised "a,b.c" */
-    CX_CONF_PATH,       /* char *: "" or an absolute path without ".." or control chars */
-    CX_CONF_ADDRS,      /* char *: an address list, normalised (util.h cx_addr_list_*) */
-    CX_CONF_LINES,      /* char *: a key that may repeat; its values joined by '\n' */
-    CX_CONF_LOG_FORMAT, /* int: text, json */
+    CX_CONF_STR,           /* char *, strdup'ed */
+    CX_CONF_UINT,          /* unsigned, within [min, max] */
+    CX_CONF_SIZE,          /* uint64_t with K/M/G, within [min, max] */
+    CX_CONF_BOOL,          /* bool: true/yes/on/1, false/no/off/0 */
+    CX_CONF_LEVEL,         /* int: error, warn, info, debug */
+    CX_CONF_DELIVERY,      /* int: direct, x-accel, x-sendfile, redirect */
+    CX_CONF_MODE,          /* unsigned, octal, at most max */
+    CX_CONF_MODULES,       /* char *: Python module names, normalised "a,b.c" */
+    CX_CONF_PATH,          /* char *: "" or an absolute path without ".." or control chars */
+    CX_CONF_ADDRS,         /* char *: an address list, normalised (util.h cx_addr_list_*) */
+    CX_CONF_LINES,         /* char *: a key that may repeat; its values joined by '\n' */
+    CX_CONF_LOG_FORMAT,    /* int: text, json */
+    CX_CONF_STORAGE,       /* int: local, s3 */
+    CX_CONF_S3_ADDRESSING, /* int: path, virtual */
 };
 
 struct cx_conf_key {

@@ -4,8 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "conf.h"
+#include "util.h"
 
 #define O(f)  offsetof(struct cx_config, f)
 #define KiB   1024ULL
@@ -32,6 +34,16 @@ static const struct cx_conf_key keys[] = {
     {"kernel_name", CX_CONF_STR, O(kernel_name), "python3", 0, 0},
     {"storage_dir", CX_CONF_STR, O(storage_dir), CX_LOCALSTATEDIR "/lib/codexec/storage", 0, 0},
     {"secret_file", CX_CONF_STR, O(secret_file), CX_SYSCONFDIR "/codexec/secret", 0, 0},
+    /* object storage instead of storage_dir */
+    {"storage", CX_CONF_STORAGE, O(storage), "local", 0, 0},
+    {"s3_endpoint", CX_CONF_STR, O(s3_endpoint), "", 0, 0},
+    {"s3_region", CX_CONF_STR, O(s3_region), "us-east-1", 0, 0},
+    {"s3_bucket", CX_CONF_STR, O(s3_bucket), "", 0, 0},
+    {"s3_prefix", CX_CONF_STR, O(s3_prefix), "", 0, 0},
+    {"s3_addressing", CX_CONF_S3_ADDRESSING, O(s3_addressing), "path", 0, 0},
+    {"s3_credentials_file", CX_CONF_PATH, O(s3_credentials_file), "", 0, 0},
+    {"s3_part_size", CX_CONF_SIZE, O(s3_part_size), "8M", 5 * MiB, 5 * GiB},
+    {"s3_url_expiry", CX_CONF_UINT, O(s3_url_expiry), "60", 1, 604800},
     /* who may do what, and how downloads leave */
     {"trust_remote_user", CX_CONF_BOOL, O(trust_remote_user), "false", 0, 0},
     {"require_approval", CX_CONF_BOOL, O(require_approval), "false", 0, 0},
@@ -71,9 +83,22 @@ static const struct cx_conf_key keys[] = {
     {"metrics_allow", CX_CONF_ADDRS, O(metrics_allow), "127.0.0.0/8, ::1", 0, 0},
 };
 
+static void
+wipe(char **s)
+{
+    if (*s) {
+        memset(*s, 0, strlen(*s));
+        free(*s);
+        *s = NULL;
+    }
+}
+
 void
 cx_config_cleanup(struct cx_config *cfg)
 {
+    wipe(&cfg->s3_key_id);
+    wipe(&cfg->s3_secret);
+    wipe(&cfg->s3_token);
     for (unsigned i = 0; i < cfg->ngateways; i++)
         if (cfg->gateways[i].token) {
             memset(cfg->gateways[i].token, 0, strlen(cfg->gateways[i].token));
@@ -207,9 +232,113 @@ field(const struct cx_config *cfg, size_t off, bool wide)
     return wide ? *(const uint64_t *)p : *(const unsigned *)p;
 }
 
+/* The S3 credentials, from s3_credentials_file ("access_key_id = ...",
+ * "secret_access_key = ...", "session_token = ...") or the environment
+ * (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN). */
+struct creds {
+    char *id, *secret, *token;
+};
+static const struct cx_conf_key cred_keys[] = {
+    {"access_key_id", CX_CONF_STR, offsetof(struct creds, id), "", 0, 0},
+    {"secret_access_key", CX_CONF_STR, offsetof(struct creds, secret), "", 0, 0},
+    {"session_token", CX_CONF_STR, offsetof(struct creds, token), "", 0, 0},
+};
+
+static enum cx_err
+s3_credentials(struct cx_config *cfg, char *msg, size_t msglen)
+{
+    struct creds c = {0};
+    const char *file = cfg->s3_credentials_file;
+    struct stat st;
+
+    if (file[0]) {
+        char err[CX_MSG_MAX];
+        if (stat(file, &st) != 0) {
+            snprintf(msg, msglen, "s3_credentials_file: %s", strerror(errno));
+            return CX_ERR_INVALID;
+        }
+        if (st.st_mode & 0007) {
+            snprintf(msg, msglen, "s3_credentials_file is readable by others (chmod o-rwx)");
+            return CX_ERR_INVALID;
+        }
+        if (cx_conf_load(cred_keys, 3, &c, file, err, sizeof(err))) {
+            snprintf(msg, msglen, "%s", err);
+            return CX_ERR_INVALID;
+        }
+    } else {
+        const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY"),
+                   *token = getenv("AWS_SESSION_TOKEN");
+        c.id = strdup(id ? id : "");
+        c.secret = strdup(secret ? secret : "");
+        c.token = strdup(token ? token : "");
+    }
+    cfg->s3_key_id = c.id;
+    cfg->s3_secret = c.secret;
+    cfg->s3_token = c.token;
+    if (!c.id || !c.secret || !c.token)
+        return CX_ERR_NOMEM;
+    if (!c.id[0] || !c.secret[0]) {
+        snprintf(msg, msglen,
+                 "storage = s3 needs an access key id and a secret access key "
+                 "(s3_credentials_file, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)");
+        return CX_ERR_INVALID;
+    }
+    return CX_OK;
+}
+
+/* storage = s3: what it needs, and what it rules out. */
+static enum cx_err
+s3_settings(struct cx_config *cfg, char *msg, size_t msglen)
+{
+    if (cfg->storage != CX_STORAGE_S3) {
+        if (cfg->delivery == CX_DELIVERY_REDIRECT) {
+            snprintf(msg, msglen, "delivery = redirect needs storage = s3");
+            return CX_ERR_INVALID;
+        }
+        return CX_OK;
+    }
+    if (!cfg->s3_region[0] || strlen(cfg->s3_region) > 64 ||
+        !cx_name_chars(cfg->s3_region, strlen(cfg->s3_region), "-")) {
+        snprintf(msg, msglen, "s3_region: 1 to 64 of [A-Za-z0-9-]");
+        return CX_ERR_INVALID;
+    }
+    if (!cfg->s3_bucket[0]) {
+        snprintf(msg, msglen, "storage = s3 needs s3_bucket");
+        return CX_ERR_INVALID;
+    }
+    if (cfg->delivery == CX_DELIVERY_X_SENDFILE) {
+        snprintf(msg, msglen, "delivery = x-sendfile needs storage = local");
+        return CX_ERR_INVALID;
+    }
+    if (cfg->max_artifact_bytes > 5 * GiB || cfg->max_artifact_bytes / cfg->s3_part_size >= 10000) {
+        snprintf(msg, msglen,
+                 "with storage = s3, max_artifact_bytes is at most 5G and at most "
+                 "9999 times s3_part_size (objects are copied into place)");
+        return CX_ERR_INVALID;
+    }
+    if (cfg->s3_prefix[0] == '/' || strlen(cfg->s3_prefix) > 512 ||
+        !cx_name_chars(cfg->s3_prefix, strlen(cfg->s3_prefix), "_.-/")) {
+        snprintf(msg, msglen, "s3_prefix: at most 512 of [A-Za-z0-9_.-/], not starting with /");
+        return CX_ERR_INVALID;
+    }
+    if (!cfg->s3_endpoint[0]) {
+        char url[300];
+        snprintf(url, sizeof(url), "https://s3.%s.amazonaws.com", cfg->s3_region);
+        free(cfg->s3_endpoint);
+        cfg->s3_endpoint = strdup(url);
+        if (!cfg->s3_endpoint)
+            return CX_ERR_NOMEM;
+    }
+    return s3_credentials(cfg, msg, msglen);
+}
+
 static enum cx_err
 check_whole(struct cx_config *cfg, char *msg, size_t msglen)
 {
+    enum cx_err rc = s3_settings(cfg, msg, msglen);
+
+    if (rc)
+        return rc;
     for (size_t i = 0; i < sizeof(ordered) / sizeof(ordered[0]); i++)
         if (field(cfg, ordered[i].lo, ordered[i].wide) >
             field(cfg, ordered[i].hi, ordered[i].wide)) {

@@ -12,7 +12,13 @@
 #include "ctx.h"
 #include "err.h"
 
-enum cx_delivery { CX_DELIVERY_DIRECT, CX_DELIVERY_X_ACCEL, CX_DELIVERY_X_SENDFILE };
+enum cx_delivery {
+    CX_DELIVERY_DIRECT,
+    CX_DELIVERY_X_ACCEL,
+    CX_DELIVERY_X_SENDFILE,
+    CX_DELIVERY_REDIRECT /* s3: a 302 to a presigned URL */
+};
+enum cx_storage_kind { CX_STORAGE_LOCAL, CX_STORAGE_S3 };
 
 /* Where configure put things (make install; the Debian package: /etc, /var). */
 #ifndef CX_SYSCONFDIR
@@ -49,6 +55,17 @@ struct cx_config {
     char *kernel_name;
     char *storage_dir;
     char *secret_file;
+    /* object storage (storage = s3) */
+    int storage; /* enum cx_storage_kind */
+    char *s3_endpoint;
+    char *s3_region;
+    char *s3_bucket;
+    char *s3_prefix;
+    int s3_addressing; /* 0 path-style, 1 virtual-hosted */
+    char *s3_credentials_file;
+    uint64_t s3_part_size;  /* a multipart upload's parts; smaller objects go in one PUT */
+    unsigned s3_url_expiry; /* seconds a presigned URL (x-accel, redirect) lives */
+    char *s3_key_id, *s3_secret, *s3_token; /* read at load; wiped on cleanup */
     /* auth and delivery */
     bool trust_remote_user;
     bool require_approval;

@@ -7,6 +7,7 @@ struct cx_config;
 struct cx_auth;
 struct cx_db;
 struct cx_gateway;
+struct cx_storage;
 
 /* Gateways a configuration may list (config.h). */
 #define CX_GATEWAYS_MAX 16
@@ -18,6 +19,7 @@ struct cx_ctx {
     struct cx_gateway *gw;                   /* this thread's handle of the first gateway */
     struct cx_gateway *gws[CX_GATEWAYS_MAX]; /* ... of every gateway, in config order */
     unsigned ngws;
+    struct cx_storage *store; /* this thread's handle of the artifact storage */
 };
 
 #endif

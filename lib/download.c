@@ -14,6 +14,7 @@
 #include "download.h"
 #include "http.h"
 #include "log.h"
+#include "s3.h"
 #include "storage.h"
 #include "util.h"
 
@@ -322,7 +323,7 @@ enum cx_err
 cx_download_open(struct cx_ctx *cx, const struct cx_download *d, int *fd)
 {
     char path[4096];
-    enum cx_err rc = cx_storage_path(cx->cfg->storage_dir, d->key, path, sizeof(path));
+    enum cx_err rc = cx_storage_path(cx->store, d->key, path, sizeof(path));
 
     *fd = -1;
     if (rc)
@@ -333,4 +334,46 @@ cx_download_open(struct cx_ctx *cx, const struct cx_download *d, int *fd)
         return CX_ERR_IO;
     }
     return CX_OK;
+}
+
+bool
+cx_download_from_store(struct cx_ctx *cx)
+{
+    return cx_storage_s3(cx->store) != NULL;
+}
+
+enum cx_err
+cx_download_read(struct cx_ctx *cx, const struct cx_download *d, uint64_t first, uint64_t last,
+                 bool (*sink)(void *ctx, const void *data, size_t len), void *ctx)
+{
+    return cx_storage_read(cx->store, d->key, first, last, sink, ctx);
+}
+
+enum cx_err
+cx_download_presign(struct cx_ctx *cx, const struct cx_download *d, bool for_browser, char *out,
+                    size_t outlen)
+{
+    struct cx_s3 *s3 = cx_storage_s3(cx->store);
+    struct cx_buf extra;
+    char disp[1400];
+    enum cx_err rc;
+
+    if (!s3)
+        return CX_ERR_INTERNAL;
+    cx_buf_init(&extra, 8192);
+    if (for_browser) {
+        /* the store answers with the headers a download has (the rest of
+         * SPEC §6 it can't send: docs/operations.md says so) */
+        cx_http_content_disposition(d->filename, disp, sizeof(disp));
+        cx_buf_adds(&extra, "response-cache-control=private&response-content-disposition=");
+        cx_http_pct_encode(&extra, disp, "-_.~");
+        cx_buf_adds(&extra, "&response-content-type=");
+        cx_http_pct_encode(&extra, d->mime, "-_.~");
+    }
+    rc = cx_buf_err(&extra);
+    if (rc == CX_OK)
+        rc = cx_s3_presign(s3, d->key, time(NULL), cx->cfg->s3_url_expiry,
+                           extra.data ? extra.data : "", !for_browser, out, outlen);
+    cx_buf_cleanup(&extra);
+    return rc;
 }

@@ -52,8 +52,25 @@ enum cx_err cx_download_authorize(struct cx_ctx *cx, const struct cx_download_re
                                   struct cx_principal *who, struct cx_download *d, char *msg,
                                   size_t msglen) CX_MUSTCHECK;
 
-/* Opens the version's bytes for reading (never through a symlink). */
+/* Opens the version's bytes for reading (never through a symlink); local
+ * storage only. */
 enum cx_err cx_download_open(struct cx_ctx *cx, const struct cx_download *d, int *fd) CX_MUSTCHECK;
+
+/* Whether the bytes are in an object store (read them with
+ * cx_download_read), else in files (cx_download_open). */
+bool cx_download_from_store(struct cx_ctx *cx);
+
+/* A presigned URL of the version's object, valid s3_url_expiry seconds:
+ * for a browser (a redirect: the store sends its type and disposition), or
+ * its path and query only (for nginx's internal location). */
+enum cx_err cx_download_presign(struct cx_ctx *cx, const struct cx_download *d, bool for_browser,
+                                char *out, size_t outlen) CX_MUSTCHECK;
+
+/* Bytes first..last of the version into sink as they come (storage.h
+ * cx_storage_read). */
+enum cx_err cx_download_read(struct cx_ctx *cx, const struct cx_download *d, uint64_t first,
+                             uint64_t last, bool (*sink)(void *ctx, const void *data, size_t len),
+                             void *ctx) CX_MUSTCHECK;
 
 /* POST /v1/artifacts/{id}/links: body {"version"?, "expires_in"?} (borrowed,
  * may be NULL). *out = {"url", "expires_at", "version"}. The link is bound

@@ -54,13 +54,13 @@ check_file(void *ctx, const char *key, bool staging)
             if (rc == CX_OK)
                 rc = key_known(f, p, &known);
             if (rc == CX_OK && !known && f->repair)
-                removed = cx_storage_remove(f->cx->cfg->storage_dir, key) == CX_OK;
+                removed = cx_storage_remove(f->cx->store, key) == CX_OK;
             if (cx_db_exec(f->cx->db, &q_storage_unlock, NULL, NULL))
                 cx_log_warn(0, "fsck: the storage lock ends with the connection");
             cx_db_unpin(f->cx->db);
         }
     } else if (f->repair) {
-        removed = cx_storage_remove(f->cx->cfg->storage_dir, key) == CX_OK;
+        removed = cx_storage_remove(f->cx->store, key) == CX_OK;
     }
     if (rc || known)
         return rc;
@@ -84,7 +84,7 @@ check_rows(struct fsck *f)
         uint64_t size = 0;
         char sha[65] = "";
         const char *what = NULL;
-        enum cx_err d = cx_storage_digest(f->cx->cfg->storage_dir, PQgetvalue(r, i, 2), &size, sha);
+        enum cx_err d = cx_storage_digest(f->cx->store, PQgetvalue(r, i, 2), &size, sha);
 
         if (d == CX_ERR_INVALID)
             what = "bad storage key";
@@ -111,7 +111,7 @@ cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report, int *problems)
 {
     struct fsck f = {.cx = cx, .repair = repair, .report = report};
     /* An hour: a staging file younger than that may be a write in progress. */
-    enum cx_err rc = cx_storage_walk(cx->cfg->storage_dir, 3600, repair, check_file, &f);
+    enum cx_err rc = cx_storage_walk(cx->store, 3600, repair, check_file, &f);
 
     if (rc == CX_OK)
         rc = check_rows(&f);

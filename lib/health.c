@@ -78,7 +78,7 @@ check_now(struct cx_ctx *cx, json_t **out)
     record(checks, "postgresql", rc != 0, "cannot query PostgreSQL", &ok);
     check_gateways(cx, checks, &ok);
     msg[0] = '\0';
-    rc = cx_storage_check_writable(cx->cfg->storage_dir, msg, sizeof(msg));
+    rc = cx_storage_check_writable(cx->store, msg, sizeof(msg));
     record(checks, "storage", rc != 0, msg, &ok);
     *out = json_pack("{s:s,s:o}", "status", ok ? "ok" : "unavailable", "checks", checks);
     return ok;

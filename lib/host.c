@@ -7,6 +7,7 @@
 #include "gateway.h"
 #include "health.h"
 #include "kernel.h"
+#include "storage.h"
 
 enum cx_err
 cx_host_ctx_open(struct cx_ctx *cx, const struct cx_config *cfg, const struct cx_auth *auth)
@@ -15,6 +16,8 @@ cx_host_ctx_open(struct cx_ctx *cx, const struct cx_config *cfg, const struct cx
 
     *cx = (struct cx_ctx){.cfg = cfg, .auth = auth};
     rc = cx_db_new(cfg->database, &cx->db);
+    if (rc == CX_OK)
+        rc = cx_storage_new(cfg, &cx->store);
     for (unsigned i = 0; rc == CX_OK && i < cfg->ngateways; i++) {
         rc = cx_gateway_new(cfg->gateways[i].url, cfg->gateways[i].token, &cx->gws[i]);
         if (rc == CX_OK)
@@ -30,6 +33,8 @@ cx_host_ctx_close(struct cx_ctx *cx)
     for (unsigned i = 0; i < cx->ngws; i++)
         cx_gateway_free(cx->gws[i]);
     cx_db_free(cx->db);
+    cx_storage_free(cx->store);
+    cx->store = NULL;
     memset(cx->gws, 0, sizeof(cx->gws));
     cx->ngws = 0;
     cx->gw = NULL;

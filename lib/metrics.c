@@ -49,6 +49,9 @@ static const struct {
     [CX_FAMILY_EVICTIONS] = {"session_evictions", "reason",
                              "Idle sessions closed to make room, by reason."},
     [CX_FAMILY_REFUSALS] = {"refusals", "reason", "Requests refused for a limit, by reason."},
+    [CX_FAMILY_STORAGE] = {"storage_requests", "op", "Requests to the object store, by operation."},
+    [CX_FAMILY_STORAGE_ERRORS] = {"storage_errors", "op",
+                                  "Object-store requests that failed, by operation."},
 };
 
 #define MAX_LABELLED 64

@@ -608,7 +608,7 @@ cx_runexec_init(struct cx_runexec *st, struct cx_ctx *cx, const struct cx_inputs
     cx_tail_init(&st->err, cx->cfg->tail_chars);
     /* counted output only, told in PEND_MAX pieces */
     cx_buf_init(&st->pend, (size_t)cx->cfg->max_output_bytes + PEND_MAX);
-    if (capture && cx_capture_new(cx->cfg, &st->cap))
+    if (capture && cx_capture_new(cx->cfg, cx->store, &st->cap))
         return CX_ERR_NOMEM;
     return CX_OK;
 }

@@ -96,50 +96,98 @@ cx_stage_requests(const struct cx_inputs *in)
     return n;
 }
 
+/* One input on its way into the kernel: its bytes gather into chunks,
+ * each sent as one staging cell (the first truncates the file). */
+struct sending {
+    struct cx_kernel_conn *conn;
+    struct cx_exec *stage;
+    size_t k;
+    const char *path;
+    unsigned char *buf;
+    size_t len;
+    char *b64;
+    size_t b64len;
+    bool first;
+    uint64_t want, got; /* the input's size; bytes read so far */
+    enum cx_err rc;
+};
+
+static enum cx_err
+send_chunk(struct sending *s)
+{
+    json_t *meta;
+    enum cx_err rc;
+
+    sodium_bin2base64(s->b64, s->b64len, s->buf, s->len, sodium_base64_VARIANT_ORIGINAL);
+    meta = json_pack("{s:{s:s,s:b,s:s}}", "codexec_input", "path", s->path, "first", s->first,
+                     "data", s->b64);
+    s->stage[s->k] = (struct cx_exec){
+        .code = stage_cell, .silent = true, .stop_on_error = true, .metadata = meta};
+    rc = meta ? cx_kernel_execute(s->conn, &s->stage[s->k]) : CX_ERR_NOMEM;
+    s->stage[s->k].metadata = NULL;
+    json_decref(meta);
+    s->k++;
+    s->len = 0;
+    s->first = false;
+    return rc;
+}
+
+static bool
+on_input_bytes(void *ctx, const void *data, size_t len)
+{
+    struct sending *s = ctx;
+
+    if (len > s->want - s->got) {
+        s->rc = CX_ERR_IO; /* more than the row says: not this object */
+        return false;
+    }
+    s->got += len;
+    while (len > 0 && s->rc == CX_OK) {
+        size_t n = STAGE_CHUNK - s->len < len ? STAGE_CHUNK - s->len : len;
+
+        memcpy(s->buf + s->len, data, n);
+        s->len += n;
+        data = (const unsigned char *)data + n;
+        len -= n;
+        if (s->len == STAGE_CHUNK)
+            s->rc = send_chunk(s);
+    }
+    return s->rc == CX_OK;
+}
+
 enum cx_err
 cx_stage_send(struct cx_ctx *cx, struct cx_kernel_conn *conn, const struct cx_inputs *in,
               struct cx_exec *stage)
 {
-    size_t b64len = sodium_base64_ENCODED_LEN(STAGE_CHUNK, sodium_base64_VARIANT_ORIGINAL);
-    unsigned char *buf = malloc(STAGE_CHUNK);
-    char *b64 = malloc(b64len);
-    enum cx_err rc = buf && b64 ? CX_OK : CX_ERR_NOMEM;
-    size_t k = 0;
+    struct sending s = {.conn = conn, .stage = stage};
+    enum cx_err rc = CX_OK;
 
+    s.b64len = sodium_base64_ENCODED_LEN(STAGE_CHUNK, sodium_base64_VARIANT_ORIGINAL);
+    s.buf = malloc(STAGE_CHUNK);
+    s.b64 = malloc(s.b64len);
+    if (!s.buf || !s.b64)
+        rc = CX_ERR_NOMEM;
     for (size_t i = 0; i < in->n && rc == CX_OK; i++) {
-        char path[4096];
-        uint64_t left = in->v[i].size;
-        FILE *f = NULL;
-        bool first = true;
+        uint64_t size = in->v[i].size;
 
-        rc = cx_storage_path(cx->cfg->storage_dir, in->v[i].key, path, sizeof(path));
-        if (rc == CX_OK && !(f = fopen(path, "rbe")))
-            rc = CX_ERR_IO;
-        while (rc == CX_OK && (first || left > 0)) {
-            size_t want = left < STAGE_CHUNK ? (size_t)left : STAGE_CHUNK;
-            json_t *meta;
-
-            if (want && fread(buf, 1, want, f) != want) {
-                rc = CX_ERR_IO;
-                break;
-            }
-            sodium_bin2base64(b64, b64len, buf, want, sodium_base64_VARIANT_ORIGINAL);
-            meta = json_pack("{s:{s:s,s:b,s:s}}", "codexec_input", "path", in->v[i].path, "first",
-                             first, "data", b64);
-            stage[k] = (struct cx_exec){
-                .code = stage_cell, .silent = true, .stop_on_error = true, .metadata = meta};
-            rc = meta ? cx_kernel_execute(conn, &stage[k]) : CX_ERR_NOMEM;
-            stage[k].metadata = NULL;
-            json_decref(meta);
-            k++;
-            left -= want;
-            first = false;
-        }
-        if (f)
-            fclose(f);
+        s.path = in->v[i].path;
+        s.first = true;
+        s.len = 0;
+        s.want = size;
+        s.got = 0;
+        s.rc = CX_OK;
+        rc = size ? cx_storage_read(cx->store, in->v[i].key, 0, size - 1, on_input_bytes, &s)
+                  : CX_OK;
+        if (s.rc)
+            rc = s.rc;
+        if (rc == CX_OK && s.got != size)
+            rc = CX_ERR_IO; /* a short object */
+        /* the rest, or an empty file's only cell */
+        if (rc == CX_OK && (s.len > 0 || s.first))
+            rc = send_chunk(&s);
     }
-    free(buf);
-    free(b64);
+    free(s.buf);
+    free(s.b64);
     return rc;
 }
 

@@ -9,26 +9,123 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "log.h"
+#include "s3.h"
 #include "storage.h"
 #include "util.h"
 
+struct cx_storage {
+    char root[4096];  /* local */
+    struct cx_s3 *s3; /* else a store */
+    size_t part_size; /* the store's multipart threshold and part size */
+};
+
 struct cx_storage_writer {
-    char root[4096];
-    char tmp[4096];
+    struct cx_storage *st;
+    char tmp[4096]; /* local: the staging file; a store: the staging key */
     int fd;
+    unsigned char *buf; /* a store: bytes not yet sent (up to part_size) */
+    size_t blen, bcap;
+    struct cx_s3_upload *up; /* a store: begun once a part was full */
+    bool stored;             /* a store: the staging object exists */
     uint64_t size;
     crypto_hash_sha256_state sha;
     bool finished;
 };
 
 enum cx_err
-cx_storage_check_writable(const char *dir, char *msg, size_t msglen)
+cx_storage_new_local(const char *root, struct cx_storage **out)
+{
+    struct cx_storage *st = calloc(1, sizeof(*st));
+
+    *out = NULL;
+    if (!st)
+        return CX_ERR_NOMEM;
+    if ((size_t)snprintf(st->root, sizeof(st->root), "%s", root) >= sizeof(st->root) - 512) {
+        free(st);
+        return CX_ERR_TOO_LARGE;
+    }
+    *out = st;
+    return CX_OK;
+}
+
+enum cx_err
+cx_storage_new(const struct cx_config *cfg, struct cx_storage **out)
+{
+    struct cx_s3_conf c = {.endpoint = cfg->s3_endpoint,
+                           .region = cfg->s3_region,
+                           .bucket = cfg->s3_bucket,
+                           .prefix = cfg->s3_prefix,
+                           .virtual_host = cfg->s3_addressing == 1,
+                           .key_id = cfg->s3_key_id,
+                           .secret = cfg->s3_secret,
+                           .token = cfg->s3_token};
+    enum cx_err rc = cx_storage_new_local(cfg->storage_dir, out);
+
+    if (rc || cfg->storage != CX_STORAGE_S3)
+        return rc;
+    (*out)->part_size = (size_t)cfg->s3_part_size;
+    rc = cx_s3_new(&c, &(*out)->s3);
+    if (rc) {
+        cx_storage_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+void
+cx_storage_free(struct cx_storage *st)
+{
+    if (!st)
+        return;
+    cx_s3_free(st->s3);
+    free(st);
+}
+
+struct cx_s3 *
+cx_storage_s3(struct cx_storage *st)
+{
+    return st->s3;
+}
+
+/* "<dir>/<what>-<32 hex>": a store's staging or probe key, unguessable
+ * and unique. */
+static void
+random_key(const char *dir, const char *what, char *out, size_t outlen)
+{
+    unsigned char r[16];
+    char hex[33];
+
+    randombytes_buf(r, sizeof(r));
+    sodium_bin2hex(hex, sizeof(hex), r, sizeof(r));
+    snprintf(out, outlen, "%s/%s-%s", dir, what, hex);
+}
+
+static enum cx_err
+s3_check_writable(struct cx_storage *st, char *msg, size_t msglen)
+{
+    char key[96];
+    enum cx_err rc;
+
+    random_key(".health", "probe", key, sizeof(key));
+    rc = cx_s3_put(st->s3, key, "ok\n", 3);
+    if (rc == CX_OK)
+        rc = cx_s3_delete(st->s3, key);
+    if (rc)
+        snprintf(msg, msglen, "the object store does not take writes (see the log)");
+    return rc;
+}
+
+enum cx_err
+cx_storage_check_writable(struct cx_storage *st, char *msg, size_t msglen)
 {
     char path[4096];
     int fd, n;
 
-    n = snprintf(path, sizeof(path), "%s/.health-XXXXXX", dir);
+    if (st->s3)
+        return s3_check_writable(st, msg, msglen);
+    n = snprintf(path, sizeof(path), "%s/.health-XXXXXX", st->root);
     if (n < 0 || (size_t)n >= sizeof(path)) {
         snprintf(msg, msglen, "storage path too long");
         return CX_ERR_INVALID;
@@ -145,13 +242,13 @@ key_safe(const char *key)
 }
 
 enum cx_err
-cx_storage_path(const char *root, const char *key, char *out, size_t outlen)
+cx_storage_path(const struct cx_storage *st, const char *key, char *out, size_t outlen)
 {
     int n;
 
-    if (!key_safe(key))
+    if (!key_safe(key) || st->s3)
         return CX_ERR_INVALID;
-    n = snprintf(out, outlen, "%s/%s", root, key);
+    n = snprintf(out, outlen, "%s/%s", st->root, key);
     return n < 0 || (size_t)n >= outlen ? CX_ERR_TOO_LARGE : CX_OK;
 }
 
@@ -172,7 +269,7 @@ mkdirs(char *path, size_t upto)
 }
 
 enum cx_err
-cx_storage_writer_new(const char *root, struct cx_storage_writer **out)
+cx_storage_writer_new(struct cx_storage *st, struct cx_storage_writer **out)
 {
     struct cx_storage_writer *w = calloc(1, sizeof(*w));
     int n;
@@ -180,10 +277,17 @@ cx_storage_writer_new(const char *root, struct cx_storage_writer **out)
     if (!w)
         return CX_ERR_NOMEM;
     w->fd = -1;
-    snprintf(w->root, sizeof(w->root), "%s", root);
+    w->st = st;
+    crypto_hash_sha256_init(&w->sha);
+    if (st->s3) {
+        /* the buffer grows as bytes come: most files are small */
+        random_key(".staging", "w", w->tmp, sizeof(w->tmp));
+        *out = w;
+        return CX_OK;
+    }
     /* Staged on the same filesystem as the objects, so the final rename is
      * atomic; fsck removes staging files left by a crash. */
-    n = snprintf(w->tmp, sizeof(w->tmp), "%s/.staging/", root);
+    n = snprintf(w->tmp, sizeof(w->tmp), "%s/.staging/", st->root);
     if (n < 0 || (size_t)n >= sizeof(w->tmp) - 16) {
         free(w);
         return CX_ERR_TOO_LARGE;
@@ -201,15 +305,65 @@ cx_storage_writer_new(const char *root, struct cx_storage_writer **out)
         return CX_ERR_IO;
     }
     fchmod(w->fd, 0640);
-    crypto_hash_sha256_init(&w->sha);
     *out = w;
+    return CX_OK;
+}
+
+/* A store: the buffered bytes go up as the next part. */
+static enum cx_err
+s3_flush_part(struct cx_storage_writer *w)
+{
+    enum cx_err rc = CX_OK;
+
+    if (!w->up)
+        rc = cx_s3_upload_begin(w->st->s3, w->tmp, &w->up);
+    if (rc == CX_OK)
+        rc = cx_s3_upload_part(w->st->s3, w->up, w->buf, w->blen);
+    w->blen = 0;
+    return rc;
+}
+
+static enum cx_err
+s3_write(struct cx_storage_writer *w, const unsigned char *data, size_t len)
+{
+    size_t part = w->st->part_size;
+
+    while (len > 0) {
+        size_t n = part - w->blen < len ? part - w->blen : len;
+
+        if (w->blen + n > w->bcap) {
+            size_t want = w->bcap ? w->bcap * 2 : 65536;
+            unsigned char *b;
+            while (want < w->blen + n)
+                want *= 2;
+            want = want > part ? part : want;
+            b = realloc(w->buf, want);
+            if (!b)
+                return CX_ERR_NOMEM;
+            w->buf = b;
+            w->bcap = want;
+        }
+        memcpy(w->buf + w->blen, data, n);
+        w->blen += n;
+        data += n;
+        len -= n;
+        if (w->blen == part) {
+            enum cx_err rc = s3_flush_part(w);
+            if (rc)
+                return rc;
+        }
+    }
     return CX_OK;
 }
 
 enum cx_err
 cx_storage_writer_write(struct cx_storage_writer *w, const void *data, size_t len)
 {
-    if (cx_write_all(w->fd, data, len)) {
+    if (w->st->s3) {
+        enum cx_err rc = s3_write(w, data, len);
+        if (rc)
+            return rc;
+    } else if (cx_write_all(w->fd, data, len)) {
         cx_log_err(errno, "write() to storage failed");
         return CX_ERR_IO;
     }
@@ -224,24 +378,66 @@ cx_storage_writer_size(const struct cx_storage_writer *w)
     return w->size;
 }
 
+/* A store: the staging object, in one PUT or as the last part. */
+static enum cx_err
+s3_finish(struct cx_storage_writer *w)
+{
+    enum cx_err rc;
+
+    if (w->up) {
+        rc = w->blen ? s3_flush_part(w) : CX_OK;
+        if (rc == CX_OK) {
+            rc = cx_s3_upload_complete(w->st->s3, w->up); /* (frees it either way) */
+            w->up = NULL;
+        }
+    } else {
+        rc = cx_s3_put(w->st->s3, w->tmp, w->buf, w->blen);
+    }
+    /* A finished writer holds no buffer: a run may finish many before they
+     * commit. */
+    free(w->buf);
+    w->buf = NULL;
+    w->blen = w->bcap = 0;
+    w->stored = rc == CX_OK;
+    return rc;
+}
+
 enum cx_err
 cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha256[65])
 {
     unsigned char h[crypto_hash_sha256_BYTES];
 
-    if (fsync(w->fd) != 0) {
+    if (w->st->s3) {
+        enum cx_err rc = s3_finish(w);
+        if (rc)
+            return rc;
+    } else if (fsync(w->fd) != 0) {
         cx_log_err(errno, "fsync() in storage failed");
         return CX_ERR_IO;
     }
     /* A finished writer holds no descriptor: a run may finish many before
      * they commit, and descriptors are the process's to run out of. */
-    close(w->fd);
+    if (w->fd >= 0)
+        close(w->fd);
     w->fd = -1;
     crypto_hash_sha256_final(&w->sha, h);
     sodium_bin2hex(sha256, 65, h, sizeof(h));
     *size = w->size;
     w->finished = true;
     return CX_OK;
+}
+
+/* A store: a server-side copy into place; the staging object goes (if
+ * that fails, fsck finds it stale later). */
+static enum cx_err
+s3_commit(struct cx_storage_writer *w, const char *key)
+{
+    enum cx_err rc = key_safe(key) ? cx_s3_copy(w->st->s3, w->tmp, key) : CX_ERR_INVALID;
+
+    if (cx_s3_delete(w->st->s3, w->tmp))
+        cx_log_warn(0, "a staging object stays behind (fsck removes it)");
+    free(w);
+    return rc;
 }
 
 enum cx_err
@@ -255,7 +451,9 @@ cx_storage_writer_commit(struct cx_storage_writer *w, const char *key)
         cx_storage_writer_abort(w);
         return CX_ERR_INTERNAL;
     }
-    rc = cx_storage_path(w->root, key, final, sizeof(final));
+    if (w->st->s3)
+        return s3_commit(w, key);
+    rc = cx_storage_path(w->st, key, final, sizeof(final));
     if (rc) {
         cx_storage_writer_abort(w);
         return rc;
@@ -294,19 +492,46 @@ cx_storage_writer_abort(struct cx_storage_writer *w)
 {
     if (!w)
         return;
+    if (w->st->s3) {
+        cx_s3_upload_abort(w->st->s3, w->up);
+        if (w->stored && cx_s3_delete(w->st->s3, w->tmp))
+            cx_log_warn(0, "a staging object stays behind (fsck removes it)");
+        free(w->buf);
+        free(w);
+        return;
+    }
     if (w->fd >= 0)
         close(w->fd);
     unlink(w->tmp);
     free(w);
 }
 
+static enum cx_err
+s3_remove(struct cx_storage *st, const char *key)
+{
+    enum cx_err rc;
+
+    if (!key_safe(key))
+        return CX_ERR_INVALID;
+    rc = cx_s3_delete(st->s3, key);
+    if (rc == CX_OK && !strncmp(key, ".staging/", 9)) {
+        rc = cx_s3_abort_uploads(st->s3, key);
+        if (rc == CX_ERR_INVALID)
+            rc = CX_OK; /* the store can't list uploads: its lifecycle rules end them */
+    }
+    return rc;
+}
+
 enum cx_err
-cx_storage_remove(const char *root, const char *key)
+cx_storage_remove(struct cx_storage *st, const char *key)
 {
     char path[4096];
-    size_t rootlen = strlen(root);
-    enum cx_err rc = cx_storage_path(root, key, path, sizeof(path));
+    size_t rootlen = strlen(st->root);
+    enum cx_err rc;
 
+    if (st->s3)
+        return s3_remove(st, key);
+    rc = cx_storage_path(st, key, path, sizeof(path));
     if (rc)
         return rc;
     if (unlink(path) != 0 && errno != ENOENT) {
@@ -383,32 +608,107 @@ walk_staging(const char *root, long stale_seconds, cx_storage_walk_fn fn, void *
     return rc;
 }
 
-enum cx_err
-cx_storage_walk(const char *root, long stale_seconds, bool prune, cx_storage_walk_fn fn, void *ctx)
-{
-    enum cx_err rc = walk_dir(root, "artifacts", prune, fn, ctx);
+struct s3_walk {
+    cx_storage_walk_fn fn;
+    void *ctx;
+    bool staging;
+    time_t before;
+    char last[2048]; /* an upload's key: reported once, however many it has */
+};
 
-    if (rc == CX_OK && stale_seconds > 0)
-        rc = walk_staging(root, stale_seconds, fn, ctx);
+static enum cx_err
+on_s3_object(void *ctx, const char *key, time_t modified, uint64_t size)
+{
+    struct s3_walk *w = ctx;
+
+    (void)size;
+    if (w->staging && (modified >= w->before || !strcmp(key, w->last)))
+        return CX_OK;
+    snprintf(w->last, sizeof(w->last), "%s", key);
+    return key_safe(key) ? w->fn(w->ctx, key, w->staging) : CX_OK;
+}
+
+static enum cx_err
+s3_walk(struct cx_storage *st, long stale_seconds, cx_storage_walk_fn fn, void *ctx)
+{
+    struct s3_walk w = {.fn = fn, .ctx = ctx, .before = time(NULL) - stale_seconds};
+    enum cx_err rc = cx_s3_list(st->s3, "artifacts/", on_s3_object, &w);
+
+    if (rc || stale_seconds <= 0)
+        return rc;
+    w.staging = true;
+    rc = cx_s3_list(st->s3, ".staging/", on_s3_object, &w);
+    if (rc == CX_OK) {
+        w.last[0] = '\0';
+        rc = cx_s3_list_uploads(st->s3, ".staging/", w.before, on_s3_object, &w);
+        if (rc == CX_ERR_INVALID) {
+            cx_log_info("the object store can't list multipart uploads: its lifecycle rules "
+                        "must end those left behind");
+            rc = CX_OK;
+        }
+    }
     return rc;
 }
 
 enum cx_err
-cx_storage_digest(const char *root, const char *key, uint64_t *size, char sha256[65])
+cx_storage_walk(struct cx_storage *st, long stale_seconds, bool prune, cx_storage_walk_fn fn,
+                void *ctx)
+{
+    enum cx_err rc;
+
+    if (st->s3)
+        return s3_walk(st, stale_seconds, fn, ctx);
+    rc = walk_dir(st->root, "artifacts", prune, fn, ctx);
+    if (rc == CX_OK && stale_seconds > 0)
+        rc = walk_staging(st->root, stale_seconds, fn, ctx);
+    return rc;
+}
+
+struct hashing {
+    crypto_hash_sha256_state s;
+    uint64_t size;
+};
+
+static bool
+on_hash(void *ctx, const void *data, size_t len)
+{
+    struct hashing *h = ctx;
+
+    crypto_hash_sha256_update(&h->s, data, len);
+    h->size += len;
+    return true;
+}
+
+enum cx_err
+cx_storage_digest(struct cx_storage *st, const char *key, uint64_t *size, char sha256[65])
 {
     unsigned char buf[65536], h[crypto_hash_sha256_BYTES];
     crypto_hash_sha256_state s;
     char path[4096];
-    struct stat st;
+    struct stat sb;
     ssize_t n;
     int fd;
 
-    if (cx_storage_path(root, key, path, sizeof(path)))
+    if (st->s3) {
+        struct hashing hs = {0};
+        enum cx_err rc = key_safe(key) ? CX_OK : CX_ERR_INVALID;
+
+        crypto_hash_sha256_init(&hs.s);
+        if (rc == CX_OK)
+            rc = cx_s3_get(st->s3, key, 0, UINT64_MAX, on_hash, &hs);
+        if (rc)
+            return rc;
+        crypto_hash_sha256_final(&hs.s, h);
+        sodium_bin2hex(sha256, 65, h, sizeof(h));
+        *size = hs.size;
+        return CX_OK;
+    }
+    if (cx_storage_path(st, key, path, sizeof(path)))
         return CX_ERR_INVALID;
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return errno == ENOENT || errno == ELOOP ? CX_ERR_NOT_FOUND : CX_ERR_IO;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         return CX_ERR_NOT_FOUND;
     }
@@ -420,6 +720,40 @@ cx_storage_digest(const char *root, const char *key, uint64_t *size, char sha256
         return CX_ERR_IO;
     crypto_hash_sha256_final(&s, h);
     sodium_bin2hex(sha256, 65, h, sizeof(h));
-    *size = (uint64_t)st.st_size;
+    *size = (uint64_t)sb.st_size;
     return CX_OK;
+}
+
+enum cx_err
+cx_storage_read(struct cx_storage *st, const char *key, uint64_t first, uint64_t last,
+                cx_storage_sink sink, void *ctx)
+{
+    unsigned char buf[65536];
+    char path[4096];
+    enum cx_err rc = CX_OK;
+    int fd;
+
+    if (st->s3)
+        return key_safe(key) ? cx_s3_get(st->s3, key, first, last, sink, ctx) : CX_ERR_INVALID;
+    if (cx_storage_path(st, key, path, sizeof(path)))
+        return CX_ERR_INVALID;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return errno == ENOENT || errno == ELOOP ? CX_ERR_NOT_FOUND : CX_ERR_IO;
+    while (rc == CX_OK && first <= last) {
+        size_t want = last - first + 1 < sizeof(buf) ? (size_t)(last - first + 1) : sizeof(buf);
+        ssize_t n = pread(fd, buf, want, (off_t)first);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            rc = n == 0 && last == UINT64_MAX ? CX_OK : CX_ERR_IO;
+            break;
+        }
+        if (!sink(ctx, buf, (size_t)n))
+            rc = CX_ERR_IO;
+        first += (uint64_t)n;
+    }
+    close(fd);
+    return rc;
 }

@@ -17,6 +17,7 @@
 
 struct upload {
     const struct cx_config *cfg;
+    struct cx_storage *store;
     struct cx_storage_writer *w;
     char filename[1024];
     char cid[CX_CONVERSATION_MAX + 2];
@@ -60,7 +61,7 @@ mp_begin(void *ctx, const char *name, const char *filename)
         u->have_file = true;
         snprintf(u->filename, sizeof(u->filename), "%s", filename);
         u->part = PART_FILE;
-        return cx_storage_writer_new(u->cfg->storage_dir, &u->w);
+        return cx_storage_writer_new(u->store, &u->w);
     }
     u->part = !strcmp(name, "conversation_id") ? PART_CID : PART_OTHER;
     if (u->part == PART_CID)
@@ -129,7 +130,7 @@ upload_open(struct upload *u, const char *query, const char *ctype, const char *
     }
     u->have_file = true;
     u->part = PART_FILE;
-    return cx_storage_writer_new(u->cfg->storage_dir, &u->w);
+    return cx_storage_writer_new(u->store, &u->w);
 }
 
 /* Streams the body: nothing larger than one read is ever held. */
@@ -190,7 +191,7 @@ upload_store(struct cx_ctx *cx, const char *user, struct upload *u, json_t **out
     if (rc == CX_OK && cx_mime_detect(u->head, u->head_len, safe, mime, sizeof(mime)))
         snprintf(mime, sizeof(mime), "application/octet-stream");
     if (rc == CX_OK)
-        rc = cx_capture_new(cx->cfg, &cap);
+        rc = cx_capture_new(cx->cfg, cx->store, &cap);
     if (rc == CX_OK) {
         cx_capture_add_file(cap, safe, u->w, size, sha, mime);
         u->w = NULL;
@@ -220,6 +221,7 @@ cx_artifact_upload(struct cx_ctx *cx, const char *user, const char *query, const
     *out = NULL;
     if (rc == CX_OK) {
         u->cfg = cx->cfg;
+        u->store = cx->store;
         rc = upload_open(u, query, ctype, content_length, msg, msglen);
     }
     if (rc == CX_OK)

@@ -5,10 +5,12 @@
 #include <stdio.h>
 
 #include "../../lib/capture.h"
+#include "../../lib/storage.h"
 #include "../../lib/config.h"
 #include "fuzz.h"
 
 static struct cx_config cfg;
+static struct cx_storage *store;
 
 static int
 setup(void)
@@ -27,7 +29,8 @@ setup(void)
              "storage_dir = %s\nmax_artifact_bytes = 4096\nmax_captured_files = 8\n"
              "max_output_bytes = 2048\n",
              root);
-    if (cx_config_parse(&cfg, "fuzz", conf, err, sizeof(err)) != CX_OK)
+    if (cx_config_parse(&cfg, "fuzz", conf, err, sizeof(err)) != CX_OK ||
+        cx_storage_new_local(root, &store) != CX_OK)
         return 0;
     ready = 1;
     return 1;
@@ -40,7 +43,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t start = 0;
     json_t *last = NULL;
 
-    if (!setup() || cx_capture_new(&cfg, &c) != CX_OK)
+    if (!setup() || cx_capture_new(&cfg, store, &c) != CX_OK)
         return 0;
     for (size_t i = 0; i <= size; i++) {
         if (i < size && data[i] != '\n')

@@ -189,7 +189,7 @@ fsck_and_gc(struct cxtest *t)
     {
         char key[1024], file[1200];
         ok(cx_storage_key("bob", str(a, "artifact_id"), 1, "gone.txt", key, sizeof(key)) == CX_OK &&
-               cx_storage_path(t->storage, key, file, sizeof(file)) == CX_OK && unlink(file) == 0,
+               cx_storage_path(t->cx.store, key, file, sizeof(file)) == CX_OK && unlink(file) == 0,
            "its file removed behind the server's back");
     }
     ok(fsck(t, true, report, sizeof(report)) == 1 && strstr(report, "missing file"),

@@ -10,10 +10,12 @@
 #include "../../lib/capture.h"
 #include "../../lib/config.h"
 #include "../../lib/log.h"
+#include "../../lib/storage.h"
 #include "tap.h"
 
 static struct cx_config cfg;
 static char root[64];
+static struct cx_storage *store;
 
 static void
 feed(struct cx_capture *c, json_t *m)
@@ -68,7 +70,7 @@ honest(void)
     struct cx_capture *c = NULL;
     struct cx_captured *f;
 
-    need(cx_capture_new(&cfg, &c) == CX_OK, "capture");
+    need(cx_capture_new(&cfg, store, &c) == CX_OK, "capture");
     send_file(c, 1, "out/data.csv", "a,b\n1,2\n", -1, NULL);
     is_int(cx_capture_count(c), 1, "an honest file is received");
     f = cx_capture_file(c, 0);
@@ -91,7 +93,7 @@ hostile(void)
     struct cx_capture *c = NULL;
     char b64[64];
 
-    need(cx_capture_new(&cfg, &c) == CX_OK, "capture");
+    need(cx_capture_new(&cfg, store, &c) == CX_OK, "capture");
     send_file(c, 1, "lie.txt", "abc", 4, NULL);
     is_str(skipped_reason(c, "lie.txt"), "corrupt_transfer", "a size that lies is refused");
     send_file(c, 2, "lie2.txt", "abc", -1,
@@ -138,7 +140,7 @@ outputs(void)
     static const char png[] = "\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\1\0\0\0\1\x08\x02\0\0\0";
     struct cx_capture *c = NULL;
 
-    need(cx_capture_new(&cfg, &c) == CX_OK, "capture");
+    need(cx_capture_new(&cfg, store, &c) == CX_OK, "capture");
     cx_capture_add_output(c, "image/png", png, sizeof(png) - 1);
     cx_capture_add_output(c, "text/html", "<p>x</p>", 8);
     need(cx_capture_count(c) == 2, "rich outputs become files");
@@ -175,7 +177,8 @@ caps(void)
 
     snprintf(conf, sizeof(conf),
              "storage_dir = %s\nmax_captured_files = 3\nmax_output_bytes = 1024\n", root);
-    if (cx_config_parse(&small, "unit", conf, err, sizeof(err)) || cx_capture_new(&small, &c)) {
+    if (cx_config_parse(&small, "unit", conf, err, sizeof(err)) ||
+        cx_capture_new(&small, store, &c)) {
         ok(0, "capture with caps: %s", err);
         return;
     }
@@ -197,7 +200,7 @@ caps(void)
         "too_many_skipped", "and says so once at its end");
     cx_capture_free(c);
 
-    need(cx_capture_new(&small, &c) == CX_OK, "another capture");
+    need(cx_capture_new(&small, store, &c) == CX_OK, "another capture");
     {
         char big[700];
         memset(big, 'a', sizeof(big));
@@ -212,7 +215,7 @@ caps(void)
     /* a run never stages more than the user may keep */
     snprintf(conf, sizeof(conf), "storage_dir = %s\nuser_quota_bytes = 12\n", root);
     need(cx_config_parse(&small, "unit", conf, err, sizeof(err)) == CX_OK &&
-             cx_capture_new(&small, &c) == CX_OK,
+             cx_capture_new(&small, store, &c) == CX_OK,
          "a capture with a 12-byte quota");
     send_file(c, 1, "a.txt", "12345678", -1, NULL);
     send_file(c, 2, "b.txt", "12345678", -1, NULL);
@@ -237,6 +240,10 @@ main(void)
         printf("Bail out! %s\n", err);
         return 1;
     }
+    if (cx_storage_new_local(root, &store)) {
+        printf("Bail out! storage\n");
+        return 1;
+    }
     honest();
     hostile();
     outputs();
@@ -247,6 +254,7 @@ main(void)
         json_decref(md);
     }
     ok(strlen(cx_capture_expression()) > 0, "the loader expression exists");
+    cx_storage_free(store);
     cx_config_cleanup(&cfg);
     {
         char cmd[128];

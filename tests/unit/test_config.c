@@ -1,3 +1,9 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "../../lib/conf.h"
 #include "../../lib/config.h"
 #include "tap.h"
@@ -18,8 +24,24 @@ static const struct {
     {"max_body_bytes = 12Q\n", CX_ERR_INVALID, "expected a size"},
     {"max_body_bytes = 99999999999999999999G\n", CX_ERR_INVALID, "max_body_bytes"},
     {"trust_remote_user = maybe\n", CX_ERR_INVALID, "true or false"},
-    {"delivery = ftp\n", CX_ERR_INVALID, "direct, x-accel or x-sendfile"},
+    {"delivery = ftp\n", CX_ERR_INVALID, "direct, x-accel, x-sendfile or redirect"},
     {"log_level = loud\n", CX_ERR_INVALID, "log_level"},
+    /* object storage */
+    {"storage = disk\n", CX_ERR_INVALID, "local or s3"},
+    {"storage = s3\n", CX_ERR_INVALID, "s3_bucket"},
+    {"delivery = redirect\n", CX_ERR_INVALID, "redirect needs storage = s3"},
+    {"storage = s3\ns3_bucket = b\ndelivery = x-sendfile\n", CX_ERR_INVALID,
+     "needs storage = local"},
+    {"storage = s3\ns3_bucket = b\ns3_region = us:east\n", CX_ERR_INVALID, "s3_region"},
+    {"storage = s3\ns3_bucket = b\ns3_prefix = /x\n", CX_ERR_INVALID, "s3_prefix"},
+    {"storage = s3\ns3_bucket = b\ns3_prefix = a b\n", CX_ERR_INVALID, "s3_prefix"},
+    {"storage = s3\ns3_bucket = b\nmax_artifact_bytes = 6G\n", CX_ERR_INVALID, "at most 5G"},
+    {"s3_part_size = 1M\n", CX_ERR_INVALID, "s3_part_size"},
+    {"s3_addressing = dns\n", CX_ERR_INVALID, "path or virtual"},
+    {"storage = s3\ns3_bucket = b\ns3_credentials_file = /nonexistent/c\n", CX_ERR_INVALID,
+     "s3_credentials_file"},
+    {"storage = s3\ns3_bucket = b\ns3_credentials_file = relative\n", CX_ERR_INVALID,
+     "s3_credentials_file"},
     {"socket_mode = 0999\n", CX_ERR_INVALID, "octal"},
     {"just words\n", CX_ERR_INVALID, "t.conf:1: expected \"key = value\""},
     {"default_timeout = 400\n", CX_ERR_INVALID, "default_timeout is above max_timeout"},
@@ -51,6 +73,38 @@ static const struct {
     {"metrics_allow = 10.0.0.0/33\n", CX_ERR_INVALID, "metrics_allow"},
     {"max_code_bytes = 8M\n", CX_ERR_INVALID, "max_code_bytes is above max_run_body_bytes"},
 };
+
+/* storage = s3 takes its keys from a file that only the service reads. */
+static void
+s3_credentials(void)
+{
+    char path[] = "/tmp/cx-unit-s3-XXXXXX", text[256], err[512] = "";
+    struct cx_config cfg;
+    int fd = mkstemp(path);
+    static const char creds[] = "access_key_id = AKIDEXAMPLE\n"
+                                "secret_access_key = wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY\n";
+
+    if (fd < 0 || write(fd, creds, sizeof(creds) - 1) != (ssize_t)(sizeof(creds) - 1)) {
+        ok(0, "a credentials file");
+        return;
+    }
+    close(fd);
+    snprintf(text, sizeof(text),
+             "storage = s3\ns3_bucket = art\ns3_prefix = cx/\ns3_credentials_file = %s\n", path);
+    ok(cx_config_parse(&cfg, "t.conf", text, err, sizeof(err)) == CX_OK, "s3 with a key file (%s)",
+       err);
+    if (cfg.s3_secret) {
+        is_str(cfg.s3_key_id, "AKIDEXAMPLE", "the key id from the file");
+        is_str(cfg.s3_secret, "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "the secret");
+        is_str(cfg.s3_endpoint, "https://s3.us-east-1.amazonaws.com", "AWS's endpoint by default");
+        cx_config_cleanup(&cfg);
+    }
+    chmod(path, 0644);
+    ok(cx_config_parse(&cfg, "t.conf", text, err, sizeof(err)) == CX_ERR_INVALID &&
+           strstr(err, "readable by others") && !strstr(err, "wJalr"),
+       "a key file others can read is refused (%s)", err);
+    unlink(path);
+}
 
 int
 main(void)
@@ -157,5 +211,6 @@ main(void)
     ok(cx_config_load(&cfg, "/nonexistent/codexec.conf", err, sizeof(err)) == CX_ERR_IO,
        "a missing file is an I/O error");
     ok(strstr(err, "/nonexistent/codexec.conf") != NULL, "and the message names the file");
+    s3_credentials();
     return tap_done();
 }

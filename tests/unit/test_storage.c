@@ -34,10 +34,11 @@ main(void)
 {
     char out[256], key[1024], root[] = "/tmp/cx-test-storage-XXXXXX", path[4096], sha[65];
     struct cx_storage_writer *w;
+    struct cx_storage *store = NULL;
     uint64_t size;
     struct stat st;
 
-    if (cx_log_open(NULL, CX_LOG_ERR) || !mkdtemp(root))
+    if (cx_log_open(NULL, CX_LOG_ERR) || !mkdtemp(root) || cx_storage_new_local(root, &store))
         return 1;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         cx_storage_safe_filename(names[i].in, names[i].len, out);
@@ -69,7 +70,7 @@ main(void)
        "\".\" is hashed");
     is_int(cx_storage_key("bob", "../../x", 1, "f", key, sizeof(key)), CX_ERR_INVALID,
            "the artifact id must be a uuid");
-    is_int(cx_storage_path(root, "../etc/passwd", path, sizeof(path)), CX_ERR_INVALID,
+    is_int(cx_storage_path(store, "../etc/passwd", path, sizeof(path)), CX_ERR_INVALID,
            "no .. in keys");
     {
         static const struct {
@@ -84,15 +85,15 @@ main(void)
             {"..", CX_ERR_INVALID},
         };
         for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-            is_int(cx_storage_path(root, keys[i].key, path, sizeof(path)), keys[i].want,
+            is_int(cx_storage_path(store, keys[i].key, path, sizeof(path)), keys[i].want,
                    "key \"%s\"", keys[i].key);
     }
     ok(cx_storage_key("john..doe", "123e4567-e89b-12d3-a456-426614174000", 1, "a..b.txt", key,
                       sizeof(key)) == CX_OK &&
-           cx_storage_path(root, key, path, sizeof(path)) == CX_OK,
+           cx_storage_path(store, key, path, sizeof(path)) == CX_OK,
        "a user and a file name with .. inside have a usable key");
 
-    need(cx_storage_writer_new(root, &w) == CX_OK, "writer");
+    need(cx_storage_writer_new(store, &w) == CX_OK, "writer");
     ok(cx_storage_writer_write(w, "hello ", 6) == CX_OK &&
            cx_storage_writer_write(w, "world", 5) == CX_OK,
        "writes");
@@ -104,7 +105,7 @@ main(void)
     snprintf(path, sizeof(path), "%s/artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt",
              root);
     ok(stat(path, &st) == 0 && st.st_size == 11, "in place");
-    ok(cx_storage_remove(root, "artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt") ==
+    ok(cx_storage_remove(store, "artifacts/bob/123e4567-e89b-12d3-a456-426614174000/v1/h.txt") ==
                CX_OK &&
            stat(path, &st) != 0,
        "removed");
@@ -112,7 +113,7 @@ main(void)
     ok(stat(path, &st) != 0, "empty parents removed too");
     ok(stat(root, &st) == 0, "root kept");
     w = NULL;
-    ok(cx_storage_writer_new(root, &w) == CX_OK && cx_storage_writer_write(w, "x", 1) == CX_OK,
+    ok(cx_storage_writer_new(store, &w) == CX_OK && cx_storage_writer_write(w, "x", 1) == CX_OK,
        "writer");
     cx_storage_writer_abort(w);
     snprintf(path, sizeof(path), "%s/.staging", root);
