@@ -21,6 +21,8 @@ usage(FILE *f)
         "  key revoke ID                   revoke a key by id\n"
         "  key list [--user NAME]          list keys (never the keys themselves)\n"
         "  fsck [--repair]                 check storage against the database\n"
+        "  storage migrate                 copy storage_dir's artifacts into the S3 store\n"
+        "                                  (storage = s3), checking each; resumable\n"
         "  gc                              close expired sessions, expire runs, drop tombstones\n"
         "  sessions list [--user NAME]     list sandbox sessions\n"
         "  sessions close --user NAME --conversation ID\n"
@@ -170,6 +172,26 @@ cmd_fsck(struct cx_ctx *cx, int argc, char **argv)
 }
 
 static int
+cmd_storage_migrate(struct cx_ctx *cx)
+{
+    int copied = 0, problems = 0;
+    enum cx_err rc = cx_artifact_storage_migrate(cx, stdout, &copied, &problems);
+
+    if (rc == CX_ERR_INVALID) {
+        fprintf(stderr, "codexec-admin: storage migrate needs storage = s3 in the configuration "
+                        "(it copies from storage_dir)\n");
+        return 2;
+    }
+    printf("%d version(s) copied, %d problem(s)\n", copied, problems);
+    if (rc) {
+        fprintf(stderr, "codexec-admin: storage migrate stopped: %s (run it again to go on)\n",
+                cx_strerror(rc));
+        return 1;
+    }
+    return problems ? 1 : 0;
+}
+
+static int
 cmd_gc(struct cx_ctx *cx)
 {
     struct cx_maint total = {0}, one;
@@ -277,6 +299,8 @@ dispatch(struct cx_ctx *cx, int argc, char **argv)
         return cmd_list(argc - 1, argv + 1, list_keys, cx, CX_AUTH_KEY_LIST_COLUMNS);
     if (!strcmp(argv[0], "fsck"))
         return cmd_fsck(cx, argc, argv);
+    if (!strcmp(argv[0], "storage") && argc == 2 && !strcmp(argv[1], "migrate"))
+        return cmd_storage_migrate(cx);
     if (!strcmp(argv[0], "gc") && argc == 1)
         return cmd_gc(cx);
     if (!strcmp(argv[0], "sessions"))

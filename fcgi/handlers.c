@@ -366,8 +366,8 @@ download_headers(struct cx_req *r, const struct cx_download *d)
     cx_http_content_disposition(d->filename, disp, sizeof(disp));
     cx_req_header(r, "ETag", etag);
     cx_req_header(r, "Last-Modified", date);
-    if (r->w->cfg->delivery != CX_DELIVERY_X_ACCEL)
-        cx_req_header(r, "Accept-Ranges", "bytes"); /* nginx adds its own */
+    if (r->w->cfg->delivery != CX_DELIVERY_X_ACCEL || cx_download_from_store(r->w))
+        cx_req_header(r, "Accept-Ranges", "bytes"); /* nginx adds its own to a file */
     cx_req_header(r, "Content-Disposition", disp);
     cx_req_header(r, "Content-Security-Policy", "sandbox; default-src 'none'");
     cx_req_header(r, "Cache-Control", "private");
@@ -396,10 +396,12 @@ cx_h_artifacts_content(struct cx_req *r)
     download_headers(r, &d);
     if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256))
         cx_req_send_empty(r, 304);
+    else if (cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w) &&
+             !strcmp(r->method, "HEAD"))
+        send_direct(r, &d); /* (a presigned GET can't be a HEAD) */
     else if (cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w)) {
         send_presigned(r, &d, false); /* nginx fetches it from the store */
-        if (strcmp(r->method, "HEAD") != 0)
-            cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
+        cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
     } else if (cfg->delivery == CX_DELIVERY_X_ACCEL) {
         send_redirect(r, cfg->x_accel_prefix, d.key, d.mime); /* nginx sends it */
         if (strcmp(r->method, "HEAD") != 0) /* (the whole file: nginx serves ranges itself) */

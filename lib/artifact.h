@@ -53,6 +53,15 @@ enum cx_err cx_artifact_delete(struct cx_ctx *cx, const char *user, const char *
 enum cx_err cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report,
                              int *problems) CX_MUSTCHECK;
 
+/* codexec-admin storage migrate: copies every version's bytes from
+ * storage_dir into the configured object store (storage = s3), checking
+ * each one's size and sha256 against its row on the way; versions already
+ * in the store with the row's size are skipped, so a migration that
+ * stopped goes on where it was. One line per problem to report; *copied
+ * and *problems count. CX_ERR_INVALID when storage is not s3. */
+enum cx_err cx_artifact_storage_migrate(struct cx_ctx *cx, FILE *report, int *copied,
+                                        int *problems) CX_MUSTCHECK;
+
 /* codexec-admin gc: removes tombstones of deleted artifacts. *removed counts. */
 enum cx_err cx_artifact_gc(struct cx_ctx *cx, int *removed) CX_MUSTCHECK;
 

@@ -7,6 +7,7 @@
 #include "config.h"
 #include "db.h"
 #include "log.h"
+#include "s3.h"
 #include "storage.h"
 
 CX_SQL(q_key_known, 1, "SELECT 1 FROM artifact_versions WHERE storage_key = $1");
@@ -116,6 +117,86 @@ cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report, int *problems)
     if (rc == CX_OK)
         rc = check_rows(&f);
     *problems = f.problems;
+    return rc;
+}
+
+/* One version into the store: through a writer (staged, hashed, copied
+ * into place), its bytes read from the local file. */
+struct migrating {
+    struct cx_storage_writer *w;
+    enum cx_err rc;
+};
+
+static bool
+on_local_bytes(void *ctx, const void *data, size_t len)
+{
+    struct migrating *m = ctx;
+
+    m->rc = cx_storage_writer_write(m->w, data, len);
+    return m->rc == CX_OK;
+}
+
+static const char *
+migrate_one(struct cx_ctx *cx, struct cx_storage *local, const char *key, uint64_t want_size,
+            const char *want_sha)
+{
+    struct migrating m = {0};
+    uint64_t size = 0;
+    char sha[65];
+    enum cx_err rc = cx_storage_writer_new(cx->store, &m.w);
+
+    if (rc)
+        return "could not start a write to the store";
+    rc = cx_storage_read(local, key, 0, UINT64_MAX, on_local_bytes, &m);
+    if (rc == CX_OK && m.rc == CX_OK)
+        rc = cx_storage_writer_finish(m.w, &size, sha);
+    if (rc || m.rc) {
+        cx_storage_writer_abort(m.w);
+        return rc == CX_ERR_NOT_FOUND ? "missing file" : "could not copy";
+    }
+    if (size != want_size || strcmp(sha, want_sha) != 0) {
+        cx_storage_writer_abort(m.w);
+        return size != want_size ? "size mismatch" : "sha256 mismatch";
+    }
+    return cx_storage_writer_commit(m.w, key) ? "could not store" : NULL;
+}
+
+enum cx_err
+cx_artifact_storage_migrate(struct cx_ctx *cx, FILE *report, int *copied, int *problems)
+{
+    struct cx_s3 *s3 = cx_storage_s3(cx->store);
+    struct cx_storage *local = NULL;
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    *copied = *problems = 0;
+    if (!s3)
+        return CX_ERR_INVALID;
+    rc = cx_storage_new_local(cx->cfg->storage_dir, &local);
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_all_versions, NULL, &r);
+    for (int i = 0; rc == CX_OK && i < PQntuples(r); i++) {
+        const char *key = PQgetvalue(r, i, 2), *why;
+        uint64_t want = strtoull(PQgetvalue(r, i, 3), NULL, 10), have = 0;
+        enum cx_err h = cx_s3_head(s3, key, &have);
+
+        if (h == CX_OK && have == want)
+            continue; /* there already (a migration that stopped) */
+        if (h != CX_OK && h != CX_ERR_NOT_FOUND) {
+            rc = h; /* the store is failing: stop, run it again later */
+            break;
+        }
+        why = migrate_one(cx, local, key, want, PQgetvalue(r, i, 4));
+        if (why) {
+            fprintf(report, "%s: artifact %s version %s\n", why, PQgetvalue(r, i, 0),
+                    PQgetvalue(r, i, 1));
+            (*problems)++;
+        } else {
+            (*copied)++;
+        }
+    }
+    PQclear(r);
+    cx_storage_free(local);
     return rc;
 }
 

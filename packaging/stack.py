@@ -37,6 +37,12 @@ TEST_KERNEL_NAME = "python3-sandbox-test"  # a kernelspec the system tests write
 RUN_USER = "codexec"
 KERNEL_USER = "codexec-kernel"
 DB_USER = "codexec-db"
+# The test object store (tests/s3: s3rver behind a SigV4 check), when a
+# stack has one: its own user, its own disk.
+S3_USER = "codexec-s3"
+S3_BUCKET = "codexec"
+S3_REGION = "us-east-1"
+S3_PREFIX = "cx/"
 
 
 def log(msg):
@@ -78,7 +84,7 @@ def pid_alive(pid):
 class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
                  workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
-                 test_kernel=False, sandbox_extra=None, gateway_proxy_port=None):
+                 test_kernel=False, sandbox_extra=None, gateway_proxy_port=None, s3_port=None):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
@@ -86,6 +92,9 @@ class Stack:
         # serves only what Kernel Gateway and Enterprise Gateway offer
         # (/api/kernels, /api/kernelspecs, the channels WebSocket).
         self.gateway_proxy_port = gateway_proxy_port
+        # With a port: a test object store there (start_s3), which
+        # use_s3() points codexec at.
+        self.s3_port = s3_port
         self.bindir = os.path.abspath(bindir or os.path.join(REPO, "build", "fcgi"))
         self.workers = workers
         self.conf_extra = conf_extra or {}
@@ -105,6 +114,8 @@ class Stack:
         self.piddir = p("pids")
         self.conf, self.secret = p("codexec.conf"), p("secret")
         self.sandbox_conf = p("sandbox.conf")
+        self.s3_dir, self.s3_data, self.s3_app = p("s3"), p("s3", "data"), p("s3", "app")
+        self.s3_keys, self.s3_credentials = p("s3", "keys"), p("s3-credentials")
         self.socket = p("run", "codexec.sock")
         self.ports_file = p("ports.json")
         if os.geteuid() == 0:
@@ -204,7 +215,7 @@ class Stack:
     def ensure_user(self):
         if os.geteuid() != 0:
             return
-        for user in (self.user, self.kernel_user, self.db_user):
+        for user in (self.user, self.kernel_user, self.db_user) + ((S3_USER,) if self.s3_port else ()):
             try:
                 pwd.getpwnam(user)
             except KeyError:
@@ -289,6 +300,9 @@ class Stack:
             (j("config"), self.kernel_user, None, 0o700),
             (self.workspaces, self.kernel_user, None, 0o700),
         ]
+        if self.s3_port:
+            layout += [(self.s3_dir, "root", None, 0o755),
+                       (self.s3_data, self.s3_user, None, 0o700)]
         for path, owner, group, mode in layout:
             if os.path.islink(path):
                 raise StackError(f"{path} is a symlink: refusing to use it")
@@ -325,6 +339,7 @@ class Stack:
         self.copy_exec(os.path.join(self.bindir, "codexec-kernel-launcher"),
                        "codexec-kernel-launcher")
         self.init_secret_files()
+        self.init_s3()
         self.build_kernel_cache()
         self.setup_cgroups()
         self.write_sandbox_conf()
@@ -351,6 +366,73 @@ class Stack:
             self.write_file(self.token_file, secrets.token_hex(24) + "\n", 0o600, "root")
         with os.fdopen(self.open_nofollow(self.token_file, os.O_RDONLY), "r") as f:
             self.gateway_token = f.read().strip()
+
+    @property
+    def s3_user(self):
+        return S3_USER if os.geteuid() == 0 else self.user
+
+    def init_s3(self):
+        """The test store's key pair (its user reads it) and codexec's
+        credentials file for it (codexec reads it), and the store's code,
+        copied where its user can read it."""
+        if not self.s3_port:
+            return
+        if not os.path.exists(self.s3_keys):
+            self.write_file(self.s3_keys, f"CX{secrets.token_hex(8).upper()} {secrets.token_urlsafe(30)}\n",
+                            0o400, self.s3_user)
+        with os.fdopen(self.open_nofollow(self.s3_keys, os.O_RDONLY), "r") as f:
+            key_id, secret = f.read().split()
+        self.write_file(self.s3_credentials,
+                        f"access_key_id = {key_id}\nsecret_access_key = {secret}\n", 0o600)
+        src = os.path.join(REPO, "tests", "s3")
+        if not os.path.isdir(os.path.join(src, "node_modules")):
+            raise StackError("tests/s3/node_modules is missing: run npm ci in tests/s3 "
+                             "(packaging/quickstart test does)")
+        stamp = os.path.join(self.s3_app, "package-lock.json")
+        if not os.path.exists(stamp) or not filecmp.cmp(stamp, os.path.join(src, "package-lock.json"),
+                                                        shallow=False):
+            shutil.rmtree(self.s3_app, ignore_errors=True)
+            shutil.copytree(src, self.s3_app, symlinks=True)
+        for f in ("server.js", "sigcheck.py"):
+            shutil.copyfile(os.path.join(src, f), os.path.join(self.s3_app, f))
+
+    def s3_settings(self):
+        """codexec.conf's keys for the test store."""
+        return {"storage": "s3", "s3_endpoint": f"http://127.0.0.1:{self.s3_port}",
+                "s3_region": S3_REGION, "s3_bucket": S3_BUCKET, "s3_prefix": S3_PREFIX,
+                "s3_credentials_file": self.s3_credentials, "x_accel_prefix": "/_codexec_s3/"}
+
+    def use_s3(self, on=True):
+        """codexec on the test store (or back on storage_dir), restarted."""
+        for k in self.s3_settings():
+            self.conf_extra.pop(k, None)
+        if on:
+            self.conf_extra.update(self.s3_settings())
+        self.write_config()
+        self.kill_pidfile("codexec-fcgi")
+        self.start_fcgi()
+
+    def s3_ok(self):
+        return port_open(self.s3_port) and port_open(self.s3_upstream_port)
+
+    def start_s3(self):
+        if not self.s3_port:
+            return
+        if self.pid("s3rver") and self.pid("s3-sigcheck") and getattr(self, "s3_upstream_port", 0) \
+                and self.s3_ok():
+            return
+        self.kill_pidfile("s3-sigcheck")
+        self.kill_pidfile("s3rver")
+        self.s3_upstream_port = free_port()
+        log(f"starting the test object store (s3rver) on 127.0.0.1:{self.s3_port}")
+        srv = self.spawn("s3rver", ["/usr/bin/node", os.path.join(self.s3_app, "server.js"),
+                                    str(self.s3_upstream_port), self.s3_data, S3_BUCKET,
+                                    self.s3_keys], user=self.s3_user, cwd=self.s3_app)
+        self.wait_for("s3rver", lambda: port_open(self.s3_upstream_port), 30, srv)
+        chk = self.spawn("s3-sigcheck", ["/usr/bin/python3", os.path.join(self.s3_app, "sigcheck.py"),
+                                         str(self.s3_port), str(self.s3_upstream_port), S3_REGION,
+                                         self.s3_keys], user=self.s3_user)
+        self.wait_for("the store's signature check", lambda: port_open(self.s3_port), 30, chk)
 
     def build_kernel_cache(self):
         """matplotlib's font list, built once here and bound read-only into
@@ -531,8 +613,16 @@ class Stack:
             locations = f.read().replace("client_max_body_size 64m;",
                                          f"client_max_body_size {self.nginx_body};")
         self.write_file(os.path.join(ndir, "codexec-locations.conf"), locations, 0o644)
-        with open(os.path.join(REPO, "nginx", "codexec-storage.conf")) as f:
-            self.write_file(os.path.join(ndir, "codexec-storage.conf"), f.read(), 0o644)
+        for name in ("codexec-storage.conf", "codexec-storage-s3.conf"):
+            with open(os.path.join(REPO, "nginx", name)) as f:
+                self.write_file(os.path.join(ndir, name), f.read(), 0o644)
+        s3_location = "" if not self.s3_port else f"""
+        location /_codexec_s3/ {{
+            internal;
+            proxy_pass http://127.0.0.1:{self.s3_port}/;
+            include {ndir}/codexec-storage-s3.conf;
+        }}
+"""
         # The snippet includes snippets/codexec-fastcgi.conf relative to the
         # config directory, as it would under /etc/nginx.
         os.makedirs(os.path.join(ndir, "snippets"), exist_ok=True)
@@ -572,7 +662,7 @@ http {{
             alias {self.storage}/;
             include {ndir}/codexec-storage.conf;
         }}
-{self.nginx_extra}
+{s3_location}{self.nginx_extra}
     }}
 }}
 """
@@ -844,6 +934,8 @@ http {{
         self.kill_pidfile("codexec-fcgi")
         self.kill_pidfile("gateway-proxy", signal.SIGQUIT)
         self.kill_pidfile("jupyter")
+        self.kill_pidfile("s3-sigcheck")
+        self.kill_pidfile("s3rver")
         if os.path.exists(os.path.join(self.pg_data, "PG_VERSION")) and self.pg_running():
             self.run([f"{PG_BIN}/pg_ctl", "-D", self.pg_data, "-m", "fast", "-w", "stop"],
                      check=False, user=self.db_user)

@@ -95,15 +95,21 @@ def load_modules(only):
     return mods
 
 
-def run_system(res, st, ctx, only, pattern):
+# Run again with storage = s3 (test_s3 runs only then).
+S3_MODULES = ["test_artifacts", "test_downloads", "test_s3"]
+
+
+def run_system(res, st, ctx, only, pattern, label=""):
     for mod in load_modules(only):
+        if mod.__name__ == "test_s3" and not label:
+            continue
         tests = [(n, getattr(mod, n)) for n in dir(mod) if n.startswith("test_")
                  and callable(getattr(mod, n)) and getattr(mod, n).__module__ == mod.__name__]
         tests.sort(key=lambda t: t[1].__code__.co_firstlineno)
         for name, fn in tests:
             if pattern and pattern not in name:
                 continue
-            full = f"{mod.__name__}.{name}"
+            full = f"{label}{mod.__name__}.{name}"
             t0 = time.monotonic()
             try:
                 fn(ctx)
@@ -178,6 +184,7 @@ def main():
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      gateway_proxy_port=stack.free_port(),  # the suite runs through it
+                     s3_port=stack.free_port(),  # the test object store: the S3 pass
                      bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,
                      nginx_body="8m", test_kernel=True,
                      # smaller than the defaults, so the limits are reached quickly
@@ -194,6 +201,7 @@ def main():
         st.start_pg()
         st.start_jupyter()
         st.start_gateway_proxy()
+        st.start_s3()
         if not a.no_unit:
             run_unit(res, build, st, a.flavour)
             if a.flavour == "sanitizers":
@@ -204,6 +212,19 @@ def main():
         import openapi_check
         ctx = harness.Context(st, build, a.flavour)
         run_system(res, st, ctx, a.only, a.pattern)
+        # The artifact and download suites once more, codexec storing in the
+        # test object store (storage = s3), and the store's own tests.
+        s3_only = [m for m in S3_MODULES if not a.only or any(o in m for o in a.only)]
+        if s3_only:
+            # A clean slate: the suites use the same users and conversations
+            # again (their sessions and artifacts from the first pass would
+            # change what a run captures); the old kernels are orphans the
+            # reaper deletes.
+            st.kill_pidfile("codexec-fcgi")
+            ctx.psql("DELETE FROM artifacts; DELETE FROM sessions; DELETE FROM prestarted_kernels")
+            st.use_s3()
+            ctx.backend = "s3"
+            run_system(res, st, ctx, s3_only, a.pattern, label="s3: ")
         spec = openapi_check.SPEC
         # a selection of tests may send nothing through nginx; the whole
         # suite must have answers to check

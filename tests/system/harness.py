@@ -37,6 +37,74 @@ class Context:
         self.build = build
         self.flavour = flavour
         self._keys = {}
+        self.backend = "local"  # or "s3": codexec stores in the stack's test object store
+        self._s3 = None
+
+    # --- the artifact storage, whichever backend codexec uses ---------------
+    def s3(self):
+        """A botocore S3 client on the test store (the reference client)."""
+        if self._s3 is None:
+            import botocore.config
+            import botocore.session
+            with open(self.st.s3_keys) as f:
+                key_id, secret = f.read().split()
+            self._s3 = botocore.session.get_session().create_client(
+                "s3", endpoint_url=f"http://127.0.0.1:{self.st.s3_port}", region_name=stack.S3_REGION,
+                aws_access_key_id=key_id, aws_secret_access_key=secret,
+                config=botocore.config.Config(s3={"addressing_style": "path"},
+                                              retries={"max_attempts": 1}))
+        return self._s3
+
+    def stored(self, key):
+        """The bytes stored under key, or None."""
+        if self.backend == "s3":
+            try:
+                r = self.s3().get_object(Bucket=stack.S3_BUCKET, Key=stack.S3_PREFIX + key)
+            except self.s3().exceptions.NoSuchKey:
+                return None
+            return r["Body"].read()
+        try:
+            with open(os.path.join(self.st.storage, key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def store_keys(self, under):
+        """Every stored key that starts with under (relative to the root or
+        the prefix), sorted."""
+        if self.backend == "s3":
+            keys = []
+            pages = self.s3().get_paginator("list_objects_v2").paginate(
+                Bucket=stack.S3_BUCKET, Prefix=stack.S3_PREFIX + under)
+            for page in pages:
+                keys += [o["Key"][len(stack.S3_PREFIX):] for o in page.get("Contents", [])]
+            return sorted(keys)
+        found = []
+        for dp, _, fs in os.walk(self.st.storage):
+            for f in fs:
+                k = os.path.relpath(os.path.join(dp, f), self.st.storage)
+                if k.startswith(under):
+                    found.append(k)
+        return sorted(found)
+
+    def store_remove(self, key):
+        if self.backend == "s3":
+            self.s3().delete_object(Bucket=stack.S3_BUCKET, Key=stack.S3_PREFIX + key)
+        else:
+            os.unlink(os.path.join(self.st.storage, key))
+
+    def store_put(self, key, data):
+        """Bytes under key, behind codexec's back (as root, for local)."""
+        if self.backend == "s3":
+            self.s3().put_object(Bucket=stack.S3_BUCKET, Key=stack.S3_PREFIX + key, Body=data)
+            return
+        path = os.path.join(self.st.storage, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        for d in [path] + [os.path.join(self.st.storage, *key.split("/")[:i])
+                           for i in range(1, key.count("/") + 1)]:
+            self.st.chown(d)
 
     # --- HTTP ---------------------------------------------------------------
     def request(self, method, path, body=None, headers=None, key=None, timeout=120, port=None):

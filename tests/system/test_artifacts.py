@@ -17,10 +17,11 @@ def skipped(r):
 
 
 def stored_bytes(ctx, user, a):
-    path = os.path.join(ctx.st.storage, "artifacts", user, a["artifact_id"], f"v{a['version']}",
-                        a["filename"])
-    with open(path, "rb") as f:
-        return f.read()
+    """The version's bytes, read from the storage (a file, or the test
+    object store's object) at the key the server derives."""
+    data = ctx.stored(f"artifacts/{user}/{a['artifact_id']}/v{a['version']}/{a['filename']}")
+    check(data is not None, f"stored: {a['artifact_id']} v{a['version']}")
+    return data
 
 
 def test_produced_file_is_persisted(ctx):
@@ -87,8 +88,7 @@ def test_special_files_are_skipped_never_followed(ctx):
                     "sock": "not_regular"}, "listed with reasons")
     r = run(ctx, user, "c1", "x = 1")
     eq(r.get("skipped", []), [], "not listed again while unchanged")
-    check(all("root:" not in open(os.path.join(dp, f), errors="replace").read()
-              for dp, _, fs in os.walk(os.path.join(ctx.st.storage, "artifacts", user)) for f in fs),
+    check(all(b"root:" not in ctx.stored(k) for k in ctx.store_keys(f"artifacts/{user}/")),
           "/etc/passwd never copied")
 
 
@@ -197,13 +197,13 @@ def test_delete(ctx):
     user = "a-delete"
     r = run(ctx, user, "c1", "open('gone.txt', 'w').write('bye')")
     a = r["artifacts"][0]
-    path = os.path.join(ctx.st.storage, "artifacts", user, a["artifact_id"], "v1", "gone.txt")
-    check(os.path.exists(path), "stored")
+    key = f"artifacts/{user}/{a['artifact_id']}/v1/gone.txt"
+    check(ctx.stored(key) == b"bye", "stored")
     expect_error(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key("a-other")),
                  404, "not_found")
     eq(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)).status, 204,
        "deleted")
-    check(not os.path.exists(path), "bytes removed")
+    eq(ctx.stored(key), None, "bytes removed")
     expect_error(ctx.get(f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)), 404, "not_found")
     expect_error(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)), 404)
     expect_error(ctx.request("DELETE", "/v1/artifacts/not-a-uuid", key=ctx.key(user)), 404)
@@ -385,7 +385,6 @@ def test_crash_between_rename_and_commit_then_fsck(ctx):
     """The process dies after the bytes are in place and before COMMIT (a
     test hook stands in for the crash): no rows, an orphan file, and fsck
     --repair removes it."""
-    import glob
     import time
     st, user = ctx.st, "a-crash"
     run(ctx, user, "c1", "x = 1")
@@ -405,26 +404,25 @@ def test_crash_between_rename_and_commit_then_fsck(ctx):
         st.kill_pidfile("codexec-fcgi")
         st.start_fcgi()
     eq(ctx.psql(f"SELECT count(*) FROM artifacts WHERE user_id = '{user}'"), "0", "nothing committed")
-    orphans = glob.glob(os.path.join(st.storage, "artifacts", user, "*", "v1", "lost.txt"))
+    orphans = [k for k in ctx.store_keys(f"artifacts/{user}/") if k.endswith("/v1/lost.txt")]
     eq(len(orphans), 1, "the renamed file is there without a row")
     r = ctx.admin("fsck", check=False)
     eq(r.returncode, 1, f"fsck finds a problem: {r.stdout}")
     check("orphan file artifacts/a-crash/" in r.stdout, "and names the orphan")
     r = ctx.admin("fsck", "--repair", check=False)
     eq(r.returncode, 0, f"repaired: {r.stdout}")
-    check(not os.path.exists(orphans[0]), "the orphan is gone")
+    eq(ctx.stored(orphans[0]), None, "the orphan is gone")
     eq(ctx.admin("fsck", check=False).returncode, 0, "fsck is clean")
     r = run(ctx, user, "c1", "open('kept.txt', 'w').write('k')")
     eq([a["path"] for a in r["artifacts"]], ["kept.txt"], "the conversation works again")
     # a row without its file, and a file whose bytes changed: reported, never "repaired"
     a = r["artifacts"][0]
-    path = os.path.join(st.storage, "artifacts", user, a["artifact_id"], "v1", "kept.txt")
-    with open(path, "w") as f:
-        f.write("K")
+    key = f"artifacts/{user}/{a['artifact_id']}/v1/kept.txt"
+    ctx.store_put(key, b"K")
     r = ctx.admin("fsck", "--repair", check=False)
     eq(r.returncode, 1, "a mismatch remains")
     check(f"sha256 mismatch: artifact {a['artifact_id']} version 1" in r.stdout, r.stdout)
-    os.unlink(path)
+    ctx.store_remove(key)
     r = ctx.admin("fsck", check=False)
     check(f"missing file: artifact {a['artifact_id']} version 1" in r.stdout, r.stdout)
     eq(ctx.request("DELETE", f"/v1/artifacts/{a['artifact_id']}", key=ctx.key(user)).status, 204, "delete")
