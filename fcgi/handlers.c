@@ -245,7 +245,7 @@ struct from_store {
     struct cx_req *r;
     const struct cx_download *d;
     int status;
-    uint64_t len;
+    uint64_t len, sent;
     bool sent_head, client_gone;
 };
 
@@ -262,6 +262,7 @@ on_store_bytes(void *ctx, const void *data, size_t len)
         f->client_gone = true;
         return false;
     }
+    f->sent += len;
     return true;
 }
 
@@ -277,14 +278,16 @@ send_from_store(struct cx_req *r, const struct cx_download *d, int status, uint6
         return;
     }
     rc = cx_download_read(r->w, d, first, last, on_store_bytes, &f);
-    if (rc == CX_OK && f.sent_head)
-        cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, f.len);
-    else if (rc == CX_ERR_NOT_FOUND && !f.sent_head)
+    cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, f.sent);
+    if (f.sent_head && (rc || f.sent != f.len))
+        cx_req_cut(r); /* the head promised bytes that will not come */
+    else if (f.sent_head)
+        return;
+    else if (rc == CX_ERR_NOT_FOUND)
         cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
-    else if (!f.sent_head)
+    else
         cx_req_send_error(r, 503, "unavailable",
                           "the artifact storage is unavailable; retry later");
-    /* (else a short body: the client sees Content-Length unmet) */
 }
 
 static void
@@ -343,17 +346,12 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
         cx_req_send_empty(r, 302);
         return;
     }
-    {
-        struct cx_buf loc;
-        cx_buf_init(&loc, sizeof(url) + 512);
-        cx_buf_addf(&loc, "%.*s%s",
-                    (int)strlen(prefix) - (prefix[0] && prefix[strlen(prefix) - 1] == '/'), prefix,
-                    url);
-        if (!cx_buf_err(&loc))
-            cx_req_header(r, "X-Accel-Redirect", loc.data);
-        cx_buf_cleanup(&loc);
-        cx_req_send_head(r, 200, d->mime, -1);
-    }
+    /* The exact path and query that were signed, for proxy_pass to use as
+     * they are (nginx would decode an X-Accel-Redirect URI and encode it
+     * again its own way): nginx/codexec-storage-s3.conf. */
+    cx_req_header(r, "X-Codexec-S3-Path", url);
+    cx_req_header(r, "X-Accel-Redirect", prefix);
+    cx_req_send_head(r, 200, d->mime, -1);
 }
 
 static void
@@ -389,16 +387,15 @@ cx_h_artifacts_content(struct cx_req *r)
         cx_req_send_lib_error(r, rc, msg);
         return;
     }
-    if (cfg->delivery == CX_DELIVERY_REDIRECT) {
+    if (cfg->delivery == CX_DELIVERY_REDIRECT && strcmp(r->method, "HEAD") != 0) {
         send_presigned(r, &d, true);
         return;
     }
     download_headers(r, &d);
     if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256))
         cx_req_send_empty(r, 304);
-    else if (cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w) &&
-             !strcmp(r->method, "HEAD"))
-        send_direct(r, &d); /* (a presigned GET can't be a HEAD) */
+    else if (cx_download_from_store(r->w) && !strcmp(r->method, "HEAD"))
+        send_direct(r, &d); /* headers only (a presigned GET can't be a HEAD) */
     else if (cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w)) {
         send_presigned(r, &d, false); /* nginx fetches it from the store */
         cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);

@@ -136,6 +136,13 @@ cx_req_send_bytes(struct cx_req *r, const void *data, size_t len)
 }
 
 void
+cx_req_cut(struct cx_req *r)
+{
+    FCGX_FFlush(r->fr->out);
+    shutdown(r->fr->ipcFd, SHUT_RDWR);
+}
+
+void
 cx_req_send_empty(struct cx_req *r, int status)
 {
     send_head(r, status, NULL, status == 204 || status == 304 ? -1 : 0);

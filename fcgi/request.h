@@ -46,6 +46,9 @@ void cx_req_send_head(struct cx_req *r, int status, const char *content_type, lo
 bool cx_req_send_file(struct cx_req *r, int fd, uint64_t first, uint64_t last);
 /* More of the body after cx_req_send_head(); false once the client went. */
 bool cx_req_send_bytes(struct cx_req *r, const void *data, size_t len);
+/* Ends the connection now: a body that was promised will not come whole,
+ * and nothing valid can follow it on this connection. */
+void cx_req_cut(struct cx_req *r);
 
 /* 204 or another status without a body. */
 void cx_req_send_empty(struct cx_req *r, int status);

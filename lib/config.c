@@ -42,7 +42,7 @@ static const struct cx_conf_key keys[] = {
     {"s3_prefix", CX_CONF_STR, O(s3_prefix), "", 0, 0},
     {"s3_addressing", CX_CONF_S3_ADDRESSING, O(s3_addressing), "path", 0, 0},
     {"s3_credentials_file", CX_CONF_PATH, O(s3_credentials_file), "", 0, 0},
-    {"s3_part_size", CX_CONF_SIZE, O(s3_part_size), "8M", 5 * MiB, 5 * GiB},
+    {"s3_part_size", CX_CONF_SIZE, O(s3_part_size), "8M", 5 * MiB, 64 * MiB},
     {"s3_url_expiry", CX_CONF_UINT, O(s3_url_expiry), "60", 1, 604800},
     /* who may do what, and how downloads leave */
     {"trust_remote_user", CX_CONF_BOOL, O(trust_remote_user), "false", 0, 0},
@@ -286,6 +286,24 @@ s3_credentials(struct cx_config *cfg, char *msg, size_t msglen)
     return CX_OK;
 }
 
+/* "" or segments of [A-Za-z0-9_.-] (not "." or ".."), each followed by
+ * '/' but perhaps the last: a prefix stays inside the bucket. */
+static bool
+prefix_ok(const char *p)
+{
+    size_t n = strlen(p);
+
+    if (n > 512 || !cx_name_chars(p, n, "_.-/"))
+        return false;
+    while (*p) {
+        size_t seg = strcspn(p, "/");
+        if (seg == 0 || (seg == 1 && p[0] == '.') || (seg == 2 && p[0] == '.' && p[1] == '.'))
+            return false;
+        p += seg + (p[seg] == '/');
+    }
+    return true;
+}
+
 /* storage = s3: what it needs, and what it rules out. */
 static enum cx_err
 s3_settings(struct cx_config *cfg, char *msg, size_t msglen)
@@ -306,6 +324,11 @@ s3_settings(struct cx_config *cfg, char *msg, size_t msglen)
         snprintf(msg, msglen, "storage = s3 needs s3_bucket");
         return CX_ERR_INVALID;
     }
+    if (strlen(cfg->s3_bucket) > 255 ||
+        !cx_name_chars(cfg->s3_bucket, strlen(cfg->s3_bucket), "_.-")) {
+        snprintf(msg, msglen, "s3_bucket: at most 255 of [A-Za-z0-9_.-]");
+        return CX_ERR_INVALID;
+    }
     if (cfg->delivery == CX_DELIVERY_X_SENDFILE) {
         snprintf(msg, msglen, "delivery = x-sendfile needs storage = local");
         return CX_ERR_INVALID;
@@ -316,9 +339,10 @@ s3_settings(struct cx_config *cfg, char *msg, size_t msglen)
                  "9999 times s3_part_size (objects are copied into place)");
         return CX_ERR_INVALID;
     }
-    if (cfg->s3_prefix[0] == '/' || strlen(cfg->s3_prefix) > 512 ||
-        !cx_name_chars(cfg->s3_prefix, strlen(cfg->s3_prefix), "_.-/")) {
-        snprintf(msg, msglen, "s3_prefix: at most 512 of [A-Za-z0-9_.-/], not starting with /");
+    if (!prefix_ok(cfg->s3_prefix)) {
+        snprintf(msg, msglen,
+                 "s3_prefix: at most 512 of [A-Za-z0-9_.-/] in segments that are "
+                 "neither empty, \".\" nor \"..\"");
         return CX_ERR_INVALID;
     }
     if (!cfg->s3_endpoint[0]) {

@@ -559,6 +559,11 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
      * say) must not be taken for this run's news. */
     cx_kernel_drain(st->conn, 0);
     rc = cx_stage_send(st->cx, st->conn, in, all);
+    if (rc == CX_ERR_IO || rc == CX_ERR_NOT_FOUND) {
+        snprintf(msg, msglen, "an input could not be read from storage");
+        rc = CX_ERR_IO;
+        goto out;
+    }
     for (int i = CX_REQ_USER; i <= last && rc == CX_OK; i++)
         rc = cx_kernel_execute(st->conn, &reqs[i]);
     if (rc) {

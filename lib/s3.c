@@ -14,6 +14,9 @@
 
 #define XML_MAX    (4u << 20) /* a listing page of 1000 keys fits */
 #define PARTS_MAX  10000
+#define HEAD_MAX   65536   /* response headers */
+#define PAGES_MAX  1000000 /* listing pages: a billion keys */
+#define CALL_SECS  300L    /* a request that is not a download's */
 #define EMPTY_SHA  "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 #define UNRESERVED "-_.~"
 
@@ -24,6 +27,7 @@ struct cx_s3 {
     char *path;        /* "/bucket/prefix" or "/prefix": put before a key */
     char *bucket_path; /* "/bucket" or "": the bucket's own URL path */
     char *prefix;
+    char *bucket;
     char *region;
     char *key_id, *secret, *token;
     char sigv4[160];
@@ -47,11 +51,18 @@ struct req {
     size_t len;
     const char *header; /* one more header, or NULL */
     const char *range;  /* "bytes=a-b" or NULL */
+    uint64_t first;     /* with range: where the answer must start */
+    uint64_t want;      /* bytes the sink may get at most (0: no limit) */
     cx_s3_sink sink;
     void *ctx;
     struct cx_buf resp;
     bool stopped; /* sink said stop */
+    bool bad;     /* the store answered other bytes than asked for */
     long status;
+    uint64_t got; /* bytes given to the sink */
+    size_t head_bytes;
+    bool has_range; /* a Content-Range came */
+    uint64_t range_first;
     char etag[80];
 };
 
@@ -76,6 +87,7 @@ cx_s3_free(struct cx_s3 *s3)
     free(s3->path);
     free(s3->bucket_path);
     free(s3->prefix);
+    free(s3->bucket);
     free(s3->region);
     wipe_free(s3->key_id);
     wipe_free(s3->secret);
@@ -162,6 +174,7 @@ cx_s3_new(const struct cx_s3_conf *c, struct cx_s3 **out)
     }
     s3->origin = s3->host ? dupf("%s://%s", scheme, s3->host) : NULL;
     s3->prefix = strdup(c->prefix);
+    s3->bucket = strdup(c->bucket);
     s3->region = strdup(c->region);
     s3->key_id = strdup(c->key_id);
     s3->secret = strdup(c->secret);
@@ -169,7 +182,8 @@ cx_s3_new(const struct cx_s3_conf *c, struct cx_s3 **out)
     s3->curl = curl_easy_init();
     snprintf(s3->sigv4, sizeof(s3->sigv4), "aws:amz:%s:s3", c->region);
     if (cx_buf_err(&pfx) || !s3->host || !s3->bucket_path || !s3->path || !s3->origin ||
-        !s3->prefix || !s3->region || !s3->key_id || !s3->secret || !s3->token || !s3->curl) {
+        !s3->prefix || !s3->bucket || !s3->region || !s3->key_id || !s3->secret || !s3->token ||
+        !s3->curl) {
         cx_buf_cleanup(&pfx);
         cx_s3_free(s3);
         return CX_ERR_NOMEM;
@@ -198,17 +212,44 @@ static size_t
 on_body(char *p, size_t size, size_t n, void *userdata)
 {
     struct req *q = userdata;
+    size_t len = size * n;
 
     /* (on_header saw the status line before any byte of the body) */
     if (q->sink && q->status >= 200 && q->status < 300) {
-        if (!q->sink(q->ctx, p, size * n)) {
+        /* The bytes asked for, no others: a store that ignores Range (200,
+         * or another start) or sends more than asked is refused. */
+        if (q->got == 0 &&
+            (q->range ? q->status != 206 || !q->has_range || q->range_first != q->first
+                      : q->status != 200))
+            q->bad = true;
+        if (q->want && len > q->want - q->got)
+            q->bad = true;
+        if (q->bad)
+            return 0;
+        q->got += len;
+        if (!q->sink(q->ctx, p, len)) {
             q->stopped = true;
             return 0;
         }
-        return size * n;
+        return len;
     }
-    cx_buf_add(&q->resp, p, size * n);
-    return size * n; /* an error document past the cap is cut, not an error */
+    cx_buf_add(&q->resp, p, len);
+    return len; /* past the cap: perform() tells a 2xx from a cut error document */
+}
+
+/* The decimal number at p (at most n bytes), or UINT64_MAX. */
+static uint64_t
+number(const char *p, size_t n)
+{
+    uint64_t v = 0;
+    size_t i = 0;
+
+    for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) {
+        if (v > (UINT64_MAX - 9) / 10)
+            return UINT64_MAX;
+        v = v * 10 + (uint64_t)(p[i] - '0');
+    }
+    return i ? v : UINT64_MAX;
 }
 
 static size_t
@@ -217,9 +258,17 @@ on_header(char *p, size_t size, size_t n, void *userdata)
     struct req *q = userdata;
     size_t len = size * n;
 
+    q->head_bytes += len;
+    if (q->head_bytes > HEAD_MAX)
+        return 0; /* a store that sends headers without end */
     if (len > 9 && !strncmp(p, "HTTP/", 5)) {
         const char *sp = memchr(p, ' ', len);
-        q->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+        uint64_t st = sp ? number(sp + 1, len - (size_t)(sp + 1 - p)) : UINT64_MAX;
+        q->status = st < 1000 ? (long)st : 0;
+        q->has_range = false;
+    } else if (len > 21 && !strncasecmp(p, "content-range: bytes ", 21)) {
+        q->range_first = number(p + 21, len - 21);
+        q->has_range = q->range_first != UINT64_MAX;
     } else if (len > 5 && !strncasecmp(p, "etag:", 5)) {
         size_t i = 5, e = len;
         while (i < len && (p[i] == ' ' || p[i] == '\t'))
@@ -341,25 +390,29 @@ error_code(const struct cx_buf *b, char out[64])
 static struct curl_slist *
 add_header(struct curl_slist *h, bool *ok, const char *name, const char *value)
 {
-    char line[2200];
-    struct curl_slist *n;
-    int len;
+    size_t n = strlen(name) + (value ? strlen(value) + 3 : 1);
+    char *line = *ok ? malloc(n) : NULL;
+    struct curl_slist *l = NULL;
 
-    if (!*ok)
-        return h;
-    len = value ? snprintf(line, sizeof(line), "%s: %s", name, value)
-                : snprintf(line, sizeof(line), "%s", name);
-    if (len < 0 || (size_t)len >= sizeof(line)) {
+    if (!line) {
         *ok = false;
         return h;
     }
-    n = curl_slist_append(h, line);
-    sodium_memzero(line, sizeof(line)); /* it may be the session token */
-    if (!n)
+    if (value)
+        snprintf(line, n, "%s: %s", name, value);
+    else
+        snprintf(line, n, "%s", name);
+    l = curl_slist_append(h, line);
+    sodium_memzero(line, n); /* it may be the session token */
+    free(line);
+    if (!l)
         *ok = false;
-    return n ? n : h;
+    return l ? l : h;
 }
 
+/* libcurl 7.88 signs every header of CURLOPT_HTTPHEADER, a removal
+ * ("Accept:") too, although it never sends it (fixed in 8.3.0): so this
+ * list holds only headers that go out. */
 static struct curl_slist *
 req_headers(const struct cx_s3 *s3, const struct req *q, const char *sha)
 {
@@ -367,8 +420,6 @@ req_headers(const struct cx_s3 *s3, const struct req *q, const char *sha)
     bool ok = true;
 
     h = add_header(h, &ok, "x-amz-content-sha256", sha);
-    h = add_header(h, &ok, "Expect:", NULL);
-    h = add_header(h, &ok, "Accept:", NULL);
     if (q->body)
         h = add_header(h, &ok, "Content-Type",
                        !strcmp(q->method, "POST") ? "application/xml" : "application/octet-stream");
@@ -434,9 +485,14 @@ perform(struct cx_s3 *s3, struct req *q)
     curl_easy_setopt(s3->curl, CURLOPT_URL, url.data);
     curl_easy_setopt(s3->curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(s3->curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(s3->curl, CURLOPT_PATH_AS_IS, 1L); /* the path we signed, as it is */
     curl_easy_setopt(s3->curl, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-    curl_easy_setopt(s3->curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    /* A store that trickles is a store that failed; a download lasts as
+     * long as its client reads, anything else at most CALL_SECS. */
+    curl_easy_setopt(s3->curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(s3->curl, CURLOPT_LOW_SPEED_TIME, 30L);
+    if (!q->sink)
+        curl_easy_setopt(s3->curl, CURLOPT_TIMEOUT, CALL_SECS);
     curl_easy_setopt(s3->curl, CURLOPT_AWS_SIGV4, s3->sigv4);
     curl_easy_setopt(s3->curl, CURLOPT_USERNAME, s3->key_id);
     curl_easy_setopt(s3->curl, CURLOPT_PASSWORD, s3->secret);
@@ -454,14 +510,22 @@ perform(struct cx_s3 *s3, struct req *q)
         rc = CX_ERR_IO; /* our reader went; not the store's fault */
         goto out;
     }
-    if (cc != CURLE_OK) {
+    error_code(&q->resp, code);
+    if (q->bad) {
+        cx_log_warn(0, "S3 %s: the store answered other bytes than asked for (status %ld)", q->op,
+                    q->status);
+        rc = CX_ERR_IO;
+    } else if (cc != CURLE_OK) {
         cx_log_warn(0, "S3 %s failed: %s", q->op, curl_easy_strerror(cc));
         rc = CX_ERR_IO;
-    } else if (q->status == 404) {
-        rc = CX_ERR_NOT_FOUND;
+    } else if (q->status == 404 && (!strcmp(code, "NoSuchKey") || !strcmp(code, "NoSuchUpload") ||
+                                    (!strcmp(q->method, "HEAD") && !code[0]))) {
+        rc = CX_ERR_NOT_FOUND; /* (a missing bucket is not a missing object) */
     } else if (q->status < 200 || q->status >= 300) {
-        error_code(&q->resp, code);
         cx_log_warn(0, "S3 %s answered %ld %s", q->op, q->status, code);
+        rc = CX_ERR_IO;
+    } else if (!q->sink && cx_buf_err(&q->resp)) {
+        cx_log_warn(0, "S3 %s: an answer larger than %u bytes", q->op, XML_MAX);
         rc = CX_ERR_IO;
     }
     if (rc == CX_ERR_IO)
@@ -491,8 +555,12 @@ check_document(struct req *q)
 enum cx_err
 cx_s3_put(struct cx_s3 *s3, const char *key, const void *data, size_t len)
 {
-    struct req q = {
-        .op = "put", .method = "PUT", .name = key, .query = "", .body = data, .len = len};
+    struct req q = {.op = "put",
+                    .method = "PUT",
+                    .name = key,
+                    .query = "",
+                    .body = data ? data : "",
+                    .len = len};
     enum cx_err rc = perform(s3, &q);
 
     cx_buf_cleanup(&q.resp);
@@ -507,13 +575,8 @@ cx_s3_copy(struct cx_s3 *s3, const char *from, const char *to)
     enum cx_err rc;
 
     cx_buf_init(&src, 16384);
-    cx_buf_adds(&src, "x-amz-copy-source: ");
-    cx_buf_adds(&src, s3->bucket_path[0] ? s3->bucket_path : "");
-    if (!s3->bucket_path[0]) {
-        /* virtual-host addressing still names the bucket in the source */
-        const char *dot = strchr(s3->host, '.');
-        cx_buf_addf(&src, "/%.*s", dot ? (int)(dot - s3->host) : 0, s3->host);
-    }
+    cx_buf_adds(&src, "x-amz-copy-source: /");
+    cx_http_pct_encode(&src, s3->bucket, UNRESERVED);
     cx_buf_adds(&src, "/");
     cx_http_pct_encode(&src, s3->prefix, UNRESERVED "/");
     cx_http_pct_encode(&src, from, UNRESERVED "/");
@@ -572,6 +635,8 @@ cx_s3_get(struct cx_s3 *s3, const char *key, uint64_t first, uint64_t last, cx_s
             snprintf(range, sizeof(range), "bytes=%llu-%llu", (unsigned long long)first,
                      (unsigned long long)last);
         q.range = range;
+        q.first = first;
+        q.want = last == UINT64_MAX ? 0 : last - first + 1;
     }
     rc = perform(s3, &q);
     cx_buf_cleanup(&q.resp);
@@ -746,14 +811,15 @@ iso_time(const char *s)
 {
     struct tm tm = {0};
     char *end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+    time_t t = end ? timegm(&tm) : (time_t)-1;
 
-    return end ? timegm(&tm) : 0;
+    return t > 0 ? t : 0; /* 0: not a time (never taken for "long ago") */
 }
 
 /* The objects of one listing page; *more and token for the next. */
 static enum cx_err
-list_page(struct req *q, size_t pfxlen, cx_s3_list_fn fn, void *ctx, bool *more, char *token,
-          size_t toklen)
+list_page(struct req *q, const char *full, size_t pfxlen, cx_s3_list_fn fn, void *ctx, bool *more,
+          char *token, size_t toklen)
 {
     const char *p = q->resp.data, *end = p ? p + q->resp.len : NULL, *v, *item;
     size_t n, ilen;
@@ -767,20 +833,27 @@ list_page(struct req *q, size_t pfxlen, cx_s3_list_fn fn, void *ctx, bool *more,
         const char *iend = item + ilen;
 
         p = iend;
+        /* only what was asked for, with a date: the store's word is all
+         * that says an object is a stale staging one */
         if (!xml_find(item, iend, "Key", &v, &n) || !xml_text(v, n, key, sizeof(key)) ||
-            strlen(key) < pfxlen)
+            strncmp(key, full, strlen(full)) != 0 ||
+            !xml_find(item, iend, "LastModified", &v, &n) || !xml_text(v, n, when, sizeof(when)) ||
+            !iso_time(when))
             continue;
-        if (!xml_find(item, iend, "LastModified", &v, &n) || !xml_text(v, n, when, sizeof(when)))
-            when[0] = '\0';
         if (!xml_find(item, iend, "Size", &v, &n) || !xml_text(v, n, size, sizeof(size)))
             size[0] = '\0';
         rc = fn(ctx, key + pfxlen, iso_time(when), strtoull(size, NULL, 10));
     }
     if (rc == CX_OK && xml_find(q->resp.data, end, "IsTruncated", &v, &n) && n == 4 &&
         !memcmp(v, "true", 4)) {
+        char next[2048];
         if (!xml_find(q->resp.data, end, "NextContinuationToken", &v, &n) ||
-            !xml_text(v, n, token, toklen))
-            return CX_ERR_IO;
+            !xml_text(v, n, next, sizeof(next)) || !next[0] || !strcmp(next, token) ||
+            strlen(next) >= toklen) {
+            cx_log_warn(0, "S3 list: a truncated page without a new continuation token");
+            return CX_ERR_IO; /* (else the same page for ever) */
+        }
+        snprintf(token, toklen, "%s", next);
         *more = true;
     }
     return rc;
@@ -796,7 +869,11 @@ cx_s3_list(struct cx_s3 *s3, const char *under, cx_s3_list_fn fn, void *ctx)
 
     if ((size_t)snprintf(full, sizeof(full), "%s%s", s3->prefix, under) >= sizeof(full))
         return CX_ERR_TOO_LARGE;
-    while (rc == CX_OK && more) {
+    for (unsigned page = 0; rc == CX_OK && more; page++) {
+        if (page == PAGES_MAX) {
+            rc = CX_ERR_TOO_LARGE;
+            break;
+        }
         struct cx_buf qs;
         struct req q = {.op = "list", .method = "GET"};
 
@@ -813,7 +890,7 @@ cx_s3_list(struct cx_s3 *s3, const char *under, cx_s3_list_fn fn, void *ctx)
         if (rc == CX_OK)
             rc = perform(s3, &q);
         if (rc == CX_OK)
-            rc = list_page(&q, pfxlen, fn, ctx, &more, token, sizeof(token));
+            rc = list_page(&q, full, pfxlen, fn, ctx, &more, token, sizeof(token));
         cx_buf_cleanup(&q.resp);
         cx_buf_cleanup(&qs);
     }
@@ -855,7 +932,8 @@ each_upload(struct cx_s3 *s3, const char *under, upload_fn fn, void *ctx)
         if (xml_find(item, p, "Key", &v, &n) && xml_text(v, n, key, sizeof(key)) &&
             xml_find(item, p, "UploadId", &v, &n) && xml_text(v, n, id, sizeof(id)) &&
             xml_find(item, p, "Initiated", &v, &n) && xml_text(v, n, when, sizeof(when)) &&
-            !strncmp(key, s3->prefix, pfxlen))
+            iso_time(when) && !strncmp(key, s3->prefix, pfxlen) &&
+            !strncmp(key + pfxlen, under, strlen(under)))
             rc = fn(ctx, key + pfxlen, id, iso_time(when));
     }
     cx_buf_cleanup(&q.resp);
@@ -931,16 +1009,14 @@ hmac(unsigned char out[32], const unsigned char *key, size_t keylen, const char 
 }
 
 /* SigV4's signing key for the day, region and service s3. */
-static void
+static bool
 signing_key(const struct cx_s3 *s3, const char *day, unsigned char k[32])
 {
     size_t n = strlen(s3->secret) + 5;
     char *first = malloc(n);
 
-    if (!first) {
-        memset(k, 0, 32);
-        return;
-    }
+    if (!first)
+        return false;
     snprintf(first, n, "AWS4%s", s3->secret);
     hmac(k, (const unsigned char *)first, n - 1, day);
     sodium_memzero(first, n);
@@ -948,6 +1024,7 @@ signing_key(const struct cx_s3 *s3, const char *day, unsigned char k[32])
     hmac(k, k, 32, s3->region);
     hmac(k, k, 32, "s3");
     hmac(k, k, 32, "aws4_request");
+    return true;
 }
 
 enum cx_err
@@ -994,8 +1071,9 @@ cx_s3_presign(const struct cx_s3 *s3, const char *key, time_t now, unsigned expi
         cx_buf_addf(&sts, "AWS4-HMAC-SHA256\n%s\n%s\n%s", stamp, scope, hex);
         rc = cx_buf_err(&sts);
     }
+    if (rc == CX_OK && !signing_key(s3, day, k))
+        rc = CX_ERR_NOMEM;
     if (rc == CX_OK) {
-        signing_key(s3, day, k);
         hmac(d, k, sizeof(k), sts.data);
         sodium_memzero(k, sizeof(k));
         sodium_bin2hex(hex, sizeof(hex), d, sizeof(d));

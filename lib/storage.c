@@ -399,7 +399,7 @@ s3_finish(struct cx_storage_writer *w)
     w->buf = NULL;
     w->blen = w->bcap = 0;
     w->stored = rc == CX_OK;
-    return rc;
+    return rc == CX_ERR_NOT_FOUND ? CX_ERR_IO : rc; /* (an upload the store lost) */
 }
 
 enum cx_err
@@ -434,6 +434,8 @@ s3_commit(struct cx_storage_writer *w, const char *key)
 {
     enum cx_err rc = key_safe(key) ? cx_s3_copy(w->st->s3, w->tmp, key) : CX_ERR_INVALID;
 
+    if (rc == CX_ERR_NOT_FOUND)
+        rc = CX_ERR_IO; /* the staging object went (a lifecycle rule, fsck) */
     if (cx_s3_delete(w->st->s3, w->tmp))
         cx_log_warn(0, "a staging object stays behind (fsck removes it)");
     free(w);
@@ -730,6 +732,7 @@ cx_storage_read(struct cx_storage *st, const char *key, uint64_t first, uint64_t
 {
     unsigned char buf[65536];
     char path[4096];
+    struct stat sb;
     enum cx_err rc = CX_OK;
     int fd;
 
@@ -737,11 +740,16 @@ cx_storage_read(struct cx_storage *st, const char *key, uint64_t first, uint64_t
         return key_safe(key) ? cx_s3_get(st->s3, key, first, last, sink, ctx) : CX_ERR_INVALID;
     if (cx_storage_path(st, key, path, sizeof(path)))
         return CX_ERR_INVALID;
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
         return errno == ENOENT || errno == ELOOP ? CX_ERR_NOT_FOUND : CX_ERR_IO;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return CX_ERR_NOT_FOUND; /* (a FIFO would block) */
+    }
     while (rc == CX_OK && first <= last) {
-        size_t want = last - first + 1 < sizeof(buf) ? (size_t)(last - first + 1) : sizeof(buf);
+        uint64_t left = last - first; /* one less than what is left: last may be UINT64_MAX */
+        size_t want = left < sizeof(buf) ? (size_t)left + 1 : sizeof(buf);
         ssize_t n = pread(fd, buf, want, (off_t)first);
 
         if (n < 0 && errno == EINTR)

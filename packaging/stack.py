@@ -619,8 +619,8 @@ class Stack:
         s3_location = "" if not self.s3_port else f"""
         location /_codexec_s3/ {{
             internal;
-            proxy_pass http://127.0.0.1:{self.s3_port}/;
             include {ndir}/codexec-storage-s3.conf;
+            proxy_pass http://127.0.0.1:{self.s3_port}$codexec_s3_path;
         }}
 """
         # The snippet includes snippets/codexec-fastcgi.conf relative to the

@@ -139,7 +139,7 @@ def run_overhead(b, n_runs):
     b.gateway("DELETE", f"/api/kernels/{k}")
 
 
-def capture(b):
+def capture(b, section="capture"):
     b.run("capture", "x = 0")
     b.settle()
     before = b.rss()
@@ -160,8 +160,8 @@ def capture(b):
     done.set()
     t.join()
     size = sum(a["size"] for a in r["artifacts"])
-    row("capture", "100 MiB produced file: run incl. capture", secs, None, "s", f"{size / secs / 1e6:.0f} MB/s")
-    row("capture", "codexec-fcgi RSS growth during it", (peak[0] - before) / 1024, None, "MiB")
+    row(section, "100 MiB produced file: run incl. capture", secs, None, "s", f"{size / secs / 1e6:.0f} MB/s")
+    row(section, "codexec-fcgi RSS growth during it", (peak[0] - before) / 1024, None, "MiB")
     return r["artifacts"][0]
 
 
@@ -229,6 +229,59 @@ def downloads(b, big):
     n_rps, _ = wrk("/v1/no-such-route", [])
     row("download", "FastCGI ceiling: a 404 without any work (wrk, 16 connections)", n_rps, s_rps,
         "req/s", "ratio to static: what no download through FastCGI can beat")
+
+
+def s3(b, n=11):
+    """storage = s3 on the stack's test object store (s3rver behind its
+    SigV4 check): capture throughput to it, and a 100 MiB download in
+    x-accel and direct modes next to nginx proxying the same object from
+    the store with a presigned URL (botocore's), taken in turns."""
+    b.st.use_s3()
+    try:
+        big = capture(b, "s3")
+        import botocore.session
+        with open(b.st.s3_keys) as f:
+            key_id, secret = f.read().split()
+        client = botocore.session.get_session().create_client(
+            "s3", endpoint_url=f"http://127.0.0.1:{b.st.s3_port}", region_name=stack.S3_REGION,
+            aws_access_key_id=key_id, aws_secret_access_key=secret)
+        obj = f"{stack.S3_PREFIX}artifacts/bench/{big['artifact_id']}/v1/{big['filename']}"
+        presigned = client.generate_presigned_url(
+            "get_object", Params={"Bucket": stack.S3_BUCKET, "Key": obj}, ExpiresIn=3600)
+        baseline = "/_bench_s3" + presigned.split(str(b.st.s3_port), 1)[1]
+
+        def get_secs(path, key):
+            args = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}"]
+            if key:
+                args += ["-H", f"Authorization: Bearer {b.key}"]
+            out = subprocess.run(args + [f"http://127.0.0.1:{b.st.http_port}{path}"],
+                                 stdout=subprocess.PIPE, text=True, check=True).stdout.split()
+            if out[0] != "200":
+                raise RuntimeError(f"{path}: {out[0]}")
+            return float(out[1])
+
+        def interleaved(path, k):
+            base, cx = [], []
+            for _ in range(k):
+                base.append(get_secs(baseline, False))
+                cx.append(get_secs(path, True))
+            return statistics.median(base), statistics.median(cx)
+
+        url = f"/v1/artifacts/{big['artifact_id']}/content"
+        interleaved(url, 1)
+        base_t, xa_t = interleaved(url, n)
+        row("s3", "100 MiB, nginx proxying the object from the store (presigned)", 100 / base_t,
+            None, "MiB/s", f"curl, median of {n}")
+        row("s3", "100 MiB, x-accel from the store", 100 / xa_t, 100 / base_t, "MiB/s",
+            "ratio to nginx proxying it, taken in turns")
+        set_delivery(b, "direct")
+        interleaved(url, 1)
+        base_t, d_t = interleaved(url, n)
+        row("s3", "100 MiB, direct from the store", 100 / d_t, 100 / base_t, "MiB/s",
+            "ratio to nginx proxying it, taken in turns")
+    finally:
+        b.st.conf_extra["delivery"] = "x-accel"
+        b.st.use_s3(False)
 
 
 def set_delivery(b, mode):
@@ -517,20 +570,24 @@ def main():
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "performance.md"))
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
     ap.add_argument("--only", action="append",
-                    choices=["run", "stream", "cold", "capture", "download", "concurrency", "capacity"],
+                    choices=["run", "stream", "cold", "capture", "download", "s3", "concurrency",
+                             "capacity"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     if a.smoke:
         a.runs, a.seconds = 3, 1
     var = tempfile.mkdtemp(prefix="cx-bench-")
     static = os.path.join(var, "static")
+    s3_port = stack.free_port()
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
-                     bindir=os.path.join(a.build, "fcgi"), workers=80,
+                     bindir=os.path.join(a.build, "fcgi"), workers=80, s3_port=s3_port,
                      conf_extra={"workers": "80", "max_sessions_per_user": "200",
                                  "user_quota_bytes": "50G", "user_quota_artifacts": "100000"},
-                     nginx_extra=f"        location /_bench_static/ {{ alias {static}/; }}")
+                     nginx_extra=f"        location /_bench_static/ {{ alias {static}/; }}\n"
+                                 f"        location /_bench_s3/ {{ proxy_pass http://127.0.0.1:{s3_port}/; }}")
     try:
         st.up()
+        st.start_s3()
         b = Bench(st, os.path.abspath(a.build))
         b.settle()
         want = lambda s: not a.only or s in a.only
@@ -545,6 +602,8 @@ def main():
             big = capture(b)
         if want("download"):
             downloads(b, big)
+        if want("s3"):
+            s3(b, 3 if a.smoke else 11)
         if want("concurrency"):
             concurrency(b, a.seconds)
         if want("capacity"):
