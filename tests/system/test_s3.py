@@ -170,7 +170,7 @@ def test_two_processes_with_separate_disks_share_the_store(ctx):
         import fcgi_client
         status, _, body = fcgi_client.request(
             sock, "GET", f"/v1/artifacts/{a['artifact_id']}/content",
-            {"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}"})
+            params={"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}"})
         eq((status, body), (200, b"from node a"), "node b serves node a's artifact")
     finally:
         proc.terminate()
