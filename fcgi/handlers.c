@@ -290,20 +290,37 @@ send_from_store(struct cx_req *r, const struct cx_download *d, int status, uint6
                           "the artifact storage is unavailable; retry later");
 }
 
-static void
-send_direct(struct cx_req *r, const struct cx_download *d)
+/* The request's Range against the version (SPEC §6): CX_RANGE_ONE with
+ * first..last, or the whole; an unsatisfiable one is answered here (416),
+ * and false returned. */
+static bool
+want_range(struct cx_req *r, const struct cx_download *d, enum cx_range *range, uint64_t *first,
+           uint64_t *last)
 {
-    uint64_t first = 0, last = d->size ? d->size - 1 : 0;
-    enum cx_range range = cx_http_range(cx_req_param(r, "HTTP_RANGE"), d->size, &first, &last);
     char cr[96];
-    int fd;
 
-    if (range == CX_RANGE_UNSATISFIABLE) {
+    *first = 0;
+    *last = d->size ? d->size - 1 : 0;
+    *range = cx_http_range(cx_req_param(r, "HTTP_RANGE"), d->size, first, last);
+    if (*range == CX_RANGE_UNSATISFIABLE) {
         snprintf(cr, sizeof(cr), "bytes */%llu", (unsigned long long)d->size);
         cx_req_header(r, "Content-Range", cr);
         cx_req_send_error(r, 416, "range_not_satisfiable", "the range is outside the file");
-        return;
+        return false;
     }
+    return true;
+}
+
+static void
+send_direct(struct cx_req *r, const struct cx_download *d)
+{
+    uint64_t first, last;
+    enum cx_range range;
+    char cr[96];
+    int fd;
+
+    if (!want_range(r, d, &range, &first, &last))
+        return;
     if (range == CX_RANGE_ONE) {
         snprintf(cr, sizeof(cr), "bytes %llu-%llu/%llu", (unsigned long long)first,
                  (unsigned long long)last, (unsigned long long)d->size);
@@ -334,6 +351,8 @@ send_direct(struct cx_req *r, const struct cx_download *d)
 static void
 send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
 {
+    uint64_t first, last;
+    enum cx_range range;
     char url[16384];
     const char *prefix = r->w->cfg->x_accel_prefix;
 
@@ -348,7 +367,17 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     }
     /* The exact path and query that were signed, for proxy_pass to use as
      * they are (nginx would decode an X-Accel-Redirect URI and encode it
-     * again its own way): nginx/codexec-storage-s3.conf. */
+     * again its own way), and the range as SPEC §6 reads the request's
+     * (several ranges: the whole; unsatisfiable: 416 from here), not as
+     * the store would: nginx/codexec-storage-s3.conf. */
+    if (!want_range(r, d, &range, &first, &last))
+        return;
+    if (range == CX_RANGE_ONE) {
+        char bytes[64];
+        snprintf(bytes, sizeof(bytes), "bytes=%llu-%llu", (unsigned long long)first,
+                 (unsigned long long)last);
+        cx_req_header(r, "X-Codexec-S3-Range", bytes);
+    }
     cx_req_header(r, "X-Codexec-S3-Path", url);
     cx_req_header(r, "X-Accel-Redirect", prefix);
     cx_req_send_head(r, 200, d->mime, -1);

@@ -127,7 +127,10 @@ def test_caps_are_listed_and_not_offered_again(ctx):
 
 def test_hostile_names(ctx):
     user = "a-names"
-    code = ("names = ['a\\r\\nb.txt', '\\u00fcber \\u6587\\u4ef6.txt', 'x' * 250 + '.txt',\n"
+    # (s3rver keeps an object in a file named after its key's last part
+    # plus up to 22 bytes: 233 is its longest name)
+    longest = 250 if ctx.backend == "local" else 229
+    code = ("names = ['a\\r\\nb.txt', '\\u00fcber \\u6587\\u4ef6.txt', 'x' * %d + '.txt',\n" % longest +
             "         'quote\"s.txt', 'semi;colon.txt', '..weird', '- dash.txt']\n"
             "for n in names: open(n, 'w').write(n)\n")
     r = run(ctx, user, "c1", code)
