@@ -59,7 +59,8 @@ def test_big_capture_in_parts_in_bounded_memory(ctx):
     data = ctx.stored(f"artifacts/{user}/{a['artifact_id']}/v1/big.bin")
     eq(hashlib.sha256(data).hexdigest(), a["sha256"], "the stored object is what was captured")
     print(f"# codexec-fcgi RSS {before} KiB before, {after} KiB after a 40 MiB capture to S3")
-    check(after - before < 32 * 1024, f"the worker grew by {after - before} KiB (< 32 MiB)")
+    if ctx.flavour != "sanitizers":  # (ASan keeps freed blocks in quarantine: RSS says nothing)
+        check(after - before < 32 * 1024, f"the worker grew by {after - before} KiB (< 32 MiB)")
     r = ctx.get(f"/v1/artifacts/{a['artifact_id']}/content", key=ctx.key(user),
                 headers={"Range": "bytes=20971520-20971535"})
     eq((r.status, r.body), (206, data[20 << 20:(20 << 20) + 16]), "a range of it, from the store")
