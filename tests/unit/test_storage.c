@@ -155,5 +155,6 @@ main(void)
         is_str(cx_mime_kind("text/plain"), "file", "kind file");
     }
     rmdir(root);
+    cx_storage_free(store);
     return tap_done();
 }
