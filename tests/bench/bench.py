@@ -239,12 +239,15 @@ def s3(b, n=11):
     b.st.use_s3()
     try:
         big = capture(b, "s3")
+        import botocore.config
         import botocore.session
         with open(b.st.s3_keys) as f:
             key_id, secret = f.read().split()
         client = botocore.session.get_session().create_client(
             "s3", endpoint_url=f"http://127.0.0.1:{b.st.s3_port}", region_name=stack.S3_REGION,
-            aws_access_key_id=key_id, aws_secret_access_key=secret)
+            aws_access_key_id=key_id, aws_secret_access_key=secret,
+            config=botocore.config.Config(signature_version="s3v4",
+                                          s3={"addressing_style": "path"}))
         obj = f"{stack.S3_PREFIX}artifacts/bench/{big['artifact_id']}/v1/{big['filename']}"
         presigned = client.generate_presigned_url(
             "get_object", Params={"Bucket": stack.S3_BUCKET, "Key": obj}, ExpiresIn=3600)
