@@ -298,3 +298,22 @@ def test_storage_migrate_from_local(ctx):
     r = ctx.admin("storage", "migrate", check=False)
     eq((r.returncode, r.stdout.strip().splitlines()[-1]), (0, "0 version(s) copied, 0 problem(s)"),
        "run again: nothing left to copy")
+
+
+def test_fsck_pages_through_a_large_listing(ctx):
+    """More objects than one ListObjectsV2 page (1000): fsck sees every
+    one (here 1100 orphans planted behind codexec's back) and --repair
+    removes them all."""
+    import concurrent.futures
+    user = "s3-pages"
+    keys = [f"artifacts/{user}/{new_id()}/v1/o{i}.txt" for i in range(1100)]
+    ctx.s3()  # (made once, then shared by the threads)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: ctx.store_put(k, b"o"), keys))
+    eq(len(ctx.store_keys(f"artifacts/{user}/")), 1100, "planted (botocore pages through them too)")
+    r = ctx.admin("fsck", check=False)
+    eq(len([l for l in r.stdout.splitlines() if l.startswith(f"orphan file artifacts/{user}/")]),
+       1100, "every orphan reported, across pages")
+    r = ctx.admin("fsck", "--repair", check=False)
+    eq(r.returncode, 0, r.stdout[-500:])
+    eq(ctx.store_keys(f"artifacts/{user}/"), [], "all removed")
