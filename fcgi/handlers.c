@@ -254,6 +254,8 @@ on_store_bytes(void *ctx, const void *data, size_t len)
 {
     struct from_store *f = ctx;
 
+    if (len > f->len - f->sent)
+        return false; /* more than the object has (a store that ignored its size) */
     if (!f->sent_head) {
         cx_req_send_head(f->r, f->status, f->d->mime, (long long)f->len);
         f->sent_head = true;
@@ -277,13 +279,16 @@ send_from_store(struct cx_req *r, const struct cx_download *d, int status, uint6
         cx_req_send_head(r, status, d->mime, (long long)(d->size ? f.len : 0));
         return;
     }
-    rc = cx_download_read(r->w, d, first, last, on_store_bytes, &f);
+    /* the whole object without a Range (a store may ignore one that
+     * covers everything), a part with one */
+    rc = cx_download_read(r->w, d, first, status == 206 ? last : UINT64_MAX, on_store_bytes, &f);
     cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, f.sent);
     if (f.sent_head && (rc || f.sent != f.len))
         cx_req_cut(r); /* the head promised bytes that will not come */
     else if (f.sent_head)
         return;
-    else if (rc == CX_ERR_NOT_FOUND)
+    cx_req_forget_headers(r); /* not a download's: an error */
+    if (rc == CX_ERR_NOT_FOUND)
         cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
     else
         cx_req_send_error(r, 503, "unavailable",
@@ -303,6 +308,7 @@ want_range(struct cx_req *r, const struct cx_download *d, enum cx_range *range, 
     *last = d->size ? d->size - 1 : 0;
     *range = cx_http_range(cx_req_param(r, "HTTP_RANGE"), d->size, first, last);
     if (*range == CX_RANGE_UNSATISFIABLE) {
+        cx_req_forget_headers(r); /* an error's, not the download's */
         snprintf(cr, sizeof(cr), "bytes */%llu", (unsigned long long)d->size);
         cx_req_header(r, "Content-Range", cr);
         cx_req_send_error(r, 416, "range_not_satisfiable", "the range is outside the file");
@@ -331,6 +337,7 @@ send_direct(struct cx_req *r, const struct cx_download *d)
         return;
     }
     if (cx_download_open(r->w, d, &fd)) {
+        cx_req_forget_headers(r);
         cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
         return;
     }
@@ -357,6 +364,7 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     const char *prefix = r->w->cfg->x_accel_prefix;
 
     if (cx_download_presign(r->w, d, for_browser, url, sizeof(url))) {
+        cx_req_forget_headers(r);
         cx_req_send_lib_error(r, CX_ERR_INTERNAL, NULL);
         return;
     }

@@ -136,6 +136,12 @@ cx_req_send_bytes(struct cx_req *r, const void *data, size_t len)
 }
 
 void
+cx_req_forget_headers(struct cx_req *r)
+{
+    cx_buf_reset(&r->headers);
+}
+
+void
 cx_req_cut(struct cx_req *r)
 {
     FCGX_FFlush(r->fr->out);

@@ -49,6 +49,8 @@ bool cx_req_send_bytes(struct cx_req *r, const void *data, size_t len);
 /* Ends the connection now: a body that was promised will not come whole,
  * and nothing valid can follow it on this connection. */
 void cx_req_cut(struct cx_req *r);
+/* Drops the headers added so far (a download's, before an error answer). */
+void cx_req_forget_headers(struct cx_req *r);
 
 /* 204 or another status without a body. */
 void cx_req_send_empty(struct cx_req *r, int status);

@@ -287,13 +287,15 @@ s3_credentials(struct cx_config *cfg, char *msg, size_t msglen)
 }
 
 /* "" or segments of [A-Za-z0-9_.-] (not "." or ".."), each followed by
- * '/' but perhaps the last: a prefix stays inside the bucket. */
+ * '/': a prefix stays inside the bucket, and is a whole "directory" (two
+ * deployments in one bucket must not nest: fsck of one would take the
+ * other's objects for orphans). */
 static bool
 prefix_ok(const char *p)
 {
     size_t n = strlen(p);
 
-    if (n > 512 || !cx_name_chars(p, n, "_.-/"))
+    if (n > 512 || !cx_name_chars(p, n, "_.-/") || (n && p[n - 1] != '/'))
         return false;
     while (*p) {
         size_t seg = strcspn(p, "/");
@@ -341,8 +343,8 @@ s3_settings(struct cx_config *cfg, char *msg, size_t msglen)
     }
     if (!prefix_ok(cfg->s3_prefix)) {
         snprintf(msg, msglen,
-                 "s3_prefix: at most 512 of [A-Za-z0-9_.-/] in segments that are "
-                 "neither empty, \".\" nor \"..\"");
+                 "s3_prefix: at most 512 of [A-Za-z0-9_.-/], ending in /, in "
+                 "segments that are neither empty, \".\" nor \"..\"");
         return CX_ERR_INVALID;
     }
     if (!cfg->s3_endpoint[0]) {

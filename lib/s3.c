@@ -234,7 +234,8 @@ on_body(char *p, size_t size, size_t n, void *userdata)
         return len;
     }
     cx_buf_add(&q->resp, p, len);
-    return len; /* past the cap: perform() tells a 2xx from a cut error document */
+    /* past the cap: a 2xx answer fails here, an error document is cut */
+    return cx_buf_err(&q->resp) && q->status >= 200 && q->status < 300 ? 0 : len;
 }
 
 /* The decimal number at p (at most n bytes), or UINT64_MAX. */
@@ -639,6 +640,13 @@ cx_s3_get(struct cx_s3 *s3, const char *key, uint64_t first, uint64_t last, cx_s
         q.want = last == UINT64_MAX ? 0 : last - first + 1;
     }
     rc = perform(s3, &q);
+    /* (an empty or short body never reached on_body's checks) */
+    if (rc == CX_OK && ((q.range && q.status != 206) || (q.want && q.got != q.want))) {
+        cx_log_warn(0, "S3 get: %llu of %llu bytes, status %ld", (unsigned long long)q.got,
+                    (unsigned long long)q.want, q.status);
+        cx_metrics_count_by(CX_FAMILY_STORAGE_ERRORS, q.op);
+        rc = CX_ERR_IO;
+    }
     cx_buf_cleanup(&q.resp);
     return rc;
 }
@@ -819,7 +827,7 @@ iso_time(const char *s)
 /* The objects of one listing page; *more and token for the next. */
 static enum cx_err
 list_page(struct req *q, const char *full, size_t pfxlen, cx_s3_list_fn fn, void *ctx, bool *more,
-          char *token, size_t toklen)
+          char *token, size_t toklen, char after[2048])
 {
     const char *p = q->resp.data, *end = p ? p + q->resp.len : NULL, *v, *item;
     size_t n, ilen;
@@ -840,6 +848,13 @@ list_page(struct req *q, const char *full, size_t pfxlen, cx_s3_list_fn fn, void
             !xml_find(item, iend, "LastModified", &v, &n) || !xml_text(v, n, when, sizeof(when)) ||
             !iso_time(when))
             continue;
+        /* S3 lists in key order: a key not after the last one is a page
+         * seen before (a store that pages in circles) */
+        if (after[0] && strcmp(key, after) <= 0) {
+            cx_log_warn(0, "S3 list: the store listed a key again; the listing stops");
+            return CX_ERR_IO;
+        }
+        snprintf(after, 2048, "%s", key);
         if (!xml_find(item, iend, "Size", &v, &n) || !xml_text(v, n, size, sizeof(size)))
             size[0] = '\0';
         rc = fn(ctx, key + pfxlen, iso_time(when), strtoull(size, NULL, 10));
@@ -862,7 +877,7 @@ list_page(struct req *q, const char *full, size_t pfxlen, cx_s3_list_fn fn, void
 enum cx_err
 cx_s3_list(struct cx_s3 *s3, const char *under, cx_s3_list_fn fn, void *ctx)
 {
-    char token[2048] = "", full[2048];
+    char token[2048] = "", full[2048], after[2048] = "";
     size_t pfxlen = strlen(s3->prefix);
     bool more = true;
     enum cx_err rc = CX_OK;
@@ -890,7 +905,7 @@ cx_s3_list(struct cx_s3 *s3, const char *under, cx_s3_list_fn fn, void *ctx)
         if (rc == CX_OK)
             rc = perform(s3, &q);
         if (rc == CX_OK)
-            rc = list_page(&q, full, pfxlen, fn, ctx, &more, token, sizeof(token));
+            rc = list_page(&q, full, pfxlen, fn, ctx, &more, token, sizeof(token), after);
         cx_buf_cleanup(&q.resp);
         cx_buf_cleanup(&qs);
     }

@@ -641,7 +641,10 @@ s3_walk(struct cx_storage *st, long stale_seconds, cx_storage_walk_fn fn, void *
     w.staging = true;
     rc = cx_s3_list(st->s3, ".staging/", on_s3_object, &w);
     if (rc == CX_OK) {
+        /* an upload is dated by its start, and a big one on a slow link
+         * may take hours: a day */
         w.last[0] = '\0';
+        w.before = time(NULL) - (stale_seconds > 86400 ? stale_seconds : 86400);
         rc = cx_s3_list_uploads(st->s3, ".staging/", w.before, on_s3_object, &w);
         if (rc == CX_ERR_INVALID) {
             cx_log_info("the object store can't list multipart uploads: its lifecycle rules "

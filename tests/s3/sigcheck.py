@@ -40,7 +40,18 @@ BODY_MAX = 64 << 20  # a part or a single PUT: codexec sends at most s3_part_siz
 
 
 def canonical_path(raw):
-    return urllib.parse.quote(urllib.parse.unquote(raw), safe="/~")
+    return urllib.parse.quote(urllib.parse.unquote_to_bytes(raw), safe="/~")
+
+
+def canonical_query(pairs):
+    """S3's canonical query: each name and value decoded, then encoded
+    (all but the unreserved characters), sorted."""
+    enc = []
+    for p in pairs:
+        k, _, v = p.partition("=")
+        enc.append((urllib.parse.quote(urllib.parse.unquote_to_bytes(k), safe="-_.~"),
+                    urllib.parse.quote(urllib.parse.unquote_to_bytes(v), safe="-_.~")))
+    return "&".join(f"{k}={v}" for k, v in sorted(enc))
 
 
 def amz_time(stamp):
@@ -76,14 +87,18 @@ class Check:
         if declared != "UNSIGNED-PAYLOAD" and declared != hashlib.sha256(body).hexdigest():
             return "XAmzContentSHA256Mismatch", "the body is not what was signed"
         signed = fields.get("SignedHeaders", "").split(";")
-        if "host" not in signed:
-            return "SignatureDoesNotMatch", "host must be signed"
+        if not {"host", "x-amz-date", "x-amz-content-sha256"} <= set(signed):
+            return "SignatureDoesNotMatch", "host, x-amz-date and x-amz-content-sha256 must be signed"
+        unsigned = [h for h in headers if h.startswith("x-amz-") and h not in signed]
+        if unsigned:
+            return "AccessDenied", f"x-amz-* headers must be signed: {unsigned}"
         hdrs = {}
         for name in signed:
             if name not in headers:
                 return "SignatureDoesNotMatch", f"signed header {name} is missing"
             hdrs[name] = headers[name]
-        url = f"http://{host}{canonical_path(path)}" + (f"?{query}" if query else "")
+        cq = canonical_query([p for p in query.split("&") if p])
+        url = f"http://{host}{canonical_path(path)}" + (f"?{cq}" if cq else "")
         req = AWSRequest(method=method, url=url, headers=hdrs)
         req.context["timestamp"] = stamp
         signer = S3SigV4Auth(self.creds, "s3", self.region)
@@ -99,8 +114,11 @@ class Check:
         rest = [p for p in pairs if not p.startswith("X-Amz-Signature=")]
         q = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
         cred = q.get("X-Amz-Credential", "").split("/")
-        if len(cred) != 5 or cred[0] != self.key_id or cred[2] != self.region or cred[3] != "s3":
+        if len(cred) != 5 or cred[0] != self.key_id or cred[2] != self.region or cred[3] != "s3" \
+                or cred[4] != "aws4_request" or cred[1] != q.get("X-Amz-Date", "")[:8]:
             return "InvalidAccessKeyId", "unknown key or scope"
+        if q.get("X-Amz-Algorithm") != "AWS4-HMAC-SHA256":
+            return "AccessDenied", "only AWS4-HMAC-SHA256 is accepted"
         if q.get("X-Amz-SignedHeaders") != "host" or len(got) != 1:
             return "AccessDenied", "only host may be signed, one signature"
         try:
@@ -110,9 +128,12 @@ class Check:
             return "AccessDenied", "bad X-Amz-Date or X-Amz-Expires"
         if not 1 <= expires <= 604800:
             return "AccessDenied", "X-Amz-Expires out of range"
-        if datetime.datetime.now(datetime.timezone.utc) > when + datetime.timedelta(seconds=expires):
+        now = datetime.datetime.now(datetime.timezone.utc)
+        if now > when + datetime.timedelta(seconds=expires):
             return "AccessDenied", "Request has expired"
-        url = f"http://{host}{canonical_path(path)}?" + "&".join(rest)
+        if when > now + datetime.timedelta(minutes=15):
+            return "AccessDenied", "X-Amz-Date is in the future"
+        url = f"http://{host}{canonical_path(path)}?" + canonical_query(rest)
         req = AWSRequest(method=method, url=url, headers={"host": host})
         req.context["timestamp"] = q["X-Amz-Date"]
         signer = S3SigV4QueryAuth(self.creds, "s3", self.region, expires=expires)
@@ -145,7 +166,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def handle_any(self):
         path, _, query = self.path.partition("?")
-        headers = {k.lower(): v for k, v in self.headers.items()}
+        headers = {}  # repeated headers joined, as S3 reads them
+        for k, v in self.headers.items():
+            k = k.lower()
+            headers[k] = f"{headers[k]},{v}" if k in headers else v
         n = int(headers.get("content-length", "0") or "0")
         if n > BODY_MAX or "transfer-encoding" in headers:
             self.refuse(400, "InvalidRequest", "bodies are sent whole, at most 64 MiB")

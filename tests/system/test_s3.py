@@ -192,9 +192,14 @@ def test_store_down_during_capture_and_download(ctx):
            "the file is reported, not lost silently")
         eq(ctx.psql(f"SELECT count(*) FROM artifacts WHERE user_id = '{user}' AND path = 'lost.txt'"),
            "0", "nothing committed")
+        r = ctx.get(f"/v1/artifacts/{a['artifact_id']}/content", key=ctx.key(user))
+        expect_error(r, 503, "unavailable")  # x-accel: nginx's answer, JSON too
+        check(b"<Error>" not in r.body and r.header("Content-Disposition") is None,
+              f"no store document, no attachment: {r!r}")
         set_delivery(ctx, "direct")
         r = ctx.get(f"/v1/artifacts/{a['artifact_id']}/content", key=ctx.key(user))
         expect_error(r, 503, "unavailable")
+        eq(r.header("Content-Disposition"), None, "an error is not saved as the file")
         wait_until(lambda: ctx.get("/v1/health").status == 503, 10, "health notices")
         check(ctx.get("/v1/health").json()["checks"]["storage"] != "ok", "storage named")
     finally:
