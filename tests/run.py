@@ -9,6 +9,7 @@ Prints TAP-style lines and ends with "<flavour>: N passed, N failed".
 import argparse
 import glob
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -93,6 +94,23 @@ def load_modules(only):
         spec.loader.exec_module(mod)
         mods.append(mod)
     return mods
+
+
+def delete_kernels(st):
+    """Every kernel on the stack's gateway (nothing of codexec's runs)."""
+    import urllib.error
+    import urllib.request
+    auth = {"Authorization": f"token {st.gateway_token}"}
+    with urllib.request.urlopen(urllib.request.Request(st.gateway_url + "/api/kernels", headers=auth),
+                                timeout=60) as r:
+        kernels = json.loads(r.read())
+    for k in kernels:
+        req = urllib.request.Request(f"{st.gateway_url}/api/kernels/{k['id']}", method="DELETE",
+                                     headers=auth)
+        try:
+            urllib.request.urlopen(req, timeout=60).close()
+        except urllib.error.HTTPError:
+            pass  # gone meanwhile
 
 
 # Run again with storage = s3 (test_s3 runs only then).
@@ -222,6 +240,10 @@ def main():
             # reaper deletes.
             st.kill_pidfile("codexec-fcgi")
             ctx.psql("DELETE FROM artifacts; DELETE FROM sessions; DELETE FROM prestarted_kernels")
+            # ... and their kernels now, not after kernel_orphan_grace: each
+            # sandboxed kernel's launcher holds an inotify instance, and the
+            # kernel user has fs.inotify.max_user_instances of them (128)
+            delete_kernels(st)
             st.use_s3()
             ctx.backend = "s3"
             run_system(res, st, ctx, s3_only, a.pattern, label="s3: ")
