@@ -391,8 +391,11 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     cx_req_send_head(r, 200, d->mime, -1);
 }
 
+/* SPEC §6's headers. proxied: nginx fetches the bytes from the store and
+ * puts the disposition on a success only (codexec-storage-s3.conf), as
+ * the store's failure must not come as an attachment. */
 static void
-download_headers(struct cx_req *r, const struct cx_download *d)
+download_headers(struct cx_req *r, const struct cx_download *d, bool proxied)
 {
     char disp[1400], etag[70], date[32];
 
@@ -403,7 +406,7 @@ download_headers(struct cx_req *r, const struct cx_download *d)
     cx_req_header(r, "Last-Modified", date);
     if (r->w->cfg->delivery != CX_DELIVERY_X_ACCEL || cx_download_from_store(r->w))
         cx_req_header(r, "Accept-Ranges", "bytes"); /* nginx adds its own to a file */
-    cx_req_header(r, "Content-Disposition", disp);
+    cx_req_header(r, proxied ? "X-Codexec-S3-Disposition" : "Content-Disposition", disp);
     cx_req_header(r, "Content-Security-Policy", "sandbox; default-src 'none'");
     cx_req_header(r, "Cache-Control", "private");
 }
@@ -418,6 +421,7 @@ cx_h_artifacts_content(struct cx_req *r)
                                     .authorization = cx_req_param(r, "HTTP_AUTHORIZATION")};
     struct cx_download d;
     char msg[CX_MSG_MAX] = "", path[4096];
+    bool hit;
     enum cx_err rc = cx_download_authorize(r->w, &q, &r->who, &d, msg, sizeof(msg));
 
     if (rc) {
@@ -428,8 +432,11 @@ cx_h_artifacts_content(struct cx_req *r)
         send_presigned(r, &d, true);
         return;
     }
-    download_headers(r, &d);
-    if (cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256))
+    hit = cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256);
+    download_headers(r, &d,
+                     !hit && cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w) &&
+                         strcmp(r->method, "HEAD") != 0);
+    if (hit)
         cx_req_send_empty(r, 304);
     else if (cx_download_from_store(r->w) && !strcmp(r->method, "HEAD"))
         send_direct(r, &d); /* headers only (a presigned GET can't be a HEAD) */

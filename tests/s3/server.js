@@ -1,7 +1,8 @@
 // codexec's test object store: s3rver (npm, pinned in package.json) on
 // 127.0.0.1:PORT, with DIR as its disk, one bucket, and one key pair.
 //
-//   node tests/s3/server.js PORT DIR BUCKET KEYFILE  (KEYFILE holds "ID SECRET")
+//   node --openssl-legacy-provider tests/s3/server.js PORT DIR BUCKET KEYFILE
+//   (KEYFILE holds "ID SECRET"; s3rver's listing continuation tokens use DES)
 //
 // s3rver does not check SigV4 signatures: tests/s3/sigcheck.py, in front of
 // it, does (with botocore). It also lacks ListMultipartUploads and

@@ -224,8 +224,8 @@ def age(path, seconds=7200):
 def test_fsck_ends_what_a_killed_upload_left(ctx):
     """codexec-fcgi SIGKILLed while a capture's multipart upload is under
     way: the upload stays in the store; fsck --repair finds and aborts it
-    (once it is older than an hour: its date is moved back), and a stale
-    staging object too."""
+    (once it is older than a day: its date is moved back), and a stale
+    staging object (an hour) too."""
     st, user = ctx.st, "s3-killed"
     s3 = ctx.s3()
     run(ctx, user, "c1", "x = 1")
@@ -255,7 +255,7 @@ def test_fsck_ends_what_a_killed_upload_left(ctx):
     r = ctx.admin("fsck", check=False)
     check("w-stale" in r.stdout, f"the stale staging object is found: {r.stdout}")
     check(ups[0]["Key"][len(stack.S3_PREFIX):] not in r.stdout, "a young upload is a write in progress")
-    age(os.path.join(uploads_dir, ups[0]["UploadId"], "key"))
+    age(os.path.join(uploads_dir, ups[0]["UploadId"], "key"), 2 * 86400)  # uploads: a day
     r = ctx.admin("fsck", "--repair", check=False)
     check(ups[0]["Key"][len(stack.S3_PREFIX):] in r.stdout, f"the old upload is found: {r.stdout}")
     eq(s3.list_multipart_uploads(Bucket=stack.S3_BUCKET, Prefix=stack.S3_PREFIX).get("Uploads", []),
