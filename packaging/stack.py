@@ -328,8 +328,29 @@ class Stack:
         self.chown(path, owner)
         return path
 
+    INOTIFY_INSTANCES = 8192
+
+    def raise_inotify_limit(self):
+        """Each sandboxed kernel's launcher holds an inotify instance of the
+        kernel user, and Linux allows 128 by default: the stack raises it
+        (README.md, "Capacity"), as an operator should."""
+        path = "/proc/sys/fs/inotify/max_user_instances"
+        if os.geteuid() != 0:
+            return
+        try:
+            with open(path) as f:
+                if int(f.read()) >= self.INOTIFY_INSTANCES:
+                    return
+            with open(path, "w") as f:
+                f.write(f"{self.INOTIFY_INSTANCES}\n")
+            log(f"raised fs.inotify.max_user_instances to {self.INOTIFY_INSTANCES} "
+                "(one per sandboxed kernel)")
+        except (OSError, ValueError) as e:
+            log(f"could not raise fs.inotify.max_user_instances ({e}): at most about 128 kernels")
+
     def init(self):
         self.ensure_user()
+        self.raise_inotify_limit()
         os.makedirs(self.var, exist_ok=True)
         self.ensure_traversable(self.var)
         self.make_dirs()
