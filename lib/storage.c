@@ -684,48 +684,21 @@ on_hash(void *ctx, const void *data, size_t len)
     return true;
 }
 
+/* Both backends: the object read through, as downloads read it. */
 enum cx_err
 cx_storage_digest(struct cx_storage *st, const char *key, uint64_t *size, char sha256[65])
 {
-    unsigned char buf[65536], h[crypto_hash_sha256_BYTES];
-    crypto_hash_sha256_state s;
-    char path[4096];
-    struct stat sb;
-    ssize_t n;
-    int fd;
+    unsigned char h[crypto_hash_sha256_BYTES];
+    struct hashing hs = {0};
+    enum cx_err rc;
 
-    if (st->s3) {
-        struct hashing hs = {0};
-        enum cx_err rc = key_safe(key) ? CX_OK : CX_ERR_INVALID;
-
-        crypto_hash_sha256_init(&hs.s);
-        if (rc == CX_OK)
-            rc = cx_s3_get(st->s3, key, 0, UINT64_MAX, on_hash, &hs);
-        if (rc)
-            return rc;
-        crypto_hash_sha256_final(&hs.s, h);
-        sodium_bin2hex(sha256, 65, h, sizeof(h));
-        *size = hs.size;
-        return CX_OK;
-    }
-    if (cx_storage_path(st, key, path, sizeof(path)))
-        return CX_ERR_INVALID;
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0)
-        return errno == ENOENT || errno == ELOOP ? CX_ERR_NOT_FOUND : CX_ERR_IO;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return CX_ERR_NOT_FOUND;
-    }
-    crypto_hash_sha256_init(&s);
-    while ((n = read(fd, buf, sizeof(buf))) > 0)
-        crypto_hash_sha256_update(&s, buf, (size_t)n);
-    close(fd);
-    if (n < 0)
-        return CX_ERR_IO;
-    crypto_hash_sha256_final(&s, h);
+    crypto_hash_sha256_init(&hs.s);
+    rc = cx_storage_read(st, key, 0, UINT64_MAX, on_hash, &hs);
+    if (rc)
+        return rc;
+    crypto_hash_sha256_final(&hs.s, h);
     sodium_bin2hex(sha256, 65, h, sizeof(h));
-    *size = (uint64_t)sb.st_size;
+    *size = hs.size;
     return CX_OK;
 }
 
