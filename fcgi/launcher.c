@@ -206,11 +206,13 @@ wait_ready(struct launch *l)
         if (!p[0].revents)
             continue;
         n = read(l->inotify_fd, buf, sizeof(buf));
-        for (char *q = buf; n > 0 && q < buf + n;) {
-            struct inotify_event *e = (struct inotify_event *)q;
-            if (e->len)
-                note_event(l, e->name, e->mask);
-            q += sizeof(*e) + e->len;
+        for (char *q = buf; n > 0 && q + sizeof(struct inotify_event) <= buf + n;) {
+            struct inotify_event e; /* copied out: no cast that assumes alignment */
+
+            memcpy(&e, q, sizeof(e));
+            if (e.len && q + sizeof(e) + e.len <= buf + n)
+                note_event(l, q + sizeof(e), e.mask);
+            q += sizeof(e) + e.len;
         }
     }
     return l->ready == READY_ALL;

@@ -27,6 +27,16 @@ def jupyter_kernels(ctx, url):
         return json.loads(r.read())
 
 
+def start_kernel(ctx, url):
+    """A kernel started on the gateway directly (no row names it): its id."""
+    req = urllib.request.Request(url + "/api/kernels", method="POST",
+                                 data=json.dumps({"name": stack.KERNEL_NAME}).encode(),
+                                 headers={"Authorization": f"token {ctx.st.gateway_token}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())["id"]
+
+
 def fcgi_run(sock, key, cid, code, timeout=60):
     body = json.dumps({"conversation_id": cid, "code": code, "timeout": timeout}).encode()
     status, headers, out = fcgi_client.request(sock, "POST", "/v1/runs", body,
@@ -193,7 +203,13 @@ def test_sigkill_leaves_no_kernel(ctx):
                 break
         left = unnamed()
         print(f"# after {round_ + 1} kills: {len(left)} kernel(s) on the gateway that no row names")
-        check(left, "the kills left kernels that no row names (the case to clean up)")
+        if not left:
+            # where the kills land is chance (under ASan none may fall between
+            # the gateway's start and the row): the state such a kill leaves,
+            # made directly, so the cleanup below always has a case
+            left = {start_kernel(ctx, url_d)}
+            print("# none: one kernel started on the gateway directly, as a kill there leaves it")
+        check(left and left <= unnamed(), "kernels that no row names (the case to clean up)")
         sock, proc = ctx.spawn_fcgi("killed", settings, workers=4)
         try:
             wait_until(lambda: not unnamed(), 90, "every kernel on the gateway named by a row")
