@@ -16,6 +16,8 @@ usage(FILE *f)
         "usage: codexec-admin [--config FILE] COMMAND\n"
         "  migrate                         apply database migrations\n"
         "  secret init                     create the server secret file if missing\n"
+        "  nginx-link-key                  print the nginx line that gives nginx the key of\n"
+        "                                  signed links (a key for links only, never the secret)\n"
         "  key create --user NAME [--label L] [--require-approval]\n"
         "                                  create an API key; prints only the key\n"
         "  key revoke ID                   revoke a key by id\n"
@@ -282,6 +284,26 @@ cmd_key_revoke(struct cx_db *db, const char *id)
     return rc ? 1 : 0;
 }
 
+/* `set $codexec_link_key "<hex>";` for nginx/codexec-links.js. */
+static int
+cmd_nginx_link_key(const struct cx_config *cfg)
+{
+    char hex[65];
+    struct cx_auth *auth = NULL;
+
+    if (cx_auth_new(cfg->secret_file, &auth)) {
+        fprintf(stderr, "codexec-admin: cannot read %s\n", cfg->secret_file);
+        return 1;
+    }
+    sodium_bin2hex(hex, sizeof(hex), cx_auth_edge_key(auth), 32);
+    cx_auth_free(auth);
+    printf("# written by codexec-admin nginx-link-key: keep it readable by root only\n"
+           "set $codexec_link_key \"%s\";\n",
+           hex);
+    sodium_memzero(hex, sizeof(hex));
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 /* The commands that need the database (and the gateway): argv[0] is the
  * command's name. */
 static int
@@ -336,6 +358,8 @@ main(int argc, char **argv)
         curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK) {
         if (!strcmp(argv[i], "secret") && i + 2 == argc && !strcmp(argv[i + 1], "init"))
             status = cmd_secret_init(&cfg);
+        else if (!strcmp(argv[i], "nginx-link-key") && i + 1 == argc)
+            status = cmd_nginx_link_key(&cfg);
         else if (cx_host_ctx_open(&cx, &cfg, NULL) == CX_OK)
             status = dispatch(&cx, argc - i, argv + i);
         curl_global_cleanup();

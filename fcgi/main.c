@@ -346,6 +346,58 @@ out:
     return NULL;
 }
 
+/* A change another process made (sql/008): the revocation list follows. */
+static void
+on_change(void *arg, const char *kind, const char *id)
+{
+    struct cx_ctx *cx = arg;
+
+    if (strcmp(kind, "key") == 0 && cfg.revoked_keys_dir[0] && cx_revoked_note(cx, id))
+        cx_log_warn(0, "watcher: revoked key %s not yet listed; the next sweep will", id);
+}
+
+/* Listens for changes (revoked_keys_dir set): a revoked key's file is made
+ * within milliseconds of the COMMIT, on every node, and the whole list is
+ * made again on every (re)connection and every reaper_interval. */
+static void *
+watcher_main(void *arg)
+{
+    struct cx_ctx cx;
+    struct cx_watch *w = NULL;
+    int64_t next_sync = 0;
+    bool down = false;
+    (void)arg;
+
+    cx_log_set_request_id("watcher");
+    if (!ctx_open(&cx, "watcher") || cx_watch_new(cfg.database, &w))
+        goto out;
+    while (!stopping) {
+        bool fresh = false;
+        int added, removed;
+
+        if (cx_watch_wait(w, 1000, &fresh, on_change, &cx)) {
+            if (!down)
+                cx_log_warn(0, "watcher: the database is unreachable; retrying every second");
+            down = true;
+            if (!nap(1))
+                break;
+            continue;
+        }
+        down = false;
+        if (!fresh && cx_now_us() < next_sync)
+            continue;
+        if (cx_revoked_sync(&cx, &added, &removed))
+            cx_log_warn(0, "watcher: the revocation list could not be made; retrying");
+        else if (added || removed)
+            cx_log_info("watcher: revocation list: %d key(s) added, %d expired", added, removed);
+        next_sync = cx_now_us() + (int64_t)cfg.reaper_interval * 1000000;
+    }
+out:
+    cx_watch_free(w);
+    ctx_close(&cx);
+    return NULL;
+}
+
 /* Keeps the pool of pre-started kernels full (kernel_pool_size > 0). */
 static void *
 prestart_main(void *arg)
@@ -484,9 +536,9 @@ start_up(const char *config_path, unsigned workers, const char **listen_addr)
 }
 
 struct threads {
-    pthread_t *workers, reaper, ticker, prestart;
+    pthread_t *workers, reaper, ticker, prestart, watcher;
     unsigned started;
-    bool reaper_started, ticker_started, prestart_started;
+    bool reaper_started, ticker_started, prestart_started, watcher_started;
 };
 
 static bool
@@ -521,6 +573,13 @@ start_threads(struct threads *t)
         return false;
     }
     t->ticker_started = true;
+    if (cfg.revoked_keys_dir[0]) {
+        if (pthread_create(&t->watcher, NULL, watcher_main, NULL) != 0) {
+            cx_log_err(errno, "pthread_create() of the watcher failed");
+            return false;
+        }
+        t->watcher_started = true;
+    }
     if (cfg.kernel_pool_size > 0) {
         if (pthread_create(&t->prestart, NULL, prestart_main, NULL) != 0) {
             cx_log_err(errno, "pthread_create() of the kernel pool failed");
@@ -570,6 +629,8 @@ stop_threads(struct threads *t)
         pthread_join(t->reaper, NULL);
     if (t->ticker_started)
         pthread_join(t->ticker, NULL);
+    if (t->watcher_started)
+        pthread_join(t->watcher, NULL);
     cx_prestart_shutdown();
     if (t->prestart_started)
         pthread_join(t->prestart, NULL);

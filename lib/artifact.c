@@ -23,7 +23,7 @@
 
 #define ARTIFACT_COLS                                                                              \
     "a.id, a.path, a.kind, a.current_version, v.filename, v.mime_type, v.size, "                   \
-    "v.sha256, " CX_SQL_UTC("a.created_at") ", " CX_SQL_UTC("a.updated_at")
+    "v.sha256, " CX_SQL_UTC("a.created_at") ", " CX_SQL_UTC("a.updated_at") ", v.storage_key"
 
 CX_SQL(q_list, 2,
        "SELECT " ARTIFACT_COLS " FROM artifacts a JOIN artifact_versions v"
@@ -53,8 +53,10 @@ artifact_json(PGresult *r, int i)
                      PQgetvalue(r, i, 9), "download_url", url);
 }
 
-enum cx_err
-cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid, json_t **out)
+/* The listing; with keys, each artifact also has its current version's
+ * "storage_key" (for the server's own use, never an answer). */
+static enum cx_err
+list(struct cx_ctx *cx, const char *user, const char *cid, bool keys, json_t **out)
 {
     const char *p[2] = {user, cid};
     PGresult *r = NULL;
@@ -68,11 +70,27 @@ cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid, json_t **
     if (rc)
         return rc;
     arr = json_array();
-    for (int i = 0; i < PQntuples(r); i++)
-        json_array_append_new(arr, artifact_json(r, i));
+    for (int i = 0; i < PQntuples(r); i++) {
+        json_t *a = artifact_json(r, i);
+        if (keys)
+            json_object_set_new(a, "storage_key", json_string(PQgetvalue(r, i, 10)));
+        json_array_append_new(arr, a);
+    }
     PQclear(r);
     *out = json_pack("{s:s,s:o}", "conversation_id", cid, "artifacts", arr);
     return *out ? CX_OK : CX_ERR_NOMEM;
+}
+
+enum cx_err
+cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid, json_t **out)
+{
+    return list(cx, user, cid, false, out);
+}
+
+enum cx_err
+cx_artifact_list_with_keys(struct cx_ctx *cx, const char *user, const char *cid, json_t **out)
+{
+    return list(cx, user, cid, true, out);
 }
 
 enum cx_err
@@ -87,7 +105,7 @@ cx_artifact_get(struct cx_ctx *cx, const char *user, const char *id, json_t **ou
     if (rc)
         return rc;
     a = artifact_json(r, 0);
-    json_object_set_new(a, "conversation_id", json_string(PQgetvalue(r, 0, 10)));
+    json_object_set_new(a, "conversation_id", json_string(PQgetvalue(r, 0, 11)));
     PQclear(r);
     rc = cx_db_exec(cx->db, &q_versions, p, &v);
     if (rc) {

@@ -37,6 +37,10 @@ enum cx_err cx_artifact_upload(struct cx_ctx *cx, const char *user, const char *
  * "artifacts": [...]}. CX_ERR_INVALID for a malformed conversation id. */
 enum cx_err cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid,
                              json_t **out) CX_MUSTCHECK;
+/* The same with each artifact's "storage_key" (the artifacts page signs
+ * links with it); never an answer to a client. */
+enum cx_err cx_artifact_list_with_keys(struct cx_ctx *cx, const char *user, const char *cid,
+                                       json_t **out) CX_MUSTCHECK;
 
 /* GET /v1/artifacts/{id}: metadata with every version. CX_ERR_NOT_FOUND for
  * a missing, deleted or foreign artifact and a malformed id alike. */

@@ -18,6 +18,7 @@
 struct cx_auth {
     unsigned char key_hash_key[32];
     unsigned char link_key[32];
+    unsigned char edge_key[32];
 };
 
 enum cx_err
@@ -79,6 +80,7 @@ cx_auth_new(const char *secret_file, struct cx_auth **out)
     }
     crypto_kdf_derive_from_key(a->key_hash_key, sizeof(a->key_hash_key), 1, "cx-keys_", master);
     crypto_kdf_derive_from_key(a->link_key, sizeof(a->link_key), 2, "cx-links", master);
+    crypto_kdf_derive_from_key(a->edge_key, sizeof(a->edge_key), 3, "cx-links", master);
     *out = a;
     a = NULL;
     rc = CX_OK;
@@ -106,6 +108,12 @@ const unsigned char *
 cx_auth_link_key(const struct cx_auth *a)
 {
     return a->link_key;
+}
+
+const unsigned char *
+cx_auth_edge_key(const struct cx_auth *a)
+{
+    return a->edge_key;
 }
 
 enum cx_err

@@ -33,8 +33,14 @@ enum cx_err cx_auth_secret_create(const char *path) CX_MUSTCHECK;
 enum cx_err cx_auth_new(const char *secret_file, struct cx_auth **out) CX_MUSTCHECK;
 void cx_auth_free(struct cx_auth *a);
 
-/* Borrowed 32-byte subkey for signed links. */
+/* Borrowed 32-byte subkey of the first signed links (v1, HMAC-SHA-512-256),
+ * still verified while such links live. */
 const unsigned char *cx_auth_link_key(const struct cx_auth *a);
+
+/* Borrowed 32-byte subkey of today's signed links (v2, HMAC-SHA-256): the
+ * one key the web server may hold to check links itself. It signs links
+ * and nothing else; the server secret can't be had from it. */
+const unsigned char *cx_auth_edge_key(const struct cx_auth *a);
 
 /* Extracts the token of "Bearer <token>" (scheme case-insensitive); the token
  * points into header. CX_ERR_UNAUTHORIZED if absent or malformed. */

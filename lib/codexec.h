@@ -29,5 +29,6 @@
 #include "session.h"
 #include "prestart.h"
 #include "maint.h"
+#include "watch.h"
 
 #endif

@@ -21,6 +21,10 @@
 #define VERSION_COLS                                                                               \
     "v.version, v.filename, v.mime_type, v.size, v.sha256, v.storage_key,"                         \
     " extract(epoch FROM v.created_at)::bigint"
+/* A v2 link's m, raw and in base64url (link_meta). */
+#define LINK_META_MAX     4096
+#define LINK_META_B64_MAX (LINK_META_MAX / 3 * 4 + 8)
+
 #define PICK_VERSION "v.version = CASE WHEN $3::int > 0 THEN $3::int ELSE a.current_version END"
 
 CX_SQL(q_resolve, 3,
@@ -98,13 +102,41 @@ cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len, cons
     return rc;
 }
 
-/* What a link's HMAC covers. Every field a link could be moved along. */
+/* What a link's MAC covers: every field a link could be moved along. v1
+ * links (HMAC-SHA-512-256 with the link key) are still verified; links are
+ * made v2: HMAC-SHA-256 with the edge key, and m, which tells the web
+ * server how to serve the version by itself (link_meta). */
 static void
 link_message(struct cx_buf *m, const char *user, const char *id, long version, long long exp,
-             const char *key_id)
+             const char *key_id, const char *meta)
 {
-    cx_buf_init(m, 4096);
-    cx_buf_addf(m, "codexec-link-v1\n%s\n%s\n%ld\n%lld\n%s", user, id, version, exp, key_id);
+    cx_buf_init(m, 16384);
+    if (meta)
+        cx_buf_addf(m, "codexec-link-v2\n%s\n%s\n%ld\n%lld\n%s\n%s", user, id, version, exp, key_id,
+                    meta);
+    else
+        cx_buf_addf(m, "codexec-link-v1\n%s\n%s\n%ld\n%lld\n%s", user, id, version, exp, key_id);
+}
+
+/* A v2 link's m: the storage key, MIME type, sha256 and Content-Disposition
+ * of the version, one per line, base64url. Empty (the web server then
+ * leaves the link to codexec) when a field could not be carried. */
+static void
+link_meta(const struct cx_download *d, char *out, size_t outlen)
+{
+    char disp[1400];
+    struct cx_buf raw;
+
+    out[0] = '\0';
+    cx_http_content_disposition(d->filename, disp, sizeof(disp));
+    cx_buf_init(&raw, LINK_META_MAX);
+    cx_buf_addf(&raw, "%s\n%s\n%s\n%s", d->key, d->mime, d->sha256, disp);
+    if (!cx_buf_err(&raw) && strchr(d->key, '\n') == NULL && strchr(d->mime, '\n') == NULL &&
+        strchr(d->mime, '\r') == NULL &&
+        sodium_base64_ENCODED_LEN(raw.len, sodium_base64_VARIANT_URLSAFE_NO_PADDING) <= outlen)
+        sodium_bin2base64(out, outlen, (const unsigned char *)raw.data, raw.len,
+                          sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    cx_buf_cleanup(&raw);
 }
 
 /* An optional positive integer member: *out keeps its default when the
@@ -145,54 +177,64 @@ cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id
     rc = cx_download_resolve(cx, who->user, id, (int)version, &d);
     if (rc)
         return rc;
-    *out = cx_link_sign(cx, who, id, d.version, (long long)expires_in);
+    *out = cx_link_sign(cx, who, &d, (long long)expires_in);
     return *out ? CX_OK : CX_ERR_NOMEM;
 }
 
 json_t *
-cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const char *id, int version,
+cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const struct cx_download *d,
              long long expires_in)
 {
-    unsigned char tag[crypto_auth_BYTES];
-    char sig[64], when[32], path[CX_CONTENT_URL_MAX];
+    unsigned char tag[crypto_auth_hmacsha256_BYTES];
+    char sig[64], when[32], path[CX_CONTENT_URL_MAX], *meta = malloc(LINK_META_B64_MAX);
     long long exp = (long long)time(NULL) + expires_in;
     struct cx_buf m, url;
     json_t *out = NULL;
     time_t t = (time_t)exp;
     struct tm tm;
 
-    link_message(&m, who->user, id, version, exp, who->key_id);
+    if (!meta)
+        return NULL;
+    link_meta(d, meta, LINK_META_B64_MAX);
+    link_message(&m, who->user, d->artifact_id, d->version, exp, who->key_id, meta);
     if (cx_buf_err(&m)) {
         cx_buf_cleanup(&m);
+        free(meta);
         return NULL;
     }
-    crypto_auth(tag, (const unsigned char *)m.data, m.len, cx_auth_link_key(cx->auth));
+    crypto_auth_hmacsha256(tag, (const unsigned char *)m.data, m.len, cx_auth_edge_key(cx->auth));
     cx_buf_cleanup(&m);
     sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
-    cx_buf_init(&url, 8192);
-    cx_artifact_content_url(id, version, path);
+    cx_buf_init(&url, 16384);
+    cx_artifact_content_url(d->artifact_id, d->version, path);
     cx_buf_addf(&url, "%s&u=", path);
     cx_http_pct_encode(&url, who->user, "-_.~");
-    cx_buf_addf(&url, "&k=%s&exp=%lld&sig=%s", who->key_id, exp, sig);
+    cx_buf_addf(&url, "&k=%s&exp=%lld&m=%s&sig=%s", who->key_id, exp, meta, sig);
+    free(meta);
     gmtime_r(&t, &tm);
     strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
     if (!cx_buf_err(&url))
-        out = json_pack("{s:s,s:s,s:i}", "url", url.data, "expires_at", when, "version", version);
+        out =
+            json_pack("{s:s,s:s,s:i}", "url", url.data, "expires_at", when, "version", d->version);
     cx_buf_cleanup(&url);
     return out;
 }
 
-/* Whether tag is the link key's HMAC of the link's fields. */
+/* Whether tag is the MAC of the link's fields: v2 with meta, else v1. */
 static bool
-signature_ok(struct cx_ctx *cx, const unsigned char *tag, const char *user, const char *id,
-             int version, long long exp, const char *key_id)
+signature_ok(struct cx_ctx *cx, const unsigned char *tag, size_t taglen, const char *user,
+             const char *id, int version, long long exp, const char *key_id, const char *meta)
 {
     struct cx_buf m;
-    bool good;
+    bool good = false;
 
-    link_message(&m, user, id, version, exp, key_id);
-    good = !cx_buf_err(&m) && crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
-                                                 cx_auth_link_key(cx->auth)) == 0;
+    link_message(&m, user, id, version, exp, key_id, meta);
+    if (!cx_buf_err(&m) && meta && taglen == crypto_auth_hmacsha256_BYTES)
+        good = crypto_auth_hmacsha256_verify(tag, (const unsigned char *)m.data, m.len,
+                                             cx_auth_edge_key(cx->auth)) == 0;
+    else if (!cx_buf_err(&m) && !meta && taglen == crypto_auth_BYTES)
+        good = crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
+                                  cx_auth_link_key(cx->auth)) == 0;
     cx_buf_cleanup(&m);
     return good;
 }
@@ -203,12 +245,13 @@ enum cx_err
 cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[CX_USER_MAX + 1],
                int *version)
 {
-    char sig[128], ver[16], exps[32], key_id[64] = "";
+    char sig[128], ver[16], exps[32], key_id[64] = "", *meta = NULL;
     unsigned char tag[crypto_auth_BYTES + 8];
     size_t taglen = 0;
     long long exp;
     char *end;
     long v;
+    bool good;
 
     switch (cx_http_query_get(query, "sig", sig, sizeof(sig))) {
     case CX_OK: break;
@@ -230,10 +273,20 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
     if (errno || *end || exp <= 0)
         return CX_ERR_FORBIDDEN;
     if (sodium_base642bin(tag, sizeof(tag), sig, strlen(sig), NULL, &taglen, NULL,
-                          sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
-        taglen != crypto_auth_BYTES)
+                          sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0)
         return CX_ERR_FORBIDDEN;
-    if (!signature_ok(cx, tag, user, id, (int)v, exp, key_id))
+    meta = malloc(LINK_META_B64_MAX);
+    if (!meta)
+        return CX_ERR_NOMEM;
+    switch (cx_http_query_get(query, "m", meta, LINK_META_B64_MAX)) {
+    case CX_OK: good = signature_ok(cx, tag, taglen, user, id, (int)v, exp, key_id, meta); break;
+    case CX_ERR_NOT_FOUND:
+        good = signature_ok(cx, tag, taglen, user, id, (int)v, exp, key_id, NULL);
+        break;
+    default: good = false;
+    }
+    free(meta);
+    if (!good)
         return CX_ERR_FORBIDDEN;
     /* Only a genuine link learns that it expired. */
     if (exp < (long long)time(NULL))

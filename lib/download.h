@@ -81,8 +81,10 @@ enum cx_err cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, co
 
 /* The signed link itself, {"url", "expires_at", "version"} (new reference,
  * NULL when out of memory), for a version the caller knows to be the
- * user's: no database query (the artifacts page signs a link per row). */
-json_t *cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const char *id, int version,
+ * user's: no database query (the artifacts page signs a link per row).
+ * From d: the artifact id and version, and what a web server that checks
+ * links itself needs to serve it (key, MIME type, sha256, file name). */
+json_t *cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const struct cx_download *d,
                      long long expires_in);
 
 /* Checks a signed link's query for artifact id. CX_ERR_NOT_FOUND when the

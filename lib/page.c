@@ -51,17 +51,32 @@ static const char style[] =
     "img.preview{max-width:240px;max-height:180px;display:block;border:1px solid #ccc}"
     "code{font-size:.9em}.empty{color:#777}";
 
+/* What a link to a listed artifact's current version is made of. */
+static void
+link_download(json_t *a, const char *id, struct cx_download *d)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->artifact_id, sizeof(d->artifact_id), "%s", id);
+    d->version = (int)json_integer_value(json_object_get(a, "current_version"));
+    snprintf(d->filename, sizeof(d->filename), "%s",
+             json_string_value(json_object_get(a, "filename")));
+    snprintf(d->mime, sizeof(d->mime), "%s", json_string_value(json_object_get(a, "mime_type")));
+    snprintf(d->sha256, sizeof(d->sha256), "%s", json_string_value(json_object_get(a, "sha256")));
+    snprintf(d->key, sizeof(d->key), "%s", json_string_value(json_object_get(a, "storage_key")));
+}
+
 enum cx_err
 cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char *cid,
                   struct cx_buf *out)
 {
     json_t *list = NULL, *a;
+    struct cx_download d;
     size_t i;
     enum cx_err rc;
 
     if (!cx_conversation_id_valid(cid))
         return CX_ERR_NOT_FOUND;
-    rc = cx_artifact_list(cx, who->user, cid, &list);
+    rc = cx_artifact_list_with_keys(cx, who->user, cid, &list);
     if (rc)
         return rc;
     cx_buf_adds(out, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -80,13 +95,13 @@ cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char 
     {
         const char *id = json_string_value(json_object_get(a, "artifact_id"));
         const char *kind = json_string_value(json_object_get(a, "kind"));
-        /* The listing is the user's: signing needs no further query. */
-        json_t *link = cx_link_sign(cx, who, id,
-                                    (int)json_integer_value(json_object_get(a, "current_version")),
-                                    (long long)cx->cfg->link_default_expiry);
         char size[32];
         const char *url;
+        json_t *link;
 
+        /* The listing is the user's: signing needs no further query. */
+        link_download(a, id, &d);
+        link = cx_link_sign(cx, who, &d, (long long)cx->cfg->link_default_expiry);
         if (!link) {
             json_decref(list);
             return CX_ERR_NOMEM;

@@ -84,7 +84,8 @@ def pid_alive(pid):
 class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
                  workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
-                 test_kernel=False, sandbox_extra=None, gateway_proxy_port=None, s3_port=None):
+                 test_kernel=False, sandbox_extra=None, gateway_proxy_port=None, s3_port=None,
+                 edge_links=True):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
@@ -102,6 +103,7 @@ class Stack:
         self.fast_pg = fast_pg
         self.nginx_body = nginx_body
         self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
+        self.edge_links = edge_links  # nginx checks signed links itself (njs)
         self.kernelspecs = [KERNEL_NAME] + ([TEST_KERNEL_NAME] if test_kernel else [])
         p = lambda *a: os.path.join(self.var, *a)
         self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
@@ -117,6 +119,8 @@ class Stack:
         self.s3_dir, self.s3_data, self.s3_app = p("s3"), p("s3", "data"), p("s3", "app")
         self.s3_keys, self.s3_credentials = p("s3", "keys"), p("s3-credentials")
         self.socket = p("run", "codexec.sock")
+        self.revoked = p("revoked")  # revoked_keys_dir: nginx reads it
+        self.link_key_conf = p("nginx", "link-key.conf")
         self.ports_file = p("ports.json")
         if os.geteuid() == 0:
             self.user, self.kernel_user, self.db_user = RUN_USER, KERNEL_USER, DB_USER
@@ -285,6 +289,7 @@ class Stack:
             (self.storage, self.user, None, 0o700),
             (self.logdir, "root", None, 0o755),
             (self.rundir, self.user, None, 0o755),  # codexec-fcgi's socket
+            (self.revoked, self.user, None, 0o755),  # codexec writes, nginx reads
             (self.piddir, "root", None, 0o755),
             (os.path.join(self.var, "nginx"), "root", None, 0o755),
             (os.path.join(self.var, "nginx", "tmp"), self.user, None, 0o700),
@@ -432,6 +437,8 @@ class Stack:
         self.write_config()
         self.kill_pidfile("codexec-fcgi")
         self.start_fcgi()
+        self.write_nginx()  # signed links at the edge only with storage_dir
+        self.reload_nginx()
 
     def s3_ok(self):
         return port_open(self.s3_port) and port_open(self.s3_upstream_port)
@@ -621,6 +628,7 @@ class Stack:
             "secret_file": self.secret,
             "delivery": "x-accel",
             "x_accel_prefix": "/_codexec_storage/",
+            "revoked_keys_dir": self.revoked,
             # a new conversation's first run finds a kernel already started
             "kernel_pool_size": "2",
             # ... with the data stack already imported (see kernel-image.list)
@@ -633,13 +641,30 @@ class Stack:
 
     def write_nginx(self):
         ndir = os.path.join(self.var, "nginx")
-        with open(os.path.join(REPO, "nginx", "codexec-locations.conf")) as f:
-            locations = f.read().replace("client_max_body_size 64m;",
-                                         f"client_max_body_size {self.nginx_body};")
-        self.write_file(os.path.join(ndir, "codexec-locations.conf"), locations, 0o644)
-        for name in ("codexec-storage.conf", "codexec-storage-s3.conf"):
+        for name in ("codexec-locations.conf", "codexec-storage.conf", "codexec-storage-s3.conf",
+                     "codexec-links.conf", "codexec-edge.conf", "codexec-links.js"):
             with open(os.path.join(REPO, "nginx", name)) as f:
                 self.write_file(os.path.join(ndir, name), f.read(), 0o644)
+        # Signed links checked by nginx itself (README, "Signed links at the
+        # edge"), with storage_dir only: the store's objects are not files.
+        edge = self.edge_links and self.conf_extra.get("storage", "local") != "s3"
+        edge_module = "load_module /usr/lib/nginx/modules/ngx_http_js_module.so;\n" if edge else ""
+        edge_http = "" if not edge else f"""
+    js_import codexec_links from {ndir}/codexec-links.js;
+    js_var $codexec_edge_path;
+"""
+        edge_server = "" if not edge else f"""
+        location ~ ^/v1/artifacts/[^/]+/content$ {{
+            include {self.link_key_conf};
+            set $codexec_revoked_dir {self.revoked};
+            include {ndir}/codexec-links.conf;
+        }}
+        location = /_codexec_edge {{
+            internal;
+            alias {self.storage}/$codexec_edge_path;
+            include {ndir}/codexec-edge.conf;
+        }}
+"""
         s3_location = "" if not self.s3_port else f"""
         location /_codexec_s3/ {{
             internal;
@@ -652,9 +677,13 @@ class Stack:
         os.makedirs(os.path.join(ndir, "snippets"), exist_ok=True)
         with open(os.path.join(REPO, "nginx", "codexec-fastcgi.conf")) as f:
             self.write_file(os.path.join(ndir, "snippets", "codexec-fastcgi.conf"), f.read(), 0o644)
+        with open(os.path.join(REPO, "nginx", "codexec-pass.conf")) as f:
+            self.write_file(os.path.join(ndir, "snippets", "codexec-pass.conf"),
+                            f.read().replace("client_max_body_size 64m;",
+                                             f"client_max_body_size {self.nginx_body};"), 0o644)
         tmp = os.path.join(ndir, "tmp")
         conf = f"""# Written by packaging/stack.py.
-daemon off;
+{edge_module}daemon off;
 worker_processes 2;
 pid {self.rundir}/nginx-master.pid;
 error_log {self.logdir}/nginx-error.log warn;
@@ -671,7 +700,7 @@ http {{
     sendfile on;
     tcp_nopush on;
     server_tokens off;
-
+{edge_http}
     upstream codexec_fcgi {{
         server unix:{self.socket};
     }}
@@ -679,7 +708,7 @@ http {{
     server {{
         listen 127.0.0.1:{self.http_port};
         server_name localhost;
-        include {ndir}/codexec-locations.conf;
+{edge_server}        include {ndir}/codexec-locations.conf;
 
         location /_codexec_storage/ {{
             internal;
@@ -891,6 +920,22 @@ http {{
         except OSError:
             return False
 
+    def write_link_key(self):
+        """The key nginx checks signed links with (derived for links only,
+        never the server secret), for nginx alone: it runs as codexec's
+        user here, as root reading its configuration on a real host."""
+        r = self.run([self.admin, "--config", self.conf, "nginx-link-key"], user="root")
+        self.write_file(self.link_key_conf, r.stdout, 0o600)
+
+    def reload_nginx(self):
+        """nginx with a configuration written again (write_nginx)."""
+        pid = self.pid("nginx")
+        if not pid:
+            return
+        self.write_link_key()
+        os.kill(pid, signal.SIGHUP)
+        time.sleep(0.5)  # new workers take over; old ones finish their requests
+
     def start_nginx(self):
         if self.pid("nginx") and self.nginx_ok():
             return
@@ -898,6 +943,7 @@ http {{
         if port_open(self.http_port):
             raise StackError(f"port {self.http_port} is taken by another program")
         log(f"starting nginx on 127.0.0.1:{self.http_port}")
+        self.write_link_key()
         ndir = os.path.join(self.var, "nginx")
         proc = self.spawn("nginx", ["/usr/sbin/nginx", "-p", ndir, "-c",
                                     os.path.join(ndir, "nginx.conf"), "-e",

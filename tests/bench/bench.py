@@ -224,6 +224,27 @@ def downloads(b, big):
     a_rps, bad = wrk(f"/v1/artifacts/{small['artifact_id']}/content", [f"Authorization: Bearer {b.key}"])
     row("download", "4 KiB artifact, x-accel (wrk, 16 connections)", a_rps, s_rps, "req/s",
         f"ratio to static (≥ 0.5 wanted); {bad} non-2xx")
+    # The browser's way in: a signed link, checked by nginx itself (njs,
+    # the stack's default) and, for comparison, by codexec (the link's
+    # script taken away: what Apache and edge-less nginx do).
+    status, data = b.req("POST", f"/v1/artifacts/{small['artifact_id']}/links", {"expires_in": 3600})
+    if status != 201:
+        raise RuntimeError(f"link failed: {status} {data[:200]!r}")
+    link = json.loads(data)["url"]
+    l_rps, bad = wrk(link, [])
+    row("download", "4 KiB, signed link checked by nginx (wrk, 16 connections)", l_rps, s_rps,
+        "req/s", f"ratio to static (≥ 0.8 wanted); {bad} non-2xx")
+    b.st.edge_links = False
+    b.st.write_nginx()
+    b.st.reload_nginx()
+    try:
+        c_rps, bad = wrk(link, [])
+        row("download", "4 KiB, signed link checked by codexec (wrk, 16 connections)", c_rps,
+            s_rps, "req/s", f"ratio to static; {bad} non-2xx")
+    finally:
+        b.st.edge_links = True
+        b.st.write_nginx()
+        b.st.reload_nginx()
     # The ceiling of anything answered through FastCGI here: a 404 from the
     # router, without authentication, database or file.
     n_rps, _ = wrk("/v1/no-such-route", [])

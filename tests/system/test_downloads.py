@@ -1,8 +1,10 @@
 """GET/HEAD /v1/artifacts/{id}/content and signed links (SPEC §6), through
 nginx, in the x-accel mode the stack runs and in direct mode."""
 
+import base64
 import hashlib
 import os
+import re
 import signal
 import time
 import urllib.parse
@@ -144,8 +146,36 @@ def test_versions(ctx):
     eq(ctx.get(a["download_url"], key=key).body, b"two", "download_url works")
 
 
+def set_edge(ctx, on):
+    """nginx checking signed links itself (the stack's default), or not."""
+    ctx.st.edge_links = on
+    ctx.st.write_nginx()
+    ctx.st.reload_nginx()
+
+
+def edge_active(ctx):
+    with open(os.path.join(ctx.st.var, "nginx", "nginx.conf")) as f:
+        return "codexec-links.conf" in f.read()
+
+
 def test_signed_links(ctx):
-    user = "d-links"
+    """Through nginx as the stack runs it: with storage_dir, nginx checks
+    the links itself and leaves what it does not accept to codexec."""
+    signed_links(ctx, "d-links")
+
+
+def test_signed_links_checked_by_codexec(ctx):
+    """The same rules with every link checked by codexec (Apache, and nginx
+    without codexec-links.js)."""
+    set_edge(ctx, False)
+    try:
+        check(not edge_active(ctx), "nginx leaves links to codexec")
+        signed_links(ctx, "d-links-cx")
+    finally:
+        set_edge(ctx, True)
+
+
+def signed_links(ctx, user):
     key = ctx.st.create_key(user)
     ctx._keys[(user, False)] = key
     a = produce(ctx, user, "c1", {"l.txt": b"linked"})["l.txt"]
@@ -195,6 +225,142 @@ def test_signed_links(ctx):
     for i in ids:
         ctx.admin("key", "revoke", i)
     expect_error(ctx.get(link["url"]), 403, "forbidden")
+
+
+def test_signed_links_at_the_edge(ctx):
+    """nginx checks a signed link itself (nginx/codexec-links.js) and serves
+    the file: codexec-fcgi, stopped meanwhile, is never asked. Every header
+    and rule of SPEC §6 holds; revoking the key kills its links within a
+    second; whatever the script does not accept still gets codexec's
+    answers. nginx holds a key for links only, never the server secret."""
+    st = ctx.st
+    if ctx.backend == "s3":
+        # the store's objects are not files nginx can serve: links go to codexec
+        check(not edge_active(ctx), "with storage = s3 the stack leaves links to codexec")
+        signed_links(ctx, "d-edge-s3")
+        return
+    check(edge_active(ctx), "the stack's nginx checks links itself")
+    with open(st.link_key_conf) as f:
+        conf = f.read()
+    with open(st.secret) as f:
+        secret = f.read().strip()
+    check(re.search(r'^set \$codexec_link_key "[0-9a-f]{64}";$', conf, re.M), "nginx's key line")
+    check(secret not in conf, "nginx holds the link key, not the server secret")
+    eq(os.stat(st.link_key_conf).st_mode & 0o077, 0, "the key file is its owner's alone")
+
+    user = "d-edge"
+    key = st.create_key(user)
+    ctx._keys[(user, False)] = key
+    data = bytes(range(256)) * 40 + b"edge"
+    html = "r\u00e9sum\u00e9 \"q\".html"
+    arts = produce(ctx, user, "c1", {"e.bin": data, html: b"<script>x</script>"})
+    a = arts["e.bin"]
+
+    def link(aid, k=key, **body):
+        r = ctx.post(f"/v1/artifacts/{aid}/links", dict({"expires_in": 600}, **body), key=k)
+        eq(r.status, 201, f"link made {r!r}")
+        return r.json()["url"]
+
+    url, html_url = link(a["artifact_id"]), link(arts[html]["artifact_id"])
+    pid = st.pid("codexec-fcgi")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        r = ctx.get(url, timeout=10)
+        eq((r.status, r.body), (200, data), "served with codexec-fcgi stopped")
+        eq(r.header("Content-Type"), a["mime_type"], "the stored MIME")
+        eq(r.header("Content-Length"), str(len(data)), "length")
+        eq([v for h, v in r.headers if h.lower() == "etag"], [f'"{a["sha256"]}"'],
+           "one ETag, the sha256")
+        eq(r.header("Accept-Ranges"), "bytes", "ranges")
+        eq(len([h for h, _ in r.headers if h.lower() == "last-modified"]), 1, "one Last-Modified")
+        check(r.header("Last-Modified").endswith(" GMT"), "Last-Modified")
+        eq(r.header("X-Content-Type-Options"), "nosniff", "nosniff")
+        eq(r.header("Content-Security-Policy"), "sandbox; default-src 'none'", "CSP")
+        eq(r.header("Cache-Control"), "private", "private")
+        eq(r.header("Content-Disposition"),
+           "attachment; filename=\"e.bin\"; filename*=UTF-8''e.bin", "disposition")
+        r = ctx.get(html_url, timeout=10)
+        eq(r.header("Content-Disposition"),
+           "attachment; filename=\"r_sum_ q.html\"; filename*=UTF-8''r%C3%A9sum%C3%A9%20q.html",
+           "codexec's disposition for a hostile name, carried by the link")
+        eq(r.header("Content-Security-Policy"), "sandbox; default-src 'none'", "html sandboxed")
+        for inm in (f'"{a["sha256"]}"', f'"other", W/"{a["sha256"]}"', "*"):
+            r = ctx.get(url, headers={"If-None-Match": inm}, timeout=10)
+            eq((r.status, r.body), (304, b""), f"If-None-Match {inm} → 304")
+            eq(r.header("ETag"), f'"{a["sha256"]}"', "304 with the ETag")
+        eq(ctx.get(url, headers={"If-None-Match": '"other"'}, timeout=10).status, 200,
+           "another ETag → 200")
+        for rng, lo, hi in [("bytes=0-9", 0, 9), ("bytes=10-", 10, len(data) - 1),
+                            ("bytes=-5", len(data) - 5, len(data) - 1)]:
+            r = ctx.get(url, headers={"Range": rng}, timeout=10)
+            eq((r.status, r.body), (206, data[lo:hi + 1]), f"{rng} → 206")
+            eq(r.header("Content-Range"), f"bytes {lo}-{hi}/{len(data)}", f"{rng} Content-Range")
+        eq(ctx.get(url, headers={"Range": f"bytes={len(data) + 10}-"}, timeout=10).status, 416,
+           "unsatisfiable → 416")
+        r = ctx.get(url, headers={"Range": "bytes=0-1,5-6"}, timeout=10)
+        eq((r.status, r.body), (200, data), "several ranges → the whole body")
+        r = ctx.request("HEAD", url, timeout=10)
+        eq((r.status, r.body, r.header("Content-Length")), (200, b"", str(len(data))), "HEAD")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+    # what the script does not accept: codexec's answers, as without it
+    parts = urllib.parse.urlsplit(url)
+    q = dict(urllib.parse.parse_qsl(parts.query))
+
+    def with_query(**changes):
+        return parts.path + "?" + urllib.parse.urlencode(dict(q, **changes))
+
+    sig = q["sig"]
+    expect_error(ctx.get(with_query(sig=sig[:-2] + ("AA" if sig[-2:] != "AA" else "BB"))), 403,
+                 "forbidden")
+    expect_error(ctx.get(with_query(version="2")), 403, "forbidden")
+    expect_error(ctx.get(with_query(u="someone-else")), 403, "forbidden")
+    expect_error(ctx.get(with_query(exp=str(int(q["exp"]) + 3600))), 403, "forbidden")
+    # another storage key (a path nginx would serve) in m: the MAC covers it
+    meta = base64.urlsafe_b64decode(q["m"] + "=" * (-len(q["m"]) % 4)).decode().split("\n")
+    for other in ("artifacts/d-victim/x/v1/secret.txt", "../secret", "/etc/passwd"):
+        forged = base64.urlsafe_b64encode("\n".join([other] + meta[1:]).encode()).decode()
+        expect_error(ctx.get(with_query(m=forged.rstrip("="))), 403, "forbidden")
+    expect_error(ctx.get(with_query(m="")), 403, "forbidden")
+    r = ctx.get(parts.path + "?" + parts.query + "&sig=" + sig)
+    check(r.status in (200, 403), f"a repeated parameter is codexec's to judge ({r.status})")
+    r = ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"expires_in": 1}, key=key)
+    short = r.json()["url"]
+    time.sleep(2.2)
+    expect_error(ctx.get(short), 410, "expired")
+    # a bearer key and no credentials still go to codexec
+    eq(ctx.get(parts.path, key=key).body, data, "a key downloads through codexec")
+    expect_error(ctx.get(parts.path), 401, "unauthorized")
+
+    # deleting the artifact kills its links (the file is gone: codexec says 404)
+    gone = produce(ctx, user, "c1", {"gone.txt": b"soon gone"})["gone.txt"]
+    gone_url = link(gone["artifact_id"])
+    eq(ctx.get(gone_url).body, b"soon gone", "before the delete")
+    eq(ctx.request("DELETE", f"/v1/artifacts/{gone['artifact_id']}", key=key).status, 204, "deleted")
+    expect_error(ctx.get(gone_url), 404, "not_found")
+
+    # revoking a key kills the links it made within a second, at the edge
+    def key_ids():
+        return {l.split("\t")[0] for l in ctx.admin("key", "list", "--user", user).stdout.splitlines()[1:]}
+    before = key_ids()
+    second = st.create_key(user)
+    (kid,) = key_ids() - before
+    url2 = link(a["artifact_id"], k=second)
+    eq(ctx.get(url2).status, 200, "a link of the second key")
+    ctx.admin("key", "revoke", kid)
+    t0 = time.monotonic()
+    while True:
+        r = ctx.get(url2)
+        took = time.monotonic() - t0
+        if r.status != 200 or took > 5:
+            break
+        time.sleep(0.02)
+    print(f"# the revoked key's link refused {took * 1000:.0f} ms after the revoke returned")
+    expect_error(r, 403, "forbidden")
+    check(took < 1.0, f"within a second ({took:.2f} s)")
+    check(os.path.exists(os.path.join(st.revoked, kid)), "the key is in the revocation list")
+    eq(ctx.get(url).status, 200, "the first key's link still works")
 
 
 def rss_kib(pid):

@@ -1,9 +1,13 @@
 /* Downloads: who may read which bytes (signed links, REMOTE_USER, API
  * keys), with every way a link can be forged, moved or outlived. Real
  * PostgreSQL and storage. */
+#include <sodium.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "../../lib/auth.h"
 #include "../../lib/download.h"
+#include "../../lib/http.h"
 #include "cxtest.h"
 
 /* The query part of a signed link. */
@@ -11,7 +15,10 @@ static void
 link_query(struct cxtest *t, const struct cx_principal *who, const char *id, int version,
            long long expires_in, char *out, size_t outlen)
 {
-    json_t *l = cx_link_sign(&t->cx, who, id, version, expires_in);
+    struct cx_download d;
+    json_t *l = cx_download_resolve(&t->cx, who->user, id, version, &d) == CX_OK
+                    ? cx_link_sign(&t->cx, who, &d, expires_in)
+                    : NULL;
     const char *url = json_string_value(json_object_get(l, "url"));
     const char *q = url ? strchr(url, '?') : NULL;
 
@@ -60,18 +67,67 @@ static const struct {
     {"sig", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "another signature"},
     {"sig", "%00", "a NUL in the signature"},
     {"sig", "", "an empty signature"},
+    {"m", "", "the web server's part emptied"},
+    {"m", "YXJ0aWZhY3RzL2V2ZS94CnRleHQvaHRtbAp4CngK", "the web server's part replaced"},
 };
+
+/* v2's MAC, computed here from its definition: HMAC-SHA-256 with the edge
+ * key over the fields (what nginx's njs computes too). */
+static void
+v2_mac_by_definition(struct cxtest *t, const struct cx_principal *bob, const char *id,
+                     const char *query)
+{
+    char exp[32], meta[8192], sig[64], want[64], msg[9000];
+    unsigned char tag[crypto_auth_hmacsha256_BYTES];
+
+    ok(cx_http_query_get(query, "exp", exp, sizeof(exp)) == CX_OK &&
+           cx_http_query_get(query, "m", meta, sizeof(meta)) == CX_OK &&
+           cx_http_query_get(query, "sig", sig, sizeof(sig)) == CX_OK,
+       "a link carries exp, m and sig");
+    snprintf(msg, sizeof(msg), "codexec-link-v2\n%s\n%s\n1\n%s\n%s\n%s", bob->user, id, exp,
+             bob->key_id, meta);
+    crypto_auth_hmacsha256(tag, (const unsigned char *)msg, strlen(msg),
+                           cx_auth_edge_key(t->cx.auth));
+    sodium_bin2base64(want, sizeof(want), tag, sizeof(tag),
+                      sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    is_str(sig, want, "sig is HMAC-SHA-256 of the fields with the edge key");
+    ok(memcmp(cx_auth_edge_key(t->cx.auth), cx_auth_link_key(t->cx.auth), 32) != 0,
+       "the edge key is not the v1 link key");
+}
+
+/* A link made before v2 (HMAC-SHA-512-256 with the link key, no m) still
+ * verifies while it lives. */
+static void
+v1_link(struct cxtest *t, const struct cx_principal *bob, const char *id)
+{
+    char msg[512], sig[64], q[1024], user[CX_USER_MAX + 1];
+    unsigned char tag[crypto_auth_BYTES];
+    long long exp = (long long)time(NULL) + 300;
+    int version = 0;
+
+    snprintf(msg, sizeof(msg), "codexec-link-v1\n%s\n%s\n1\n%lld\n%s", bob->user, id, exp,
+             bob->key_id);
+    crypto_auth(tag, (const unsigned char *)msg, strlen(msg), cx_auth_link_key(t->cx.auth));
+    sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    snprintf(q, sizeof(q), "version=1&u=%s&k=%s&exp=%lld&sig=%s", bob->user, bob->key_id, exp, sig);
+    is_int(cx_link_verify(&t->cx, q, id, user, &version), CX_OK, "a v1 link verifies");
+    snprintf(q, sizeof(q), "version=1&u=%s&k=%s&exp=%lld&m=&sig=%s", bob->user, bob->key_id, exp,
+             sig);
+    is_int(verify(t, q, id), CX_ERR_FORBIDDEN, "a v1 signature with an m: forbidden");
+}
 
 static void
 links(struct cxtest *t, const struct cx_principal *bob, const char *id, const char *other)
 {
-    char q[2048], bad[2100], user[CX_USER_MAX + 1];
+    char q[4096], bad[4200], user[CX_USER_MAX + 1];
     int version = 0;
 
     link_query(t, bob, id, 1, 300, q, sizeof(q));
     ok(cx_link_verify(&t->cx, q, id, user, &version) == CX_OK, "a fresh link verifies");
     is_str(user, "bob", "for bob");
     is_int(version, 1, "for version 1");
+    v2_mac_by_definition(t, bob, id, q);
+    v1_link(t, bob, id);
     is_int(verify(t, q, other), CX_ERR_FORBIDDEN, "moved to another artifact: forbidden");
     for (size_t i = 0; i < sizeof(tampered) / sizeof(tampered[0]); i++) {
         with_param(q, tampered[i].name, tampered[i].value, bad, sizeof(bad));
@@ -92,7 +148,7 @@ static void
 revoked(struct cxtest *t, const char *id)
 {
     struct cx_principal p = cxtest_principal(t, "bob");
-    char q[2048];
+    char q[4096];
 
     link_query(t, &p, id, 1, 300, q, sizeof(q));
     is_int(verify(t, q, id), CX_OK, "a link of a live key verifies");
@@ -114,7 +170,7 @@ static void
 requests(struct cxtest *t, const struct cx_principal *bob, const char *id, const char *bearer)
 {
     struct cx_download d;
-    char q[2048], buf[16];
+    char q[4096], buf[16];
     int fd = -1;
     ssize_t n;
 

@@ -1,0 +1,246 @@
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "config.h"
+#include "db.h"
+#include "log.h"
+#include "util.h"
+#include "watch.h"
+
+/* More revoked keys than this within link_max_expiry is a misuse; the
+ * list then holds the newest (links of older ones are refused by codexec). */
+#define REVOKED_MAX 100000
+
+struct cx_watch {
+    char *conninfo;
+    PGconn *conn;
+};
+
+enum cx_err
+cx_watch_new(const char *conninfo, struct cx_watch **out)
+{
+    struct cx_watch *w = calloc(1, sizeof(*w));
+
+    *out = NULL;
+    if (!w || !(w->conninfo = strdup(conninfo))) {
+        free(w);
+        return CX_ERR_NOMEM;
+    }
+    *out = w;
+    return CX_OK;
+}
+
+static void
+drop(struct cx_watch *w)
+{
+    if (w->conn)
+        PQfinish(w->conn);
+    w->conn = NULL;
+}
+
+void
+cx_watch_free(struct cx_watch *w)
+{
+    if (!w)
+        return;
+    drop(w);
+    free(w->conninfo);
+    free(w);
+}
+
+static enum cx_err
+listen_now(struct cx_watch *w)
+{
+    PGresult *r;
+    bool ok;
+
+    w->conn = PQconnectdb(w->conninfo);
+    if (!w->conn || PQstatus(w->conn) != CONNECTION_OK) {
+        drop(w);
+        return CX_ERR_DB;
+    }
+    r = PQexec(w->conn, "LISTEN codexec_changes");
+    ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok || PQsetnonblocking(w->conn, 1) != 0) {
+        drop(w);
+        return CX_ERR_DB;
+    }
+    return CX_OK;
+}
+
+/* "key <uuid>" or "artifact <uuid>" to fn; anything else is ignored. */
+static void
+deliver(const char *payload, cx_watch_fn fn, void *ctx)
+{
+    char kind[16], id[40];
+    const char *sp = strchr(payload, ' ');
+
+    if (!sp || (size_t)(sp - payload) >= sizeof(kind) || strlen(sp + 1) >= sizeof(id))
+        return;
+    snprintf(kind, sizeof(kind), "%.*s", (int)(sp - payload), payload);
+    snprintf(id, sizeof(id), "%s", sp + 1);
+    if ((strcmp(kind, "key") == 0 || strcmp(kind, "artifact") == 0) && cx_uuid_valid(id))
+        fn(ctx, kind, id);
+}
+
+enum cx_err
+cx_watch_wait(struct cx_watch *w, int timeout_ms, bool *fresh, cx_watch_fn fn, void *ctx)
+{
+    struct pollfd p = {.events = POLLIN};
+    PGnotify *n;
+
+    *fresh = false;
+    if (!w->conn || PQstatus(w->conn) != CONNECTION_OK) {
+        drop(w);
+        if (listen_now(w))
+            return CX_ERR_DB;
+        *fresh = true;
+        return CX_OK;
+    }
+    p.fd = PQsocket(w->conn);
+    if (poll(&p, 1, timeout_ms) < 0 && errno != EINTR)
+        return CX_ERR_INTERNAL;
+    if (p.revents && !PQconsumeInput(w->conn)) {
+        drop(w);
+        return CX_ERR_DB;
+    }
+    while ((n = PQnotifies(w->conn)) != NULL) {
+        if (n->relname && strcmp(n->relname, "codexec_changes") == 0 && n->extra)
+            deliver(n->extra, fn, ctx);
+        PQfreemem(n);
+    }
+    return CX_OK;
+}
+
+/* The directory, opened without following a link in its last step. */
+static int
+open_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+    if (fd < 0)
+        cx_log_err(errno, "open() of revoked_keys_dir failed");
+    return fd;
+}
+
+/* The key's file, created if missing (its time is when it was made). */
+static enum cx_err
+mark(int dfd, const char *id)
+{
+    int fd = openat(dfd, id, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+
+    if (fd < 0) {
+        cx_log_err(errno, "could not list revoked key %s for the web server", id);
+        return CX_ERR_IO;
+    }
+    close(fd);
+    return CX_OK;
+}
+
+CX_SQL(q_revoked, 1,
+       "SELECT id::text FROM api_keys WHERE revoked_at > now() - make_interval(secs => $1::int)"
+       " ORDER BY revoked_at DESC LIMIT 100001");
+
+enum cx_err
+cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed)
+{
+    const char *dir = cx->cfg->revoked_keys_dir;
+    unsigned max_age = cx->cfg->link_max_expiry;
+    char age[16];
+    const char *p[1] = {age};
+    PGresult *r = NULL;
+    struct dirent *e;
+    DIR *d;
+    time_t now = time(NULL);
+    enum cx_err rc;
+    int dfd;
+
+    *added = *removed = 0;
+    snprintf(age, sizeof(age), "%u", max_age);
+    rc = cx_db_exec(cx->db, &q_revoked, p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) > REVOKED_MAX)
+        cx_log_warn(0, "more than %d keys revoked lately: the web server's list holds the newest",
+                    REVOKED_MAX);
+    dfd = open_dir(dir);
+    if (dfd < 0) {
+        PQclear(r);
+        return CX_ERR_IO;
+    }
+    for (int i = 0; i < PQntuples(r) && i < REVOKED_MAX && rc == CX_OK; i++) {
+        const char *id = PQgetvalue(r, i, 0);
+        struct stat st;
+
+        if (!cx_uuid_valid(id))
+            continue;
+        if (fstatat(dfd, id, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            if (S_ISREG(st.st_mode))
+                continue;
+            (void)unlinkat(dfd, id, 0); /* a link nginx would follow: the file's place */
+        }
+        rc = mark(dfd, id);
+        if (rc == CX_OK)
+            (*added)++;
+    }
+    PQclear(r);
+    /* Files older than max_age go: every link their key signed has expired
+     * (a key revoked again within max_age was made again above). */
+    d = fdopendir(dup(dfd));
+    while (d && (e = readdir(d)) != NULL) {
+        struct stat st;
+
+        if (!cx_uuid_valid(e->d_name) || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            now - st.st_mtime <= (time_t)max_age)
+            continue;
+        if (unlinkat(dfd, e->d_name, 0) == 0)
+            (*removed)++;
+    }
+    if (d)
+        closedir(d);
+    else
+        rc = CX_ERR_IO;
+    close(dfd);
+    return rc;
+}
+
+CX_SQL(q_key_live, 1, "SELECT 1 FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");
+
+enum cx_err
+cx_revoked_note(struct cx_ctx *cx, const char *key_id)
+{
+    const char *dir = cx->cfg->revoked_keys_dir;
+    const char *p[1] = {key_id};
+    PGresult *r = NULL;
+    enum cx_err rc;
+    bool live;
+    int dfd;
+
+    if (!cx_uuid_valid(key_id))
+        return CX_ERR_INVALID;
+    rc = cx_db_exec(cx->db, &q_key_live, p, &r);
+    if (rc)
+        return rc;
+    live = PQntuples(r) == 1;
+    PQclear(r);
+    dfd = open_dir(dir);
+    if (dfd < 0)
+        return CX_ERR_IO;
+    if (!live)
+        rc = mark(dfd, key_id); /* revoked, or removed: its links die */
+    else if (unlinkat(dfd, key_id, 0) != 0 && errno != ENOENT)
+        rc = CX_ERR_IO;
+    close(dfd);
+    return rc;
+}
