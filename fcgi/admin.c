@@ -288,19 +288,16 @@ cmd_key_revoke(struct cx_db *db, const char *id)
 static int
 cmd_nginx_link_key(const struct cx_config *cfg)
 {
-    char hex[65];
     struct cx_auth *auth = NULL;
 
     if (cx_auth_new(cfg->secret_file, &auth)) {
         fprintf(stderr, "codexec-admin: cannot read %s\n", cfg->secret_file);
         return 1;
     }
-    sodium_bin2hex(hex, sizeof(hex), cx_auth_edge_key(auth), 32);
-    cx_auth_free(auth);
     printf("# written by codexec-admin nginx-link-key: keep it readable by root only\n"
            "set $codexec_link_key \"%s\";\n",
-           hex);
-    sodium_memzero(hex, sizeof(hex));
+           cx_auth_edge_key(auth));
+    cx_auth_free(auth);
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

@@ -346,19 +346,27 @@ out:
     return NULL;
 }
 
-/* A change another process made (sql/008): the revocation list follows. */
+/* A change another process made (sql/008): the download cache forgets,
+ * the revocation list follows. */
 static void
 on_change(void *arg, const char *kind, const char *id)
 {
     struct cx_ctx *cx = arg;
 
-    if (strcmp(kind, "key") == 0 && cfg.revoked_keys_dir[0] && cx_revoked_note(cx, id))
+    if (strcmp(kind, "artifact") == 0) {
+        cx_dlcache_forget_artifact(id);
+        return;
+    }
+    cx_dlcache_forget_key(id);
+    if (cfg.revoked_keys_dir[0] && cx_revoked_note(cx, id))
         cx_log_warn(0, "watcher: revoked key %s not yet listed; the next sweep will", id);
 }
 
-/* Listens for changes (revoked_keys_dir set): a revoked key's file is made
- * within milliseconds of the COMMIT, on every node, and the whole list is
- * made again on every (re)connection and every reaper_interval. */
+/* Listens for changes (the download cache, revoked_keys_dir): an entry of
+ * a revoked key is forgotten and its file made within milliseconds of the
+ * COMMIT, on every node; the list is made again on every (re)connection
+ * and every reaper_interval. While the database can't be heard, the cache
+ * answers nothing. */
 static void *
 watcher_main(void *arg)
 {
@@ -378,13 +386,16 @@ watcher_main(void *arg)
         if (cx_watch_wait(w, 1000, &fresh, on_change, &cx)) {
             if (!down)
                 cx_log_warn(0, "watcher: the database is unreachable; retrying every second");
+            cx_dlcache_set_live(false);
             down = true;
             if (!nap(1))
                 break;
             continue;
         }
         down = false;
-        if (!fresh && cx_now_us() < next_sync)
+        if (fresh)
+            cx_dlcache_set_live(true); /* (forgetting what was heard before) */
+        if (!cfg.revoked_keys_dir[0] || (!fresh && cx_now_us() < next_sync))
             continue;
         if (cx_revoked_sync(&cx, &added, &removed))
             cx_log_warn(0, "watcher: the revocation list could not be made; retrying");
@@ -513,6 +524,11 @@ start_up(const char *config_path, unsigned workers, const char **listen_addr)
     }
     if (cx_auth_new(cfg.secret_file, &auth))
         return false;
+    if (cx_dlcache_init(cfg.download_cache_entries)) {
+        cx_log_err(0, "the download cache (%u entries) could not be made",
+                   cfg.download_cache_entries);
+        return false;
+    }
 #ifdef CX_TEST_HOOKS
     cx_artifact_test_hooks();
 #endif
@@ -573,7 +589,7 @@ start_threads(struct threads *t)
         return false;
     }
     t->ticker_started = true;
-    if (cfg.revoked_keys_dir[0]) {
+    if (cfg.revoked_keys_dir[0] || cfg.download_cache_entries > 0) {
         if (pthread_create(&t->watcher, NULL, watcher_main, NULL) != 0) {
             cx_log_err(errno, "pthread_create() of the watcher failed");
             return false;
@@ -676,6 +692,7 @@ main(int argc, char **argv)
         cx_log_info("stopped");
     free(t.workers);
     free(idle_stack);
+    cx_dlcache_shutdown();
     cx_auth_free(auth);
     cx_config_cleanup(&cfg);
     curl_global_cleanup();

@@ -18,7 +18,7 @@
 struct cx_auth {
     unsigned char key_hash_key[32];
     unsigned char link_key[32];
-    unsigned char edge_key[32];
+    char edge_key[65]; /* hex: the key is these 64 characters */
 };
 
 enum cx_err
@@ -51,7 +51,7 @@ cx_auth_secret_create(const char *path)
 enum cx_err
 cx_auth_new(const char *secret_file, struct cx_auth **out)
 {
-    unsigned char master[SECRET_BYTES];
+    unsigned char master[SECRET_BYTES], edge[32];
     char hex[SECRET_BYTES * 2 + 8];
     struct cx_auth *a = NULL;
     enum cx_err rc = CX_ERR_INVALID;
@@ -80,7 +80,8 @@ cx_auth_new(const char *secret_file, struct cx_auth **out)
     }
     crypto_kdf_derive_from_key(a->key_hash_key, sizeof(a->key_hash_key), 1, "cx-keys_", master);
     crypto_kdf_derive_from_key(a->link_key, sizeof(a->link_key), 2, "cx-links", master);
-    crypto_kdf_derive_from_key(a->edge_key, sizeof(a->edge_key), 3, "cx-links", master);
+    crypto_kdf_derive_from_key(edge, sizeof(edge), 3, "cx-links", master);
+    sodium_bin2hex(a->edge_key, sizeof(a->edge_key), edge, sizeof(edge));
     *out = a;
     a = NULL;
     rc = CX_OK;
@@ -91,6 +92,7 @@ out:
     if (fd >= 0)
         close(fd);
     sodium_memzero(master, sizeof(master));
+    sodium_memzero(edge, sizeof(edge));
     sodium_memzero(hex, sizeof(hex));
     if (a)
         sodium_free(a);
@@ -110,7 +112,7 @@ cx_auth_link_key(const struct cx_auth *a)
     return a->link_key;
 }
 
-const unsigned char *
+const char *
 cx_auth_edge_key(const struct cx_auth *a)
 {
     return a->edge_key;

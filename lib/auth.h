@@ -37,10 +37,12 @@ void cx_auth_free(struct cx_auth *a);
  * still verified while such links live. */
 const unsigned char *cx_auth_link_key(const struct cx_auth *a);
 
-/* Borrowed 32-byte subkey of today's signed links (v2, HMAC-SHA-256): the
- * one key the web server may hold to check links itself. It signs links
- * and nothing else; the server secret can't be had from it. */
-const unsigned char *cx_auth_edge_key(const struct cx_auth *a);
+/* The key of today's signed links (v2, HMAC-SHA-256), borrowed: 64 hex
+ * characters of a 32-byte subkey, and those characters are the HMAC key
+ * (as nginx's njs takes it, without decoding). The one key the web server
+ * may hold to check links itself: it signs links and nothing else, and the
+ * server secret can't be had from it. */
+const char *cx_auth_edge_key(const struct cx_auth *a);
 
 /* Extracts the token of "Bearer <token>" (scheme case-insensitive); the token
  * points into header. CX_ERR_UNAUTHORIZED if absent or malformed. */

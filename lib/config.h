@@ -91,7 +91,8 @@ struct cx_config {
     unsigned max_sessions_per_user;
     unsigned max_pending_runs_per_user; /* runs waiting for approval */
     unsigned link_default_expiry, link_max_expiry;
-    char *revoked_keys_dir; /* "": none; else one empty file per key revoked lately */
+    char *revoked_keys_dir;          /* "": none; else one empty file per key revoked lately */
+    unsigned download_cache_entries; /* downloads by key answered without a query (0: off) */
     unsigned reaper_interval;
     unsigned kernel_orphan_grace; /* seconds before a kernel no row names is deleted */
     unsigned kernel_pool_size;

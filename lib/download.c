@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "config.h"
 #include "db.h"
+#include "dlcache.h"
 #include "download.h"
 #include "http.h"
 #include "log.h"
@@ -24,6 +25,8 @@
 /* A v2 link's m, raw and in base64url (link_meta). */
 #define LINK_META_MAX     4096
 #define LINK_META_B64_MAX (LINK_META_MAX / 3 * 4 + 8)
+/* What a link's u keeps unencoded (RFC 3986 unreserved). */
+#define LINK_USER_KEEP "-_.~"
 
 #define PICK_VERSION "v.version = CASE WHEN $3::int > 0 THEN $3::int ELSE a.current_version END"
 
@@ -84,7 +87,9 @@ cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len, cons
 {
     char ver[16];
     const char *more[2] = {id, ver};
+    unsigned char hash[32];
     PGresult *r = NULL;
+    uint64_t epoch;
     enum cx_err rc;
 
     memset(d, 0, sizeof(*d));
@@ -93,12 +98,22 @@ cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len, cons
         rc = cx_auth_check_key(cx->auth, cx->db, key, len, who);
         return rc ? rc : CX_ERR_NOT_FOUND;
     }
+    /* the cache (download.h) answers for the same key, artifact and
+     * version asked within the minute, unless something changed */
+    cx_auth_key_hash(cx->auth, key, len, hash);
+    if (cx_dlcache_get(hash, id, version, who, d, &epoch)) {
+        sodium_memzero(hash, sizeof(hash));
+        return CX_OK;
+    }
     snprintf(ver, sizeof(ver), "%d", version);
     rc = cx_auth_check_key_with(cx->auth, cx->db, key, len, &q_resolve_for_key, more, 2, who, &r);
-    if (rc)
-        return rc;
-    rc = from_row(r, CX_AUTH_KEY_NCOLS, id, d);
-    PQclear(r);
+    if (rc == CX_OK) {
+        rc = from_row(r, CX_AUTH_KEY_NCOLS, id, d);
+        PQclear(r);
+    }
+    if (rc == CX_OK)
+        cx_dlcache_put(hash, id, version, who, d, epoch);
+    sodium_memzero(hash, sizeof(hash));
     return rc;
 }
 
@@ -111,11 +126,27 @@ link_message(struct cx_buf *m, const char *user, const char *id, long version, l
              const char *key_id, const char *meta)
 {
     cx_buf_init(m, 16384);
-    if (meta)
-        cx_buf_addf(m, "codexec-link-v2\n%s\n%s\n%ld\n%lld\n%s\n%s", user, id, version, exp, key_id,
-                    meta);
-    else
+    if (meta) {
+        /* the user as the link's u has it, so that nginx can take the raw
+         * parameter ($arg_u) without decoding it */
+        cx_buf_adds(m, "codexec-link-v2\n");
+        cx_http_pct_encode(m, user, LINK_USER_KEEP);
+        cx_buf_addf(m, "\n%s\n%ld\n%lld\n%s\n%s", id, version, exp, key_id, meta);
+    } else
         cx_buf_addf(m, "codexec-link-v1\n%s\n%s\n%ld\n%lld\n%s", user, id, version, exp, key_id);
+}
+
+/* v2's MAC: HMAC-SHA-256 keyed with the edge key's 64 characters. */
+static void
+edge_mac(struct cx_ctx *cx, const struct cx_buf *m, unsigned char out[crypto_auth_hmacsha256_BYTES])
+{
+    const char *key = cx_auth_edge_key(cx->auth);
+    crypto_auth_hmacsha256_state st;
+
+    crypto_auth_hmacsha256_init(&st, (const unsigned char *)key, strlen(key));
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)m->data, m->len);
+    crypto_auth_hmacsha256_final(&st, out);
+    sodium_memzero(&st, sizeof(st));
 }
 
 /* A v2 link's m: the storage key, MIME type, sha256 and Content-Disposition
@@ -202,13 +233,13 @@ cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const struct cx_
         free(meta);
         return NULL;
     }
-    crypto_auth_hmacsha256(tag, (const unsigned char *)m.data, m.len, cx_auth_edge_key(cx->auth));
+    edge_mac(cx, &m, tag);
     cx_buf_cleanup(&m);
     sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
     cx_buf_init(&url, 16384);
     cx_artifact_content_url(d->artifact_id, d->version, path);
     cx_buf_addf(&url, "%s&u=", path);
-    cx_http_pct_encode(&url, who->user, "-_.~");
+    cx_http_pct_encode(&url, who->user, LINK_USER_KEEP);
     cx_buf_addf(&url, "&k=%s&exp=%lld&m=%s&sig=%s", who->key_id, exp, meta, sig);
     free(meta);
     gmtime_r(&t, &tm);
@@ -229,10 +260,11 @@ signature_ok(struct cx_ctx *cx, const unsigned char *tag, size_t taglen, const c
     bool good = false;
 
     link_message(&m, user, id, version, exp, key_id, meta);
-    if (!cx_buf_err(&m) && meta && taglen == crypto_auth_hmacsha256_BYTES)
-        good = crypto_auth_hmacsha256_verify(tag, (const unsigned char *)m.data, m.len,
-                                             cx_auth_edge_key(cx->auth)) == 0;
-    else if (!cx_buf_err(&m) && !meta && taglen == crypto_auth_BYTES)
+    if (!cx_buf_err(&m) && meta && taglen == crypto_auth_hmacsha256_BYTES) {
+        unsigned char want[crypto_auth_hmacsha256_BYTES];
+        edge_mac(cx, &m, want);
+        good = sodium_memcmp(want, tag, sizeof(want)) == 0;
+    } else if (!cx_buf_err(&m) && !meta && taglen == crypto_auth_BYTES)
         good = crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
                                   cx_auth_link_key(cx->auth)) == 0;
     cx_buf_cleanup(&m);

@@ -40,6 +40,10 @@ static const struct {
     [CX_COUNT_DATABASE_ERRORS] = {"database_errors",
                                   "PostgreSQL statements or connections that failed."},
     [CX_COUNT_GATEWAY_ERRORS] = {"gateway_errors", "Gateway calls that failed."},
+    [CX_COUNT_DLCACHE_HITS] = {"download_cache_hits",
+                               "Downloads by key answered without a database query."},
+    [CX_COUNT_DLCACHE_MISSES] = {"download_cache_misses",
+                                 "Downloads by key that queried the database (cache live)."},
 };
 
 static const struct {

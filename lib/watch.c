@@ -64,7 +64,14 @@ listen_now(struct cx_watch *w)
     PGresult *r;
     bool ok;
 
-    w->conn = PQconnectdb(w->conninfo);
+    /* TCP keepalives of its own: a connection that died silently (a
+     * partition, no reset) is found within about 10 s, and while it is
+     * down the download cache answers nothing */
+    static const char *const keys[] = {"dbname", "keepalives_idle", "keepalives_interval",
+                                       "keepalives_count", NULL};
+    const char *const values[] = {w->conninfo, "5", "2", "2", NULL};
+
+    w->conn = PQconnectdbParams(keys, values, 1);
     if (!w->conn || PQstatus(w->conn) != CONNECTION_OK) {
         drop(w);
         return CX_ERR_DB;

@@ -648,7 +648,8 @@ class Stack:
         # Signed links checked by nginx itself (README, "Signed links at the
         # edge"), with storage_dir only: the store's objects are not files.
         edge = self.edge_links and self.conf_extra.get("storage", "local") != "s3"
-        edge_module = "load_module /usr/lib/nginx/modules/ngx_http_js_module.so;\n" if edge else ""
+        # (njs loaded even when links go to codexec: benchmarks use it too)
+        edge_module = "load_module /usr/lib/nginx/modules/ngx_http_js_module.so;\n"
         edge_http = "" if not edge else f"""
     js_import codexec_links from {ndir}/codexec-links.js;
     js_var $codexec_edge_path;

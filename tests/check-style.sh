@@ -39,7 +39,7 @@ layer() {
     db.h|ws.h|gateway.h) echo 3 ;;
     auth.h|kernel.h|run.h|capture.h) echo 4 ;;
     authdb.h|session.h|prestart.h|artifact.h|download.h|page.h|maint.h|stage.h|runexec.h|host.h|watch.h) echo 5 ;;
-    codexec.h) echo 6 ;;
+    codexec.h|dlcache.h) echo 6 ;;
     *) echo unknown ;;
   esac
 }

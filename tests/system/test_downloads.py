@@ -10,7 +10,7 @@ import time
 import urllib.parse
 
 import fcgi_client
-from harness import check, eq, expect_error, new_id
+from harness import check, eq, expect_error, new_id, wait_until
 from test_runs import run
 
 
@@ -248,7 +248,7 @@ def test_signed_links_at_the_edge(ctx):
     check(secret not in conf, "nginx holds the link key, not the server secret")
     eq(os.stat(st.link_key_conf).st_mode & 0o077, 0, "the key file is its owner's alone")
 
-    user = "d-edge"
+    user = "d-edge \u00fc+&="  # a name a link must encode: nginx checks it as encoded
     key = st.create_key(user)
     ctx._keys[(user, False)] = key
     data = bytes(range(256)) * 40 + b"edge"
@@ -361,6 +361,80 @@ def test_signed_links_at_the_edge(ctx):
     check(took < 1.0, f"within a second ({took:.2f} s)")
     check(os.path.exists(os.path.join(st.revoked, kid)), "the key is in the revocation list")
     eq(ctx.get(url).status, 200, "the first key's link still works")
+
+
+def test_download_cache_across_processes(ctx):
+    """Downloads by key are answered from each process's cache
+    (download_cache_entries), and a change made anywhere reaches every
+    process within a second: a revoked key, a deleted artifact, a new
+    version. Two codexec-fcgi besides the stack's, sharing its database."""
+    import subprocess
+    user = "d-cache"
+    key = ctx.st.create_key(user)
+    ctx._keys[(user, False)] = key
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    a = produce(ctx, user, "c1", {"c.txt": b"cached v1", "gone.txt": b"to delete"})
+    url = f"/v1/artifacts/{a['c.txt']['artifact_id']}/content"
+    gone = f"/v1/artifacts/{a['gone.txt']['artifact_id']}"
+    procs = [ctx.spawn_fcgi(f"cache-{n}", {"delivery": "direct"}) for n in ("a", "b")]
+    (sock_a, _), (sock_b, _) = procs
+
+    def get(sock, uri, params=auth):
+        status, _, body = fcgi_client.request(sock, "GET", uri, params=params)
+        return status, body
+
+    def hits(sock):
+        status, _, body = fcgi_client.request(sock, "GET", "/metrics",
+                                              params={"REMOTE_ADDR": "127.0.0.1"})
+        eq(status, 200, "metrics")
+        m = re.search(r"^codexec_download_cache_hits_total (\d+)$", body.decode(), re.M)
+        return int(m.group(1))
+
+    def within_a_second(sock, uri, want, what):
+        """want: a status, or (status, body)."""
+        t0 = time.monotonic()
+        while True:
+            got = get(sock, uri)
+            took = time.monotonic() - t0
+            if (got if isinstance(want, tuple) else got[0]) == want or took > 5:
+                break
+            time.sleep(0.02)
+        print(f"# {what}: {got[0]} after {took * 1000:.0f} ms")
+        eq(got if isinstance(want, tuple) else got[0], want, what)
+        check(took < 1.0, f"{what} within a second ({took:.2f} s)")
+
+    try:
+        for sock in (sock_a, sock_b):
+            wait_until(lambda: get(sock, url) == (200, b"cached v1"), 20, "the process serves")
+        before = hits(sock_b)
+        for _ in range(5):
+            eq(get(sock_b, url), (200, b"cached v1"), "the same download again")
+        check(hits(sock_b) >= before + 5, "answered from the cache")
+        # a new version, made by the stack's process: everyone serves it
+        produce(ctx, user, "c1", {"c.txt": b"cached v2"})
+        within_a_second(sock_b, url, (200, b"cached v2"), "the new version in b")
+        within_a_second(sock_a, url, (200, b"cached v2"), "the new version in a")
+        eq(get(sock_b, url + "?version=1")[1], b"cached v1", "version 1 as asked")
+        # deleted through process a: process b answers 404
+        eq(get(sock_b, gone + "/content"), (200, b"to delete"), "cached in b")
+        status, _, _ = fcgi_client.request(sock_a, "DELETE", gone, params=auth)
+        eq(status, 204, "deleted through a")
+        within_a_second(sock_b, gone + "/content", 404, "the deleted artifact in b")
+        # revoked by the operator's command: both refuse the key
+        eq(get(sock_a, url)[0], 200, "cached in a")
+        ids = [l.split("\t")[0] for l in ctx.admin("key", "list", "--user", user).stdout.splitlines()[1:]
+               if l.split("\t")[-1] == "-"]
+        for i in ids:
+            ctx.admin("key", "revoke", i)
+        within_a_second(sock_b, url, 401, "the revoked key in b")
+        within_a_second(sock_a, url, 401, "the revoked key in a")
+    finally:
+        for _, proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def rss_kib(pid):

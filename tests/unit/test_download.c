@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "../../lib/auth.h"
+#include "../../lib/db.h"
+#include "../../lib/dlcache.h"
 #include "../../lib/download.h"
 #include "../../lib/http.h"
 #include "cxtest.h"
@@ -77,8 +79,10 @@ static void
 v2_mac_by_definition(struct cxtest *t, const struct cx_principal *bob, const char *id,
                      const char *query)
 {
-    char exp[32], meta[8192], sig[64], want[64], msg[9000];
+    char exp[32], meta[8192], sig[64], want[64], msg[9000], v1hex[65];
+    const char *key = cx_auth_edge_key(t->cx.auth);
     unsigned char tag[crypto_auth_hmacsha256_BYTES];
+    crypto_auth_hmacsha256_state st;
 
     ok(cx_http_query_get(query, "exp", exp, sizeof(exp)) == CX_OK &&
            cx_http_query_get(query, "m", meta, sizeof(meta)) == CX_OK &&
@@ -86,13 +90,15 @@ v2_mac_by_definition(struct cxtest *t, const struct cx_principal *bob, const cha
        "a link carries exp, m and sig");
     snprintf(msg, sizeof(msg), "codexec-link-v2\n%s\n%s\n1\n%s\n%s\n%s", bob->user, id, exp,
              bob->key_id, meta);
-    crypto_auth_hmacsha256(tag, (const unsigned char *)msg, strlen(msg),
-                           cx_auth_edge_key(t->cx.auth));
+    is_int((int)strlen(key), 64, "the edge key: 64 characters");
+    crypto_auth_hmacsha256_init(&st, (const unsigned char *)key, strlen(key));
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)msg, strlen(msg));
+    crypto_auth_hmacsha256_final(&st, tag);
     sodium_bin2base64(want, sizeof(want), tag, sizeof(tag),
                       sodium_base64_VARIANT_URLSAFE_NO_PADDING);
-    is_str(sig, want, "sig is HMAC-SHA-256 of the fields with the edge key");
-    ok(memcmp(cx_auth_edge_key(t->cx.auth), cx_auth_link_key(t->cx.auth), 32) != 0,
-       "the edge key is not the v1 link key");
+    is_str(sig, want, "sig is HMAC-SHA-256 of the fields keyed with the edge key's characters");
+    sodium_bin2hex(v1hex, sizeof(v1hex), cx_auth_link_key(t->cx.auth), 32);
+    ok(strcmp(cx_auth_edge_key(t->cx.auth), v1hex) != 0, "the edge key is not the v1 link key");
 }
 
 /* A link made before v2 (HMAC-SHA-512-256 with the link key, no m) still
@@ -203,6 +209,98 @@ requests(struct cxtest *t, const struct cx_principal *bob, const char *id, const
            "resolve for another user: not found");
 }
 
+/* A lookup that began before a forgetting keeps nothing: what it read may
+ * be what was just forgotten. */
+static void
+epoch_race(struct cxtest *t, const char *key, const char *id)
+{
+    unsigned char hash[32];
+    struct cx_principal who;
+    struct cx_download d;
+    uint64_t epoch, later;
+
+    cx_auth_key_hash(t->cx.auth, key, strlen(key), hash);
+    ok(!cx_dlcache_get(hash, id, 7, &who, &d, &epoch), "a miss");
+    memset(&who, 0, sizeof(who));
+    memset(&d, 0, sizeof(d));
+    cx_dlcache_forget_artifact("00000000-0000-0000-0000-000000000000");
+    cx_dlcache_put(hash, id, 7, &who, &d, epoch);
+    ok(!cx_dlcache_get(hash, id, 7, &who, &d, &later), "what it read is not kept");
+    cx_dlcache_put(hash, id, 7, &who, &d, later);
+    ok(cx_dlcache_get(hash, id, 7, &who, &d, &later), "with nothing forgotten between, it is");
+    cx_dlcache_forget_artifact(id);
+}
+
+/* The download cache: answers from memory while live, forgets at once when
+ * told (what the watcher does on PostgreSQL's announcements), never keeps
+ * what was read across a forgetting. */
+static void
+cache(struct cxtest *t, const char *id)
+{
+    struct cx_principal who;
+    struct cx_download d;
+    char key[CX_KEY_CHARS + 1], kid[37], msg[CX_MSG_MAX];
+    json_t *a = NULL;
+
+    ok(cx_auth_key_create(t->auth, t->cx.db, "bob", "cache", false, key, kid) == CX_OK, "a key");
+    ok(cx_dlcache_init(8) == CX_OK, "a cache of 8");
+    is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d), CX_OK,
+           "not live yet: the database answers");
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
+       "the key revoked behind the cache's back");
+    is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d),
+           CX_ERR_UNAUTHORIZED, "not live: nothing was kept");
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
+       "(live again)");
+    cx_dlcache_set_live(true);
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK &&
+           d.version == 1 && !strcmp(who.user, "bob") && !strcmp(who.key_id, kid),
+       "live: the database answers, and the answer is kept");
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
+       "revoked behind its back again");
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK &&
+           d.version == 1 && d.size == 5,
+       "so the kept answer stands (the proof it was kept)");
+    is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 2, &who, &d),
+           CX_ERR_UNAUTHORIZED, "another version asked: the database, which refuses");
+    cx_dlcache_forget_artifact("00000000-0000-0000-0000-000000000000");
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK,
+       "forgetting another artifact leaves this answer");
+    cx_dlcache_forget_key(kid);
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
+       "(live again)");
+    epoch_race(t, key, id);
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK, "kept");
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
+       "revoked");
+    cx_dlcache_forget_key(kid);
+    is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d),
+           CX_ERR_UNAUTHORIZED, "told of the key: forgotten, refused");
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
+       "(live again)");
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 0, &who, &d) == CX_OK &&
+           d.version == 2,
+       "the current version, kept");
+    ok(cxtest_upload(t, "bob", "c1", "f.txt", "third", 5, &a, msg, sizeof(msg)) == CX_OK,
+       "a third version");
+    json_decref(a);
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 0, &who, &d) == CX_OK &&
+           d.version == 2,
+       "not told yet: the kept answer (version 2)");
+    cx_dlcache_forget_artifact(id);
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 0, &who, &d) == CX_OK &&
+           d.version == 3,
+       "told of the artifact: version 3");
+    is_int(cx_download_resolve_for_key(&t->cx, "cx_nope", 7, id, 0, &who, &d), CX_ERR_UNAUTHORIZED,
+           "a bad key: refused as ever");
+    cx_dlcache_set_live(false);
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
+       "revoked");
+    is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 0, &who, &d),
+           CX_ERR_UNAUTHORIZED, "no longer live: everything forgotten");
+    cx_dlcache_shutdown();
+}
+
 int
 main(void)
 {
@@ -230,6 +328,7 @@ main(void)
     links(&t, &bob, id, other);
     revoked(&t, id);
     requests(&t, &bob, id, bearer);
+    cache(&t, id);
     cxtest_close(&t);
     return tap_done();
 }

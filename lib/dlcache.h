@@ -1,0 +1,21 @@
+/* codexec: the download cache's lookups (internal to lib/; its public
+ * half is in download.h). */
+#ifndef CX_DLCACHE_H
+#define CX_DLCACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "download.h"
+
+/* An answer for the key's hash, artifact id and version asked (0: the
+ * current one), if one is cached and live. *epoch is what to give
+ * cx_dlcache_put() for the answer read on a miss. */
+bool cx_dlcache_get(const unsigned char hash[32], const char *id, int asked,
+                    struct cx_principal *who, struct cx_download *d, uint64_t *epoch);
+
+/* Keeps the answer, unless something was forgotten since epoch. */
+void cx_dlcache_put(const unsigned char hash[32], const char *id, int asked,
+                    const struct cx_principal *who, const struct cx_download *d, uint64_t epoch);
+
+#endif
