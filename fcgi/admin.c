@@ -271,9 +271,9 @@ cmd_secret_init(const struct cx_config *cfg)
 }
 
 static int
-cmd_key_revoke(struct cx_db *db, const char *id)
+cmd_key_revoke(struct cx_ctx *cx, const char *id)
 {
-    enum cx_err rc = cx_auth_key_revoke(db, id);
+    enum cx_err rc = cx_auth_key_revoke(cx->db, id);
 
     if (rc == CX_ERR_NOT_FOUND)
         fprintf(stderr, "codexec-admin: no active key with id %s\n", id);
@@ -281,7 +281,17 @@ cmd_key_revoke(struct cx_db *db, const char *id)
         fprintf(stderr, "codexec-admin: revoke failed: %s\n", cx_strerror(rc));
     else
         fprintf(stderr, "codexec-admin: revoked %s\n", id);
-    return rc ? 1 : 0;
+    if (rc)
+        return 1;
+    /* its links die at the web server now, whether codexec-fcgi runs or not */
+    if (cx->cfg->revoked_keys_dir[0] && cx_revoked_note(cx, id)) {
+        fprintf(stderr,
+                "codexec-admin: %s could not be added to revoked_keys_dir: nginx accepts its "
+                "links until codexec-fcgi lists it\n",
+                id);
+        return 1;
+    }
+    return 0;
 }
 
 /* `set $codexec_link_key "<hex>";` for nginx/codexec-links.js. */
@@ -313,7 +323,7 @@ dispatch(struct cx_ctx *cx, int argc, char **argv)
     if (!strcmp(argv[0], "key") && !strcmp(sub, "create"))
         return cmd_key_create(cx->cfg, cx->db, argc - 1, argv + 1);
     if (!strcmp(argv[0], "key") && !strcmp(sub, "revoke") && argc == 3)
-        return cmd_key_revoke(cx->db, argv[2]);
+        return cmd_key_revoke(cx, argv[2]);
     if (!strcmp(argv[0], "key") && !strcmp(sub, "list"))
         return cmd_list(argc - 1, argv + 1, list_keys, cx, CX_AUTH_KEY_LIST_COLUMNS);
     if (!strcmp(argv[0], "fsck"))

@@ -76,7 +76,7 @@ static const struct cx_conf_key keys[] = {
     {"link_default_expiry", CX_CONF_UINT, O(link_default_expiry), "300", 1, 365 * 86400},
     {"link_max_expiry", CX_CONF_UINT, O(link_max_expiry), "604800", 1, 365 * 86400},
     {"revoked_keys_dir", CX_CONF_PATH, O(revoked_keys_dir), "", 0, 0},
-    {"download_cache_entries", CX_CONF_UINT, O(download_cache_entries), "1024", 0, 1000000},
+    {"download_cache_entries", CX_CONF_UINT, O(download_cache_entries), "1024", 0, 16384},
     {"reaper_interval", CX_CONF_UINT, O(reaper_interval), "30", 1, 86400},
     {"kernel_orphan_grace", CX_CONF_UINT, O(kernel_orphan_grace), "600", 1, 86400},
     {"kernel_pool_size", CX_CONF_UINT, O(kernel_pool_size), "0", 0, 1024},

@@ -1,3 +1,4 @@
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sodium.h>
@@ -85,7 +86,7 @@ enum cx_err
 cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len, const char *id,
                             int version, struct cx_principal *who, struct cx_download *d)
 {
-    char ver[16];
+    char ver[16], lower[37];
     const char *more[2] = {id, ver};
     unsigned char hash[32];
     PGresult *r = NULL;
@@ -98,6 +99,12 @@ cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len, cons
         rc = cx_auth_check_key(cx->auth, cx->db, key, len, who);
         return rc ? rc : CX_ERR_NOT_FOUND;
     }
+    /* as PostgreSQL writes it (and announces it: the cache compares) */
+    for (size_t i = 0; i < sizeof(lower) - 1; i++)
+        lower[i] = (char)tolower((unsigned char)id[i]);
+    lower[sizeof(lower) - 1] = '\0';
+    id = lower;
+    more[0] = id;
     /* the cache (download.h) answers for the same key, artifact and
      * version asked within the minute, unless something changed */
     cx_auth_key_hash(cx->auth, key, len, hash);

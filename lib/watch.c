@@ -66,10 +66,11 @@ listen_now(struct cx_watch *w)
 
     /* TCP keepalives of its own: a connection that died silently (a
      * partition, no reset) is found within about 10 s, and while it is
-     * down the download cache answers nothing */
-    static const char *const keys[] = {"dbname", "keepalives_idle", "keepalives_interval",
-                                       "keepalives_count", NULL};
-    const char *const values[] = {w->conninfo, "5", "2", "2", NULL};
+     * down the download cache answers nothing; a connect never holds a
+     * stop longer than 5 s */
+    static const char *const keys[] = {"dbname",           "keepalives_idle", "keepalives_interval",
+                                       "keepalives_count", "connect_timeout", NULL};
+    const char *const values[] = {w->conninfo, "5", "2", "2", "5", NULL};
 
     w->conn = PQconnectdbParams(keys, values, 1);
     if (!w->conn || PQstatus(w->conn) != CONNECTION_OK) {
@@ -202,6 +203,9 @@ cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed)
             (*added)++;
     }
     PQclear(r);
+    /* the list is kept: nginx leaves every link to codexec without it */
+    if (rc == CX_OK)
+        rc = mark(dfd, CX_REVOKED_LISTED);
     /* Files older than max_age go: every link their key signed has expired
      * (a key revoked again within max_age was made again above). */
     d = fdopendir(dup(dfd));

@@ -33,9 +33,15 @@ void cx_watch_free(struct cx_watch *w);
 enum cx_err cx_watch_wait(struct cx_watch *w, int timeout_ms, bool *fresh, cx_watch_fn fn,
                           void *ctx) CX_MUSTCHECK;
 
+/* The file that says the list is kept (made by every sync): nginx hands
+ * every link to codexec while it is missing, so a list nobody keeps, or
+ * one nginx can't read, fails closed. */
+#define CX_REVOKED_LISTED ".listed"
+
 /* Makes revoked_keys_dir hold a file for every key revoked within
  * link_max_expiry, and removes the files older than that (their keys'
- * links have all expired). Other names there are left alone. */
+ * links have all expired), then CX_REVOKED_LISTED. Other names there are
+ * left alone. */
 enum cx_err cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed) CX_MUSTCHECK;
 
 /* One key changed: its file exists unless the key is live. */

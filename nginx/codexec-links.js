@@ -87,15 +87,20 @@ function download(r) {
     if (meta.length !== 4 || !keySafe(meta[0]) || meta[2].length !== 64) {
         return r.internalRedirect('@codexec');
     }
-    const h = r.headersOut;
-    h['Content-Type'] = meta[1];
-    h['ETag'] = '"' + meta[2] + '"';
-    h['Content-Disposition'] = meta[3];
-    h['Cache-Control'] = 'private';
+    const etag = '"' + meta[2] + '"';
+    // (codexec's answer, should the file be gone, sets its own type)
+    r.headersOut['Content-Type'] = meta[1];
     if (etagMatches(r.headersIn['If-None-Match'], meta[2])) {
+        const h = r.headersOut;
+        h['ETag'] = etag;
+        h['Content-Disposition'] = meta[3];
+        h['Cache-Control'] = 'private';
         return r.return(304);
     }
-    r.variables.codexec_edge_path = meta[0];
+    // the rest only on the file's own answer (codexec-edge.conf)
+    v.codexec_edge_path = meta[0];
+    v.codexec_edge_etag = etag;
+    v.codexec_edge_disposition = meta[3];
     // (the query goes along: if the file is gone, codexec gets the link)
     r.internalRedirect('/_codexec_edge?' + v.args);
 }

@@ -653,6 +653,8 @@ class Stack:
         edge_http = "" if not edge else f"""
     js_import codexec_links from {ndir}/codexec-links.js;
     js_var $codexec_edge_path;
+    js_var $codexec_edge_etag;
+    js_var $codexec_edge_disposition;
 """
         edge_server = "" if not edge else f"""
         location ~ ^/v1/artifacts/[^/]+/content$ {{

@@ -1,6 +1,7 @@
 /* Downloads: who may read which bytes (signed links, REMOTE_USER, API
  * keys), with every way a link can be forged, moved or outlived. Real
  * PostgreSQL and storage. */
+#include <ctype.h>
 #include <sodium.h>
 #include <time.h>
 #include <unistd.h>
@@ -231,6 +232,28 @@ epoch_race(struct cxtest *t, const char *key, const char *id)
     cx_dlcache_forget_artifact(id);
 }
 
+/* An id asked in capitals is the same artifact, and forgotten with it. */
+static void
+upper_case_id(struct cxtest *t, const char *key, const char *id)
+{
+    struct cx_principal who;
+    struct cx_download d;
+    char upper[37];
+
+    for (size_t i = 0; i <= strlen(id); i++)
+        upper[i] = (char)toupper((unsigned char)id[i]);
+    ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), upper, 1, &who, &d) == CX_OK &&
+           !strcmp(d.artifact_id, id),
+       "asked in capitals: the artifact, named as PostgreSQL names it");
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
+       "revoked");
+    cx_dlcache_forget_artifact(id);
+    is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), upper, 1, &who, &d),
+           CX_ERR_UNAUTHORIZED, "forgotten with the artifact's announcement");
+    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
+       "(live again)");
+}
+
 /* The download cache: answers from memory while live, forgets at once when
  * told (what the watcher does on PostgreSQL's announcements), never keeps
  * what was read across a forgetting. */
@@ -291,6 +314,7 @@ cache(struct cxtest *t, const char *id)
     ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 0, &who, &d) == CX_OK &&
            d.version == 3,
        "told of the artifact: version 3");
+    upper_case_id(t, key, id);
     is_int(cx_download_resolve_for_key(&t->cx, "cx_nope", 7, id, 0, &who, &d), CX_ERR_UNAUTHORIZED,
            "a bad key: refused as ever");
     cx_dlcache_set_live(false);

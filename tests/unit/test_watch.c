@@ -113,6 +113,7 @@ main(void)
     ok(!exists(dir, eve.key_id), "eve's live key not listed");
     ok(!exists(dir, old), "the old one gone");
     ok(exists(dir, "README"), "other names left alone");
+    ok(exists(dir, CX_REVOKED_LISTED), "the list says it is kept");
     ok(cx_revoked_sync(&t.cx, &added, &removed) == CX_OK && added == 0 && removed == 0,
        "a second sync changes nothing");
     /* a link in a revoked key's place (nginx would follow it) is replaced */
