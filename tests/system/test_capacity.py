@@ -142,8 +142,10 @@ def test_kernel_budget(ctx):
         # all five busy: the five conversations that hold the kernels now
         # (10 gave way to 0), so no run waits on an eviction or a start
         busy = []
+        # (15 s: under ASan on a busy machine the five starts can spread
+        # over several seconds, and all five must be seen busy at once)
         ths = [threading.Thread(target=lambda k=k: busy.append(
-            fcgi_run(sock, k, "c", "import time\ntime.sleep(6)")[0]))
+            fcgi_run(sock, k, "c", "import time\ntime.sleep(15)")[0]))
             for k in keys[11:15] + keys[:1]]
         for t in ths:
             t.start()

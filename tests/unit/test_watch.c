@@ -84,7 +84,7 @@ main(void)
     bob = cxtest_principal(&t, "bob");
     eve = cxtest_principal(&t, "eve");
 
-    ok(cx_watch_new(t.cfg.database, &w) == CX_OK, "a watch");
+    need(cx_watch_new(t.cfg.database, &w) == CX_OK, "a watch");
     ok(cx_watch_wait(w, 100, &fresh, collect, &s) == CX_OK && fresh,
        "the first wait connects and says all may have changed");
     ok(cx_watch_wait(w, 100, &fresh, collect, &s) == CX_OK && !fresh && s.n == 0,
@@ -94,7 +94,8 @@ main(void)
     wait_for(w, &s, 1);
     ok(s.n == 1 && !strcmp(s.kind[0], "key") && !strcmp(s.id[0], bob.key_id),
        "its notice arrives: key %s", bob.key_id);
-    ok(cxtest_upload(&t, "eve", "c1", "f.txt", "x", 1, &a, msg, sizeof(msg)) == CX_OK, "an upload");
+    need(cxtest_upload(&t, "eve", "c1", "f.txt", "x", 1, &a, msg, sizeof(msg)) == CX_OK,
+         "an upload");
     snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(a, "artifact_id")));
     json_decref(a);
     ok(cx_artifact_delete(&t.cx, "eve", id) == CX_OK, "deleted");
