@@ -229,8 +229,14 @@ def test_round_trips_do_not_grow_with_the_workspace(ctx):
     run(ctx, user, "empty", "x = 0")
     run(ctx, user, "full", "import os\nfor i in range(50):\n"
                            "    open(f'f{i:02d}.bin', 'wb').write(os.urandom(65536))")
-    _, empty = round_trips(ctx, user, "empty", "x = 1")
-    r, full = round_trips(ctx, user, "full", "x = 1")
+    # (the reaper's sweep lists the gateway's kernels every reaper_interval:
+    # a sweep that lands inside one of the two runs counts one REST call
+    # there; it can't land in three pairs in a row)
+    for _ in range(3):
+        _, empty = round_trips(ctx, user, "empty", "x = 1")
+        r, full = round_trips(ctx, user, "full", "x = 1")
+        if full == empty == [1, 0, 0]:
+            break
     eq(r["artifacts"], [], "nothing changed")
     eq(full, empty, "same round trips with 50 files of 64 KiB as with none")
     eq(empty, [1, 0, 0], "one pipelined batch, no REST call, no new WebSocket")
