@@ -28,7 +28,9 @@
  * sandbox but its init (pid 1) and the kernel ends with the run, so a fork
  * bomb, a runaway child or a writer that outlives its cell holds nothing
  * (pids, memory, CPU, files being written) past the run. The kernel's own
- * children are reaped, within 200 ms. Only inside codexec's sandbox (its
+ * children are reaped, within 2 s (killing hundreds on a loaded machine
+ * takes more than 200 ms, and an unreaped child stays a zombie of the
+ * kernel's, holding a pid, until the next run). Only inside codexec's sandbox (its
  * launcher's CODEXEC_SANDBOX, and the kernel a child of the sandbox's own
  * pid 1): a kernel started without the sandbox shares the host's
  * processes. Defined once per kernel process. */
@@ -46,7 +48,7 @@
     "    if child: mine.append(int(d))\\n"                                                         \
     "   except (OSError, IndexError):\\n"                                                          \
     "    pass\\n"                                                                                  \
-    " end = time.monotonic() + 0.2\\n"                                                             \
+    " end = time.monotonic() + 2\\n"                                                               \
     " while mine and time.monotonic() < end:\\n"                                                   \
     "  for p in list(mine):\\n"                                                                    \
     "   try:\\n"                                                                                   \
