@@ -232,6 +232,17 @@ epoch_race(struct cxtest *t, const char *key, const char *id)
     cx_dlcache_forget_artifact(id);
 }
 
+/* The cache test's key revoked (or live again) in the database alone, as
+ * another process would change it, without telling the cache. */
+static void
+behind_the_cache(struct cxtest *t, bool revoked, const char *what)
+{
+    ok(cx_db_run(t->cx.db,
+                 revoked ? "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'"
+                         : "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
+       "%s", what);
+}
+
 /* An id asked in capitals is the same artifact, and forgotten with it. */
 static void
 upper_case_id(struct cxtest *t, const char *key, const char *id)
@@ -245,13 +256,11 @@ upper_case_id(struct cxtest *t, const char *key, const char *id)
     ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), upper, 1, &who, &d) == CX_OK &&
            !strcmp(d.artifact_id, id),
        "asked in capitals: the artifact, named as PostgreSQL names it");
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
-       "revoked");
+    behind_the_cache(t, true, "revoked");
     cx_dlcache_forget_artifact(id);
     is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), upper, 1, &who, &d),
            CX_ERR_UNAUTHORIZED, "forgotten with the artifact's announcement");
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
-       "(live again)");
+    behind_the_cache(t, false, "(live again)");
 }
 
 /* The download cache: answers from memory while live, forgets at once when
@@ -269,18 +278,15 @@ cache(struct cxtest *t, const char *id)
     ok(cx_dlcache_init(8) == CX_OK, "a cache of 8");
     is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d), CX_OK,
            "not live yet: the database answers");
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
-       "the key revoked behind the cache's back");
+    behind_the_cache(t, true, "the key revoked behind the cache's back");
     is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d),
            CX_ERR_UNAUTHORIZED, "not live: nothing was kept");
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
-       "(live again)");
+    behind_the_cache(t, false, "(live again)");
     cx_dlcache_set_live(true);
     ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK &&
            d.version == 1 && !strcmp(who.user, "bob") && !strcmp(who.key_id, kid),
        "live: the database answers, and the answer is kept");
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
-       "revoked behind its back again");
+    behind_the_cache(t, true, "revoked behind its back again");
     ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK &&
            d.version == 1 && d.size == 5,
        "so the kept answer stands (the proof it was kept)");
@@ -290,17 +296,14 @@ cache(struct cxtest *t, const char *id)
     ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK,
        "forgetting another artifact leaves this answer");
     cx_dlcache_forget_key(kid);
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
-       "(live again)");
+    behind_the_cache(t, false, "(live again)");
     epoch_race(t, key, id);
     ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d) == CX_OK, "kept");
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
-       "revoked");
+    behind_the_cache(t, true, "revoked");
     cx_dlcache_forget_key(kid);
     is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d),
            CX_ERR_UNAUTHORIZED, "told of the key: forgotten, refused");
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = NULL WHERE label = 'cache'") == CX_OK,
-       "(live again)");
+    behind_the_cache(t, false, "(live again)");
     ok(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 0, &who, &d) == CX_OK &&
            d.version == 2,
        "the current version, kept");
@@ -318,8 +321,7 @@ cache(struct cxtest *t, const char *id)
     is_int(cx_download_resolve_for_key(&t->cx, "cx_nope", 7, id, 0, &who, &d), CX_ERR_UNAUTHORIZED,
            "a bad key: refused as ever");
     cx_dlcache_set_live(false);
-    ok(cx_db_run(t->cx.db, "UPDATE api_keys SET revoked_at = now() WHERE label = 'cache'") == CX_OK,
-       "revoked");
+    behind_the_cache(t, true, "revoked");
     is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 0, &who, &d),
            CX_ERR_UNAUTHORIZED, "no longer live: everything forgotten");
     cx_dlcache_shutdown();
