@@ -7,6 +7,7 @@
 #include "capture.h"
 #include "config.h"
 #include "log.h"
+#include "metrics.h"
 #include "mime.h"
 #include "storage.h"
 #include "util.h"
@@ -25,7 +26,7 @@ struct cx_capture {
     struct cx_captured cur;
     unsigned char head[MAGIC_BYTES];
     size_t head_len;
-    unsigned char *chunk; /* decode buffer, CHUNK bytes */
+    unsigned char *chunk; /* base64 decode buffer, CHUNK bytes, made on first use */
     /* results */
     struct cx_captured *files;
     size_t nfiles, cap;
@@ -59,9 +60,8 @@ cx_capture_new(const struct cx_config *cfg, struct cx_storage *store, struct cx_
     c->store = store;
     c->max_files = cfg->max_captured_files;
     c->max_skipped = cfg->max_captured_files + SKIPPED_EXTRA;
-    c->chunk = malloc(CHUNK);
     c->skipped = json_array();
-    if (!c->chunk || !c->skipped) {
+    if (!c->skipped) {
         cx_capture_free(c);
         return CX_ERR_NOMEM;
     }
@@ -136,7 +136,7 @@ cx_capture_on_result(struct cx_capture *c, json_t *value)
     done = json_loads(text, 0, NULL);
     if (json_is_object(done) && json_is_string(json_object_get(done, "op")) &&
         !strcmp(json_string_value(json_object_get(done, "op")), "done"))
-        cx_capture_on_message(c, done);
+        cx_capture_on_message(c, done, NULL, 0);
     json_decref(done);
 }
 
@@ -263,8 +263,26 @@ add_bytes(struct cx_capture *c, const unsigned char *data, size_t len)
     return cx_storage_writer_write(c->cur.w, data, len);
 }
 
+/* A chunk's bytes: the message's buffer, or its base64 "data" decoded
+ * into c->chunk. NULL when it has neither or they don't decode. */
+static const unsigned char *
+chunk_bytes(struct cx_capture *c, json_t *msg, const void *buf, size_t *len)
+{
+    const char *b64 = json_string_value(json_object_get(msg, "data"));
+
+    if (!b64)
+        return buf;
+    if (!c->chunk && !(c->chunk = malloc(CHUNK)))
+        return NULL;
+    if (sodium_base642bin(c->chunk, CHUNK, b64, strlen(b64), NULL, len, NULL,
+                          sodium_base64_VARIANT_ORIGINAL) != 0)
+        return NULL;
+    cx_metrics_add(CX_COUNT_CAPTURE_BASE64, *len);
+    return c->chunk;
+}
+
 void
-cx_capture_on_message(struct cx_capture *c, json_t *msg)
+cx_capture_on_message(struct cx_capture *c, json_t *msg, const void *buf, size_t buflen)
 {
     const char *op = json_string_value(json_object_get(msg, "op"));
     json_int_t n = json_integer_value(json_object_get(msg, "n"));
@@ -294,10 +312,9 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg)
         }
         c->receiving = true;
     } else if (!strcmp(op, "chunk") && c->receiving && n == c->n) {
-        const char *b64 = json_string_value(json_object_get(msg, "data"));
-        size_t len = 0;
-        if (!b64 || sodium_base642bin(c->chunk, CHUNK, b64, strlen(b64), NULL, &len, NULL,
-                                      sodium_base64_VARIANT_ORIGINAL) != 0) {
+        size_t len = buflen;
+        const unsigned char *bytes = chunk_bytes(c, msg, buf, &len);
+        if (!bytes) {
             drop_current(c, "corrupt_transfer");
             return;
         }
@@ -309,7 +326,7 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg)
             drop_current(c, "quota_exceeded"); /* no run stages more than a user may keep */
             return;
         }
-        if (add_bytes(c, c->chunk, len))
+        if (add_bytes(c, bytes, len))
             drop_current(c, "storage_error");
     } else if (!strcmp(op, "end") && c->receiving && n == c->n) {
         finish_current(c, msg);

@@ -43,8 +43,11 @@ const char *cx_capture_expression(void);
 json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
                             bool rescan);
 
-/* Handles one capture message (the value under CX_CAPTURE_MIME). */
-void cx_capture_on_message(struct cx_capture *c, json_t *msg);
+/* Handles one capture message (the value under CX_CAPTURE_MIME) and the
+ * message's first binary buffer (NULL when it has none): a chunk's bytes
+ * are that buffer, or base64 in its "data" when the kernel could not send
+ * buffers. */
+void cx_capture_on_message(struct cx_capture *c, json_t *msg, const void *buf, size_t len);
 
 /* Handles the loader expression's result from execute_reply
  * user_expressions: its "done" record, or nothing when it failed. */

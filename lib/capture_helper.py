@@ -10,7 +10,9 @@
 # execute of its own (see docs/internals/capture.md).
 # Output: display_data messages of type application/vnd.codexec.capture+json:
 #   {"op": "file", "n": i, "path": p, "size": s}          a changed file begins
-#   {"op": "chunk", "n": i, "data": "<base64>"}            its bytes, in order
+#   {"op": "chunk", "n": i}                                its bytes, in order, as the
+#                                                          message's one binary buffer
+#   ({"op": "chunk", "n": i, "data": "<base64>"} where the kernel can't send buffers)
 #   {"op": "end", "n": i, "size": s, "sha256": h}          what was sent
 # and, as the expression's value (its text/plain is this JSON):
 #   {"op": "done", "skipped": [...], "scanned": n, "hashed": m}
@@ -36,6 +38,21 @@ def main(ip):
 
     def send(obj):
         publish(data={MIME: obj}, metadata={})
+
+    pub = ip.display_pub
+    session, sock = getattr(pub, "session", None), getattr(pub, "pub_socket", None)
+
+    def send_bytes(obj, b):
+        # The bytes as the message's binary buffer (the gateway forwards it
+        # in a binary WebSocket frame): not base64, not in the JSON, not
+        # under the message's HMAC. The same socket as publish(): in order.
+        if session is not None and sock is not None:
+            content = {"data": {MIME: obj}, "metadata": {}, "transient": {}}
+            session.send(sock, "display_data", content, parent=pub.parent_header,
+                         ident=pub.topic, buffers=[b])
+        else:
+            obj["data"] = base64.b64encode(b).decode()
+            send(obj)
 
     def named(rel):
         return outputs is not None and any(
@@ -102,12 +119,18 @@ def main(ip):
             if old and len(old) == 4 and old[:3] == key:
                 state[rel] = old
                 continue
+            if not (old and len(old) == 4 and isinstance(old[3], str)):
+                # Nothing to compare with: it is sent, and hashed once, as
+                # it is read for sending (its digest is kept then).
+                state[rel] = key + [None]
+                changed.append((rel, st.st_size))
+                continue
             sha = hash_file(os.path.join(root, rel))
             hashed += 1
             if sha is None:
                 continue
             state[rel] = key + [sha]
-            if not (old and len(old) == 4 and old[3] == sha):
+            if old[3] != sha:
                 changed.append((rel, st.st_size))
 
     changed.sort()
@@ -136,13 +159,17 @@ def main(ip):
                         break
                     h.update(b)
                     total += len(b)
-                    send({"op": "chunk", "n": n, "data": base64.b64encode(b).decode()})
+                    send_bytes({"op": "chunk", "n": n}, b)
         except OSError:
             send({"op": "end", "n": n, "error": "unreadable"})
             state.pop(rel, None)
             continue
-        send({"op": "end", "n": n, "size": total, "sha256": h.hexdigest()})
-        if total != size or len(state.get(rel, ())) != 4 or state[rel][3] != h.hexdigest():
+        digest = h.hexdigest()
+        send({"op": "end", "n": n, "size": total, "sha256": digest})
+        kept = state.get(rel)
+        if total == size and kept and len(kept) == 4 and kept[3] in (None, digest):
+            kept[3] = digest
+        else:
             state.pop(rel, None)  # it changed while we read: look again next run
 
     if state != prev:  # most runs change nothing: no write

@@ -468,6 +468,45 @@ all_done(struct cx_exec *reqs, int n)
     return true;
 }
 
+static uint32_t
+be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+enum cx_err
+cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json, size_t *json_len,
+                       struct cx_kernel_buffers *bufs)
+{
+    uint32_t parts, off[CX_KERNEL_MAX_BUFFERS + 2];
+
+    /* n, then n offsets: the JSON's (just past them) and each buffer's; a
+     * part ends where the next begins, the last at the frame's end. */
+    if (len < 8 || len > UINT32_MAX)
+        return CX_ERR_PROTOCOL;
+    parts = be32(frame);
+    if (parts < 1 || parts > CX_KERNEL_MAX_BUFFERS + 1 || len < 4 * ((size_t)parts + 1))
+        return CX_ERR_PROTOCOL;
+    for (uint32_t i = 0; i < parts; i++)
+        off[i] = be32(frame + 4 * (i + 1));
+    off[parts] = (uint32_t)len;
+    if (off[0] != 4 * (parts + 1))
+        return CX_ERR_PROTOCOL;
+    for (uint32_t i = 0; i < parts; i++)
+        if (off[i + 1] < off[i])
+            return CX_ERR_PROTOCOL;
+    if (off[1] == off[0])
+        return CX_ERR_PROTOCOL; /* no JSON */
+    *json = (const char *)frame + off[0];
+    *json_len = off[1] - off[0];
+    bufs->n = parts - 1;
+    for (uint32_t i = 1; i < parts; i++) {
+        bufs->data[i - 1] = frame + off[i];
+        bufs->len[i - 1] = off[i + 1] - off[i];
+    }
+    return CX_OK;
+}
+
 enum cx_err
 cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, int64_t deadline_us,
                cx_exec_fn fn, void *ctx)
@@ -476,6 +515,9 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
     enum cx_err rc;
 
     while (!all_done(reqs, need)) {
+        struct cx_kernel_buffers bufs;
+        const char *json;
+        size_t json_len;
         json_t *m, *content;
         const char *type, *channel, *parent_id, *state;
         int i;
@@ -487,7 +529,7 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
             /* A message too large to keep was skipped (a huge stream chunk):
              * it can only be output, so report it as such. */
             c->messages++;
-            rc = fn ? fn(ctx, -1, "oversized", NULL) : CX_OK;
+            rc = fn ? fn(ctx, -1, "oversized", NULL, NULL) : CX_OK;
             if (rc)
                 return rc;
             continue;
@@ -495,9 +537,13 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         if (rc)
             return rc;
         c->messages++;
-        if (op != CX_WS_TEXT)
-            continue; /* messages with binary buffers carry nothing we use */
-        m = json_loadb(c->msg.data, c->msg.len, JSON_ALLOW_NUL, NULL);
+        json = c->msg.data;
+        json_len = c->msg.len;
+        bufs.n = 0;
+        if (op == CX_WS_BINARY && cx_kernel_split_binary((const unsigned char *)c->msg.data,
+                                                         c->msg.len, &json, &json_len, &bufs))
+            continue; /* not a message */
+        m = json_loadb(json, json_len, JSON_ALLOW_NUL, NULL);
         if (!m)
             continue;
         type = json_string_value(json_object_get(json_object_get(m, "header"), "msg_type"));
@@ -530,7 +576,7 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
                    !strcmp(state, "idle")) {
             reqs[i].got_idle = true;
         }
-        rc = fn ? fn(ctx, i, type, content) : CX_OK;
+        rc = fn ? fn(ctx, i, type, content, &bufs) : CX_OK;
         json_decref(m);
         if (rc)
             return rc;

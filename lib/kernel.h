@@ -34,12 +34,33 @@ struct cx_exec {
     json_t *reply; /* execute_reply content (new reference), or NULL */
 };
 
+/* A message's binary buffers (the protocol's "buffers": a WebSocket binary
+ * frame carries them after the JSON), borrowed for the call. Messages with
+ * more are dropped whole. */
+#define CX_KERNEL_MAX_BUFFERS 4
+
+struct cx_kernel_buffers {
+    size_t n;
+    const unsigned char *data[CX_KERNEL_MAX_BUFFERS];
+    size_t len[CX_KERNEL_MAX_BUFFERS];
+};
+
 /* Called for each iopub/shell message whose parent is one of the requests:
  * index is the request's position, msg_type e.g. "stream", content the
- * message content (borrowed). A non-zero return stops the wait with that
- * error. A message too large to keep (over 32 MiB) is skipped and reported
- * as index -1, msg_type "oversized", content NULL. */
-typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, json_t *content);
+ * message content, bufs its buffers (n = 0 for most; all borrowed). A
+ * non-zero return stops the wait with that error. A message too large to
+ * keep (over 32 MiB) is skipped and reported as index -1, msg_type
+ * "oversized", content and bufs NULL. */
+typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, json_t *content,
+                                  const struct cx_kernel_buffers *bufs);
+
+/* Splits a binary frame of the Jupyter Server WebSocket protocol (a count
+ * n, n big-endian 32-bit offsets, the message's JSON, then its buffers) into
+ * the JSON (*json, *json_len) and the buffers. CX_ERR_PROTOCOL for a frame
+ * that is not one (offsets outside it or out of order, no JSON) or has
+ * more than CX_KERNEL_MAX_BUFFERS buffers. */
+enum cx_err cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json,
+                                   size_t *json_len, struct cx_kernel_buffers *bufs) CX_MUSTCHECK;
 
 /* A connection to the kernel: a pooled one if available, else a new one.
  * CX_ERR_NOT_FOUND when the gateway does not know the kernel. */

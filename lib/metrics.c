@@ -36,6 +36,8 @@ static const struct {
                                 "Kernel messages read and dropped (not for a run of ours)."},
     [CX_COUNT_ACCEPT_ERRORS] = {"accept_errors", "accept() failures a worker backed off from."},
     [CX_COUNT_CAPTURE_BYTES] = {"capture_bytes", "Bytes of captured files stored."},
+    [CX_COUNT_CAPTURE_BASE64] = {"capture_base64_bytes",
+                                 "Bytes of files a kernel sent base64 in JSON, not binary."},
     [CX_COUNT_DOWNLOAD_BYTES] = {"download_bytes", "Bytes of artifacts handed out."},
     [CX_COUNT_DATABASE_ERRORS] = {"database_errors",
                                   "PostgreSQL statements or connections that failed."},

@@ -18,6 +18,7 @@ enum cx_counter {
     CX_COUNT_GATEWAY_STALE,      /* messages read and dropped: not for a run of ours */
     CX_COUNT_ACCEPT_ERRORS,      /* accept() failures a worker backed off from */
     CX_COUNT_CAPTURE_BYTES,      /* bytes of captured files stored */
+    CX_COUNT_CAPTURE_BASE64,     /* bytes of files received base64 in JSON, not binary */
     CX_COUNT_DOWNLOAD_BYTES,     /* bytes of artifacts handed out (body or X-Accel/X-Sendfile) */
     CX_COUNT_DATABASE_ERRORS,    /* PostgreSQL statements or connections that failed */
     CX_COUNT_GATEWAY_ERRORS,     /* gateway calls that failed (transport or status) */

@@ -324,7 +324,8 @@ all_replied(const struct cx_exec *reqs, int n)
 }
 
 static enum cx_err
-on_message(void *ctx, int index, const char *type, json_t *content)
+on_message(void *ctx, int index, const char *type, json_t *content,
+           const struct cx_kernel_buffers *bufs)
 {
     struct cx_runexec *st = ctx;
 
@@ -349,7 +350,8 @@ on_message(void *ctx, int index, const char *type, json_t *content)
         json_t *m = json_object_get(json_object_get(content, "data"), CX_CAPTURE_MIME);
         if (m) {
             cx_runexec_capturing(st); /* the user's code is done */
-            cx_capture_on_message(st->cap, m);
+            cx_capture_on_message(st->cap, m, bufs->n ? bufs->data[0] : NULL,
+                                  bufs->n ? bufs->len[0] : 0);
             return CX_OK;
         }
     }

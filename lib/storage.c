@@ -12,6 +12,7 @@
 #include "config.h"
 #include "log.h"
 #include "s3.h"
+#include "sha256.h"
 #include "storage.h"
 #include "util.h"
 
@@ -30,7 +31,7 @@ struct cx_storage_writer {
     struct cx_s3_upload *up; /* a store: begun once a part was full */
     bool stored;             /* a store: the staging object exists */
     uint64_t size;
-    crypto_hash_sha256_state sha;
+    struct cx_sha256 sha;
     bool finished;
 };
 
@@ -278,7 +279,7 @@ cx_storage_writer_new(struct cx_storage *st, struct cx_storage_writer **out)
         return CX_ERR_NOMEM;
     w->fd = -1;
     w->st = st;
-    crypto_hash_sha256_init(&w->sha);
+    cx_sha256_init(&w->sha);
     if (st->s3) {
         /* the buffer grows as bytes come: most files are small */
         random_key(".staging", "w", w->tmp, sizeof(w->tmp));
@@ -367,7 +368,7 @@ cx_storage_writer_write(struct cx_storage_writer *w, const void *data, size_t le
         cx_log_err(errno, "write() to storage failed");
         return CX_ERR_IO;
     }
-    crypto_hash_sha256_update(&w->sha, data, len);
+    cx_sha256_update(&w->sha, data, len);
     w->size += len;
     return CX_OK;
 }
@@ -405,7 +406,7 @@ s3_finish(struct cx_storage_writer *w)
 enum cx_err
 cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha256[65])
 {
-    unsigned char h[crypto_hash_sha256_BYTES];
+    unsigned char h[CX_SHA256_BYTES];
 
     if (w->st->s3) {
         enum cx_err rc = s3_finish(w);
@@ -420,7 +421,7 @@ cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha25
     if (w->fd >= 0)
         close(w->fd);
     w->fd = -1;
-    crypto_hash_sha256_final(&w->sha, h);
+    cx_sha256_final(&w->sha, h);
     sodium_bin2hex(sha256, 65, h, sizeof(h));
     *size = w->size;
     w->finished = true;
@@ -670,7 +671,7 @@ cx_storage_walk(struct cx_storage *st, long stale_seconds, bool prune, cx_storag
 }
 
 struct hashing {
-    crypto_hash_sha256_state s;
+    struct cx_sha256 s;
     uint64_t size;
 };
 
@@ -679,7 +680,7 @@ on_hash(void *ctx, const void *data, size_t len)
 {
     struct hashing *h = ctx;
 
-    crypto_hash_sha256_update(&h->s, data, len);
+    cx_sha256_update(&h->s, data, len);
     h->size += len;
     return true;
 }
@@ -688,15 +689,15 @@ on_hash(void *ctx, const void *data, size_t len)
 enum cx_err
 cx_storage_digest(struct cx_storage *st, const char *key, uint64_t *size, char sha256[65])
 {
-    unsigned char h[crypto_hash_sha256_BYTES];
+    unsigned char h[CX_SHA256_BYTES];
     struct hashing hs = {0};
     enum cx_err rc;
 
-    crypto_hash_sha256_init(&hs.s);
+    cx_sha256_init(&hs.s);
     rc = cx_storage_read(st, key, 0, UINT64_MAX, on_hash, &hs);
     if (rc)
         return rc;
-    crypto_hash_sha256_final(&hs.s, h);
+    cx_sha256_final(&hs.s, h);
     sodium_bin2hex(sha256, 65, h, sizeof(h));
     *size = hs.size;
     return CX_OK;

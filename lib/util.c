@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "buf.h"
+#include "sha256.h"
 #include "util.h"
 
 bool
@@ -131,9 +132,12 @@ cx_uuid_generate(char out[37])
 void
 cx_sha256_hex(const void *data, size_t len, char out[65])
 {
-    unsigned char h[crypto_hash_sha256_BYTES];
+    unsigned char h[CX_SHA256_BYTES];
+    struct cx_sha256 s;
 
-    crypto_hash_sha256(h, data, len);
+    cx_sha256_init(&s);
+    cx_sha256_update(&s, data, len);
+    cx_sha256_final(&s, h);
     sodium_bin2hex(out, 65, h, sizeof(h));
 }
 

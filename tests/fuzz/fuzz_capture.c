@@ -50,7 +50,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue;
         json_t *m = json_loadb((const char *)data + start, i - start, 0, NULL);
         if (m) {
-            cx_capture_on_message(c, m);
+            /* the record's own bytes as its buffer: chunks without data */
+            cx_capture_on_message(c, m, data + start, i - start);
             json_decref(last);
             last = m;
         }

@@ -1,5 +1,5 @@
 /* Jupyter messages as a kernel (a tenant's code) could make them: each
- * line of the input is one text frame; they are waited for as replies to
+ * line of the input is one frame (text, or binary with buffers); they are waited for as replies to
  * three requests, the way a run waits, and every message is handed to a
  * callback that reads it as a run does. */
 #include "../../lib/kernel.h"
@@ -7,17 +7,21 @@
 #include "fuzz.h"
 
 static enum cx_err
-on_msg(void *ctx, int index, const char *type, json_t *content)
+on_msg(void *ctx, int index, const char *type, json_t *content,
+       const struct cx_kernel_buffers *bufs)
 {
     size_t *n = ctx;
     json_t *data = json_object_get(content, "data");
 
     *n += (size_t)index + strlen(type) + json_object_size(data);
+    for (size_t i = 0; bufs && i < bufs->n; i++)
+        *n += bufs->len[i] ? bufs->data[i][bufs->len[i] - 1] : 0u; /* read to the end */
     (void)json_string_length(json_object_get(content, "text"));
     return CX_OK;
 }
 
-/* Wraps each line as an unmasked text frame. */
+/* Wraps each line as an unmasked text frame; a line that begins with 'B'
+ * is the rest of it as a binary frame (count, offsets, JSON, buffers). */
 static uint8_t *
 frames(const uint8_t *data, size_t size, size_t *outlen)
 {
@@ -30,7 +34,12 @@ frames(const uint8_t *data, size_t size, size_t *outlen)
         if (i < size && data[i] != '\n')
             continue;
         size_t n = i - start;
-        *o++ = 0x81;
+        bool bin = n > 0 && data[start] == 'B';
+        if (bin) {
+            start++;
+            n--;
+        }
+        *o++ = bin ? 0x82 : 0x81;
         if (n < 126) {
             *o++ = (uint8_t)n;
         } else {

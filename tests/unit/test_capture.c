@@ -20,7 +20,15 @@ static struct cx_storage *store;
 static void
 feed(struct cx_capture *c, json_t *m)
 {
-    cx_capture_on_message(c, m);
+    cx_capture_on_message(c, m, NULL, 0);
+    json_decref(m);
+}
+
+/* A record with a binary buffer. */
+static void
+feed_buf(struct cx_capture *c, json_t *m, const char *buf, size_t len)
+{
+    cx_capture_on_message(c, m, buf, len);
     json_decref(m);
 }
 
@@ -80,6 +88,52 @@ honest(void)
     ok(!cx_capture_done(c), "not done before the done record");
     feed(c, json_pack("{s:s,s:[]}", "op", "done", "skipped"));
     ok(cx_capture_done(c), "done");
+    cx_capture_free(c);
+}
+
+/* The bytes as the message's binary buffer, as the helper sends them. */
+static void
+binary(void)
+{
+    static const char part1[] = "\0\1\2binary\xff", part2[] = "\n\r\0tail";
+    char all[sizeof(part1) + sizeof(part2)], sha[65];
+    struct cx_capture *c = NULL;
+    struct cx_captured *f;
+
+    memcpy(all, part1, sizeof(part1) - 1);
+    memcpy(all + sizeof(part1) - 1, part2, sizeof(part2) - 1);
+    hex_sha(all, sizeof(all) - 2, sha);
+    need(cx_capture_new(&cfg, store, &c) == CX_OK, "capture");
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "file", "n", 0, "path", "raw.bin"));
+    feed_buf(c, json_pack("{s:s,s:i}", "op", "chunk", "n", 0), part1, sizeof(part1) - 1);
+    feed_buf(c, json_pack("{s:s,s:i}", "op", "chunk", "n", 0), part2, sizeof(part2) - 1);
+    feed(c, json_pack("{s:s,s:i,s:I,s:s}", "op", "end", "n", 0, "size", (json_int_t)sizeof(all) - 2,
+                      "sha256", sha));
+    need(cx_capture_count(c) == 1, "a file in binary buffers is received");
+    f = cx_capture_file(c, 0);
+    ok(f->size == sizeof(all) - 2 && !strcmp(f->sha256, sha), "whole, NULs and all");
+
+    /* a chunk with neither buffer nor data drops its file */
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "file", "n", 1, "path", "empty.bin"));
+    feed(c, json_pack("{s:s,s:i}", "op", "chunk", "n", 1));
+    is_str(skipped_reason(c, "empty.bin"), "corrupt_transfer", "a chunk of nothing is corrupt");
+    /* with both, the data is what counts (and a bad one drops the file) */
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "file", "n", 2, "path", "both.bin"));
+    feed_buf(c, json_pack("{s:s,s:i,s:s}", "op", "chunk", "n", 2, "data", "!!"), "ok", 2);
+    is_str(skipped_reason(c, "both.bin"), "corrupt_transfer", "data and a buffer: data is read");
+    /* a buffer past max_artifact_bytes (32 here), whatever the file said */
+    feed(c, json_pack("{s:s,s:i,s:s}", "op", "file", "n", 3, "path", "huge.bin"));
+    {
+        char big[4096];
+        memset(big, 'x', sizeof(big));
+        feed_buf(c, json_pack("{s:s,s:i}", "op", "chunk", "n", 3), big, sizeof(big));
+    }
+    is_str(skipped_reason(c, "huge.bin"), "too_large", "one large buffer: too_large");
+    /* a buffer on a record that is not a chunk is not read */
+    feed_buf(c, json_pack("{s:s,s:i,s:s}", "op", "file", "n", 4, "path", "b.txt"), "zz", 2);
+    feed(c, json_pack("{s:s,s:i,s:I,s:s}", "op", "end", "n", 4, "size", (json_int_t)0, "sha256",
+                      "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"));
+    is_int(cx_capture_count(c), 2, "an empty file, its file record's buffer ignored");
     cx_capture_free(c);
 }
 
@@ -245,6 +299,7 @@ main(void)
         return 1;
     }
     honest();
+    binary();
     hostile();
     outputs();
     caps();

@@ -13,13 +13,22 @@
 struct seen {
     int streams, errors, results, statuses;
     char text[256];
+    size_t nbufs, buflen[CX_KERNEL_MAX_BUFFERS];
+    unsigned char bufsha[CX_KERNEL_MAX_BUFFERS][crypto_hash_sha256_BYTES];
 };
 
 static enum cx_err
-on_msg(void *ctx, int index, const char *type, json_t *content)
+on_msg(void *ctx, int index, const char *type, json_t *content,
+       const struct cx_kernel_buffers *bufs)
 {
     struct seen *s = ctx;
     (void)index;
+    for (size_t i = 0; bufs && i < bufs->n; i++) {
+        s->buflen[i] = bufs->len[i];
+        crypto_hash_sha256(s->bufsha[i], bufs->data[i], bufs->len[i]);
+    }
+    if (bufs && bufs->n)
+        s->nbufs = bufs->n;
     if (!strcmp(type, "stream")) {
         s->streams++;
         snprintf(s->text + strlen(s->text), sizeof(s->text) - strlen(s->text), "%s",
@@ -78,6 +87,45 @@ count_stalls(struct cx_kernel_conn *c, int n, double *median_ms)
     return stalls;
 }
 
+/* Binary frames as a hostile kernel or gateway could shape them. */
+static void
+split(void)
+{
+    static const struct {
+        const char *frame;
+        size_t len;
+        enum cx_err want;
+        const char *what;
+    } cases[] = {
+        {"\0\0\0\1\0\0\0\x08{}", 10, CX_OK, "JSON alone"},
+        {"\0\0\0\2\0\0\0\x0c\0\0\0\x0e{}ab", 16, CX_OK, "JSON and a buffer"},
+        {"\0\0\0\2\0\0\0\x0c\0\0\0\x0e{}", 14, CX_OK, "an empty buffer at the end"},
+        {"\0\0\0\0\0\0\0\x04", 8, CX_ERR_PROTOCOL, "no parts"},
+        {"\0\0\0\1\0\0\0\x08", 8, CX_ERR_PROTOCOL, "no JSON"},
+        {"\0\0\0\1\0\0\0\x09{}", 10, CX_ERR_PROTOCOL, "JSON not right after the offsets"},
+        {"\0\0\0\2\0\0\0\x0c\0\0\0\x40{}ab", 16, CX_ERR_PROTOCOL, "an offset past the end"},
+        {"\0\0\0\3\0\0\0\x10\0\0\0\x14\0\0\0\x12{}{}ab", 22, CX_ERR_PROTOCOL,
+         "offsets out of order"},
+        {"\0\0\0\x06\0\0\0\x1c", 8, CX_ERR_PROTOCOL, "more buffers than kept"},
+        {"\xff\xff\xff\xff\0\0\0\x08", 8, CX_ERR_PROTOCOL, "a count near 2^32"},
+        {"\0\0\0\1\0\0", 6, CX_ERR_PROTOCOL, "shorter than its header"},
+        {"\0\0\0\x02\0\0\0\x0c", 8, CX_ERR_PROTOCOL, "offsets cut off"},
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct cx_kernel_buffers b;
+        const char *json = NULL;
+        size_t jlen = 0;
+        enum cx_err rc = cx_kernel_split_binary((const unsigned char *)cases[i].frame, cases[i].len,
+                                                &json, &jlen, &b);
+        is_int(rc, cases[i].want, "binary frame: %s", cases[i].what);
+        if (rc == CX_OK)
+            ok(jlen == 2 && !memcmp(json, "{}", 2) && b.n == (cases[i].len == 10 ? 0u : 1u) &&
+                   (b.n == 0 || b.len[0] == cases[i].len - 14),
+               "  its JSON and buffers are where the offsets say");
+    }
+}
+
 int
 main(void)
 {
@@ -98,6 +146,7 @@ main(void)
     }
     if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
         return 1;
+    split();
     need(cx_gateway_new(url, token, &gw) == CX_OK, "gateway handle");
     ok(cx_gateway_ping(gw, msg, sizeof(msg)) == CX_OK, "GET /api/kernelspecs");
     ok(cx_gateway_kernelspecs(gw, &specs) == CX_OK &&
@@ -132,6 +181,29 @@ main(void)
     ok(exec1(c, "1/0", cx_now_us() + 10000000, &s, &e) == CX_OK, "execute an error");
     is_int(s.errors, 1, "error message seen");
     is_str(json_string_value(json_object_get(e.reply, "ename")), "ZeroDivisionError", "ename");
+    cx_exec_cleanup(&e, 1);
+
+    /* buffers reach us in binary frames, byte for byte (the capture's way) */
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c,
+             "p = get_ipython().display_pub\n"
+             "p.session.send(p.pub_socket, 'display_data', {'data': {'text/plain': 'b'}, "
+             "'metadata': {}, 'transient': {}}, parent=p.parent_header, ident=p.topic, "
+             "buffers=[b'\\x00\\x01bin', bytes(range(256)) * 4096])",
+             cx_now_us() + 60000000, &s, &e) == CX_OK,
+       "a message with two buffers");
+    {
+        unsigned char want[2][crypto_hash_sha256_BYTES], big[1 << 20];
+        for (size_t i = 0; i < sizeof(big); i++)
+            big[i] = (unsigned char)i;
+        crypto_hash_sha256(want[0], (const unsigned char *)"\0\1bin", 5);
+        crypto_hash_sha256(want[1], big, sizeof(big));
+        is_int(s.nbufs, 2, "both buffers arrive");
+        ok(s.buflen[0] == 5 && s.buflen[1] == sizeof(big) &&
+               !memcmp(s.bufsha[0], want[0], sizeof(want[0])) &&
+               !memcmp(s.bufsha[1], want[1], sizeof(want[1])),
+           "with their bytes");
+    }
     cx_exec_cleanup(&e, 1);
 
     /* a NUL in what the kernel sends does not lose the message */

@@ -1,3 +1,6 @@
+#include <sodium.h>
+
+#include "../../lib/sha256.h"
 #include "../../lib/util.h"
 #include "tap.h"
 
@@ -64,10 +67,69 @@ static const struct {
     {"0.0.0.0/0", "2001:db8::1", false},
 };
 
+/* The accelerated SHA-256 against libsodium's: every length to 300 bytes
+ * (the padding's edges at 55, 56, 63, 64, 119, 120...), each fed whole
+ * and in pieces split at random, then 1 MiB and 3 MiB + 7 in uneven
+ * writes; and the test vectors of FIPS 180-2. */
+static void
+sha256(void)
+{
+    static unsigned char data[(3 << 20) + 7];
+    unsigned char want[32], got[32];
+    struct cx_sha256 s;
+    int bad = 0;
+    char hex[65];
+
+    printf("# SHA-256 with the SHA extensions: %s\n", cx_sha256_accelerated() ? "yes" : "no");
+    randombytes_buf(data, sizeof(data));
+    for (size_t len = 0; len <= 300; len++) {
+        crypto_hash_sha256(want, data, len);
+        cx_sha256_init(&s);
+        cx_sha256_update(&s, data, len);
+        cx_sha256_final(&s, got);
+        bad += memcmp(want, got, 32) != 0;
+        cx_sha256_init(&s);
+        for (size_t at = 0; at < len;) {
+            size_t n = 1 + randombytes_uniform((uint32_t)(len - at < 70 ? len - at : 70));
+            cx_sha256_update(&s, data + at, n);
+            at += n;
+        }
+        cx_sha256_final(&s, got);
+        bad += memcmp(want, got, 32) != 0;
+    }
+    is_int(bad, 0, "sha256: every length to 300, whole and split, as libsodium's");
+    bad = 0;
+    for (size_t len = 1 << 20; len <= sizeof(data); len += (2 << 20) + 7) {
+        crypto_hash_sha256(want, data, len);
+        cx_sha256_init(&s);
+        for (size_t at = 0; at < len;) {
+            size_t n = 1 + randombytes_uniform(200000);
+            n = n < len - at ? n : len - at;
+            cx_sha256_update(&s, data + at, n);
+            at += n;
+        }
+        cx_sha256_final(&s, got);
+        bad += memcmp(want, got, 32) != 0;
+    }
+    is_int(bad, 0, "sha256: 1 MiB and 3 MiB + 7 in uneven writes, as libsodium's");
+    cx_sha256_hex("abc", 3, hex);
+    is_str(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", "sha256: abc");
+    cx_sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", 56, hex);
+    is_str(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+           "sha256: the two-block vector");
+    cx_sha256_hex("", 0, hex);
+    is_str(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+           "sha256: empty");
+}
+
 int
 main(void)
 {
     char id[33];
+
+    if (sodium_init() < 0)
+        return 1;
+    sha256();
 
     for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
         char *norm = NULL;
