@@ -119,9 +119,10 @@ def main(ip):
             if old and len(old) == 4 and old[:3] == key:
                 state[rel] = old
                 continue
-            if not (old and len(old) == 4 and isinstance(old[3], str)):
-                # Nothing to compare with: it is sent, and hashed once, as
-                # it is read for sending (its digest is kept then).
+            if not (old and len(old) == 4 and isinstance(old[3], str)) or old[0] != key[0]:
+                # New, or of another size: it has changed, so it is sent,
+                # and hashed once, as it is read for sending (the record
+                # keeps that digest).
                 state[rel] = key + [None]
                 changed.append((rel, st.st_size))
                 continue

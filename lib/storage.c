@@ -31,9 +31,15 @@ struct cx_storage_writer {
     struct cx_s3_upload *up; /* a store: begun once a part was full */
     bool stored;             /* a store: the staging object exists */
     uint64_t size;
+    uint64_t flushed; /* local: bytes handed to writeback so far */
     struct cx_sha256 sha;
     bool finished;
 };
+
+/* A local writer starts the disk's writeback every FLUSH_STEP bytes, so that
+ * the sync at its end waits for the last few MiB, not the whole file: a
+ * large capture's disk writes overlap its transfer. */
+#define FLUSH_STEP (8u << 20)
 
 enum cx_err
 cx_storage_new_local(const char *root, struct cx_storage **out)
@@ -370,6 +376,14 @@ cx_storage_writer_write(struct cx_storage_writer *w, const void *data, size_t le
     }
     cx_sha256_update(&w->sha, data, len);
     w->size += len;
+#ifdef SYNC_FILE_RANGE_WRITE
+    if (!w->st->s3 && w->size - w->flushed >= FLUSH_STEP) {
+        /* a hint: the sync at the end is what counts */
+        (void)sync_file_range(w->fd, (off_t)w->flushed, (off_t)(w->size - w->flushed),
+                              SYNC_FILE_RANGE_WRITE);
+        w->flushed = w->size;
+    }
+#endif
     return CX_OK;
 }
 

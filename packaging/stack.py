@@ -800,6 +800,9 @@ http {{
             "JUPYTER_CONFIG_DIR": os.path.join(jdir, "config"),
             "JUPYTER_DATA_DIR": os.path.join(jdir, "data"),
             "JUPYTER_TOKEN": self.gateway_token,  # not in argv, where ps shows it
+            # As the package's unit (codexec-gateway.service): captured
+            # files' 1 MiB buffers are not returned and faulted in again.
+            "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=33554432",
         }
         # Root's, outside the server's own tree: ZeroMQ's default of 1023
         # sockets per context (a few per kernel and per channels connection)
