@@ -290,6 +290,59 @@ def test_forged_capture_messages(ctx):
     eq(os.path.exists("/etc/evil"), False, "nothing was written outside the storage")
 
 
+def test_large_file_travels_in_binary(ctx):
+    """A file's bytes come as binary WebSocket frames, not base64 in JSON:
+    every byte value, several chunks, none of it counted as base64."""
+    user = "a-binary"
+    b64_0, cap0 = metric(ctx, "capture_base64_bytes"), metric(ctx, "capture_bytes")
+    code = ("import os\nrnd = os.urandom((5 << 20) + 12345)\n"
+            "open('big.bin', 'wb').write(rnd)\n"
+            "open('bytes.bin', 'wb').write(bytes(range(256)) * 3)\n"
+            "import hashlib\nprint(hashlib.sha256(rnd).hexdigest())")
+    r = run(ctx, user, "c1", code)
+    eq(r["status"], "ok", f"{r!r}")
+    arts = by_path(r)
+    eq(sorted(arts), ["big.bin", "bytes.bin"], "both captured")
+    eq(arts["big.bin"]["size"], (5 << 20) + 12345, "size")
+    eq(arts["big.bin"]["sha256"], r["stdout_tail"].strip(), "the kernel's bytes, hashed by the server")
+    body = ctx.get(f"/v1/artifacts/{arts['big.bin']['artifact_id']}/content", key=ctx.key(user)).body
+    eq(hashlib.sha256(body).hexdigest(), arts["big.bin"]["sha256"], "downloaded whole")
+    eq(stored_bytes(ctx, user, arts["bytes.bin"]), bytes(range(256)) * 3, "every byte value")
+    eq(metric(ctx, "capture_base64_bytes"), b64_0, "nothing came base64")
+    check(metric(ctx, "capture_bytes") >= cap0 + (5 << 20), "capture_bytes counts them")
+
+
+def test_forged_binary_capture_messages(ctx):
+    """User code can send capture look-alikes with binary buffers too: a
+    chunk whose bytes don't match what its end claims, one with more
+    buffers than a message may carry, one with none."""
+    user = "a-forge-bin"
+    code = ("p = get_ipython().display_pub\n"
+            "M = 'application/vnd.codexec.capture+json'\n"
+            "def send(m, bufs=()):\n"
+            "    p.session.send(p.pub_socket, 'display_data', {'data': {M: m}, 'metadata': {},\n"
+            "                   'transient': {}}, parent=p.parent_header, ident=p.topic,\n"
+            "                   buffers=list(bufs))\n"
+            "send({'op': 'file', 'n': 7, 'path': 'lie.bin', 'size': 5})\n"
+            "send({'op': 'chunk', 'n': 7}, [b'hello'])\n"
+            "send({'op': 'end', 'n': 7, 'size': 5, 'sha256': '0' * 64})\n"
+            "send({'op': 'file', 'n': 8, 'path': 'many.bin', 'size': 5})\n"
+            "send({'op': 'chunk', 'n': 8}, [b'h', b'e', b'l', b'l', b'o'])\n"
+            "import hashlib\n"
+            "send({'op': 'end', 'n': 8, 'size': 5, 'sha256': hashlib.sha256(b'hello').hexdigest()})\n"
+            "send({'op': 'file', 'n': 9, 'path': 'none.bin', 'size': 5})\n"
+            "send({'op': 'chunk', 'n': 9})\n"
+            "send({'op': 'file', 'n': 10, 'path': '../up.bin', 'size': 1}, [b'x'])\n"
+            "open('real.txt', 'w').write('real')\n")
+    r = run(ctx, user, "c1", code)
+    eq(r["status"], "ok", f"{r!r}")
+    eq([a["path"] for a in r["artifacts"]], ["real.txt"], "only the real file is an artifact")
+    eq(sorted((s["path"], s["reason"]) for s in r.get("skipped", [])),
+       [("../up.bin", "invalid_name"), ("lie.bin", "corrupt_transfer"),
+        ("many.bin", "corrupt_transfer"), ("none.bin", "corrupt_transfer")],
+       "forgeries are reported as what they are")
+
+
 def test_inputs_round_trip(ctx):
     user = "a-inputs"
     r = run(ctx, user, "c1", "import os\nos.makedirs('a', exist_ok=True); os.makedirs('b', exist_ok=True)\n"
