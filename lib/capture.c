@@ -83,31 +83,6 @@ cx_capture_free(struct cx_capture *c)
     free(c);
 }
 
-/* Runs the bootstrap from the request's metadata in a private namespace and
- * evaluates to the helper's "done" record: nothing is read from or left in
- * the user's namespace. */
-static const char loader[] =
-    "(lambda ns: [exec(compile(__import__('IPython').get_ipython().kernel.get_parent('shell')"
-    "['metadata']['codexec_capture']['boot'], '<codexec-boot>', 'exec'), ns), ns['done']][1])"
-    "({'__name__': '__codexec__', 'get_ipython': __import__('IPython').get_ipython})";
-
-/* Compiling the helper costs more than running it, so the kernel keeps the
- * code object, keyed by the source's sha256, next to the restart token. A
- * missing, stale or clobbered entry is compiled again; user code that plants
- * its own can only lie about its own files, which it could write anyway:
- * codexec checks every byte it is sent. */
-static const char boot[] =
-    "import sys\n"
-    "m = get_ipython().kernel.get_parent('shell')['metadata']['codexec_capture']\n"
-    "c = getattr(sys, '_codexec_capture', None)\n"
-    "if not (type(c) is tuple and len(c) == 2 and c[0] == m['sha256']\n"
-    "        and type(c[1]) is type(compile('', '', 'exec'))):\n"
-    "    c = (m['sha256'], compile(m['src'], '<codexec-capture>', 'exec'))\n"
-    "    sys._codexec_capture = c\n"
-    "ns = {'__name__': '__codexec__', 'get_ipython': get_ipython}\n"
-    "exec(c[1], ns)\n"
-    "done = ns['done']\n";
-
 static pthread_once_t helper_once = PTHREAD_ONCE_INIT;
 static char helper_sha256[65];
 
@@ -117,27 +92,13 @@ hash_helper(void)
     cx_sha256_hex(cx_capture_helper_py, strlen(cx_capture_helper_py), helper_sha256);
 }
 
-const char *
-cx_capture_expression(void)
-{
-    return loader;
-}
-
 void
-cx_capture_on_result(struct cx_capture *c, json_t *value)
+cx_capture_on_result(struct cx_capture *c, json_t *done)
 {
-    const char *status = json_string_value(json_object_get(value, "status"));
-    const char *text =
-        json_string_value(json_object_get(json_object_get(value, "data"), "text/plain"));
-    json_t *done;
+    const char *op = json_string_value(json_object_get(done, "op"));
 
-    if (!status || strcmp(status, "ok") || !text)
-        return; /* the helper failed: the next run rescans */
-    done = json_loads(text, 0, NULL);
-    if (json_is_object(done) && json_is_string(json_object_get(done, "op")) &&
-        !strcmp(json_string_value(json_object_get(done, "op")), "done"))
+    if (json_is_object(done) && op && !strcmp(op, "done"))
         cx_capture_on_message(c, done, NULL, 0);
-    json_decref(done);
 }
 
 json_t *
@@ -150,11 +111,10 @@ cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *
      * kernels that share a /tmp apart. */
     snprintf(state, sizeof(state), "/tmp/.codexec/%s.json", kernel_id);
     pthread_once(&helper_once, hash_helper);
-    return json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s,s:s,s:s}}", "codexec_capture", "state",
-                     state, "rescan", rescan, "max_files", (json_int_t)cfg->max_captured_files,
+    return json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s,s:s}}", "codexec_capture", "state", state,
+                     "rescan", rescan, "max_files", (json_int_t)cfg->max_captured_files,
                      "max_bytes", (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK,
-                     "outputs", outputs, "boot", boot, "sha256", helper_sha256, "src",
-                     cx_capture_helper_py);
+                     "outputs", outputs, "sha256", helper_sha256, "src", cx_capture_helper_py);
 }
 
 void

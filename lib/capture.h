@@ -35,11 +35,11 @@ enum cx_err cx_capture_new(const struct cx_config *cfg, struct cx_storage *store
                            struct cx_capture **out) CX_MUSTCHECK;
 void cx_capture_free(struct cx_capture *c);
 
-/* The loader, a user expression (a constant), and the request metadata for
- * it (new reference): limits, the outputs globs (borrowed, may be NULL), the
- * kernel-side state file named after kernel_id, and the helper's source.
- * rescan: ignore the record of the last scan (every file is offered). */
-const char *cx_capture_expression(void);
+/* The request metadata for the helper, which the run's epilogue
+ * (lib/epilogue.py) runs (new reference): limits, the outputs globs
+ * (borrowed, may be NULL), the kernel-side state file named after
+ * kernel_id, and the helper's source and sha256. rescan: ignore the record
+ * of the last scan (every file is offered). */
 json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
                             bool rescan);
 
@@ -49,9 +49,9 @@ json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, 
  * buffers. */
 void cx_capture_on_message(struct cx_capture *c, json_t *msg, const void *buf, size_t len);
 
-/* Handles the loader expression's result from execute_reply
- * user_expressions: its "done" record, or nothing when it failed. */
-void cx_capture_on_result(struct cx_capture *c, json_t *value);
+/* Handles the helper's "done" record (the run epilogue's answer carries
+ * it; NULL or anything but a done record: the helper failed). */
+void cx_capture_on_result(struct cx_capture *c, json_t *done);
 
 /* Adds a rich output (a display_data image, say) as a captured file named
  * output-<n>.<ext>. data: the decoded bytes. Returns that name (valid until

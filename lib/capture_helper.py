@@ -5,16 +5,18 @@
 #
 # Input: the execute_request's metadata["codexec_capture"]:
 #   {"state": "<state file>", "rescan": bool, "max_files": N, "max_bytes": N, "chunk": N,
-#    "outputs": [globs] | null, "src": this source}
-# It runs as a user expression of the run's last request, so it costs no
-# execute of its own (see docs/internals/capture.md).
+#    "outputs": [globs] | null, "sha256": of this source, "src": this source}
+# The run's epilogue (lib/epilogue.py), a user expression of the run's last
+# request, runs it, so it costs no execute of its own (see
+# docs/internals/capture.md).
 # Output: display_data messages of type application/vnd.codexec.capture+json:
 #   {"op": "file", "n": i, "path": p, "size": s}          a changed file begins
 #   {"op": "chunk", "n": i}                                its bytes, in order, as the
 #                                                          message's one binary buffer
 #   ({"op": "chunk", "n": i, "data": "<base64>"} where the kernel can't send buffers)
 #   {"op": "end", "n": i, "size": s, "sha256": h}          what was sent
-# and, as the expression's value (its text/plain is this JSON):
+# and, as `done` in its namespace (its repr is this JSON, which the epilogue
+# answers with):
 #   {"op": "done", "skipped": [...], "scanned": n, "hashed": m}
 import base64
 import fnmatch

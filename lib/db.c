@@ -471,6 +471,135 @@ cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const 
     return rows ? CX_OK : CX_ERR_NOMEM;
 }
 
+/* Prepares q on this connection unless it is; its statement name in name. */
+static enum cx_err
+prepare(struct cx_db *db, struct cx_sql *q, int id, char name[16], PGresult **fail)
+{
+    PGresult *r;
+
+    snprintf(name, 16, "s%d", id);
+    *fail = NULL;
+    if (db->prepared[id / 8] & (1u << (id % 8)))
+        return CX_OK;
+    r = PQprepare(db->conn, name, q->text, q->nparams, NULL);
+    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
+        *fail = r;
+        return CX_ERR_DB;
+    }
+    PQclear(r);
+    db->prepared[id / 8] |= (unsigned char)(1u << (id % 8));
+    return CX_OK;
+}
+
+/* Sends the calls and their sync; reads every result up to the sync. The
+ * first failure's result in *fail (with its statement's id in *fail_id). */
+static enum cx_err
+pipeline(struct cx_db *db, struct cx_db_call *calls, const int *ids, size_t n, PGresult **fail,
+         int *fail_id)
+{
+    PGconn *c = db->conn;
+    char name[16];
+    size_t sent = 0;
+    enum cx_err rc = CX_OK;
+    PGresult *r;
+
+    *fail = NULL;
+    if (!PQenterPipelineMode(c))
+        return CX_ERR_DB;
+    for (; sent < n; sent++) {
+        snprintf(name, sizeof(name), "s%d", ids[sent]);
+        if (!PQsendQueryPrepared(c, name, calls[sent].q->nparams, calls[sent].params, NULL, NULL,
+                                 0))
+            break;
+    }
+    if (sent < n || !PQpipelineSync(c))
+        rc = CX_ERR_DB;
+    /* each statement's results end with a NULL; then the sync's */
+    for (size_t i = 0; i < sent; i++) {
+        while ((r = PQgetResult(c)) != NULL) {
+            ExecStatusType st = PQresultStatus(r);
+            if ((st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) && rc == CX_OK && calls[i].res &&
+                !*calls[i].res) {
+                *calls[i].res = r;
+                continue;
+            }
+            if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && rc == CX_OK) {
+                rc = CX_ERR_DB;
+                *fail = r;
+                *fail_id = ids[i];
+                continue;
+            }
+            PQclear(r);
+        }
+        if (PQstatus(c) != CONNECTION_OK)
+            break;
+    }
+    while (PQstatus(c) == CONNECTION_OK && (r = PQgetResult(c)) != NULL) {
+        bool sync = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+        PQclear(r);
+        if (sync)
+            break;
+    }
+    if (!PQexitPipelineMode(c) && rc == CX_OK)
+        rc = CX_ERR_DB;
+    return rc;
+}
+
+CX_SQL(q_async_commit, 0, "SELECT set_config('synchronous_commit', 'off', true)");
+
+enum cx_err
+cx_db_exec_all(struct cx_db *db, struct cx_db_call *given, size_t n, bool durable)
+{
+    struct cx_db_call calls[16];
+    int ids[16];
+    char name[16];
+    PGresult *fail = NULL;
+    int fail_id = 0;
+    enum cx_err rc = CX_ERR_INTERNAL;
+
+    if (n == 0 || n >= sizeof(ids) / sizeof(ids[0]) || db->in_tx)
+        return n == 0 ? CX_OK : CX_ERR_INTERNAL;
+    if (!durable)
+        calls[0] = (struct cx_db_call){&q_async_commit, NULL, NULL};
+    memcpy(calls + !durable, given, n * sizeof(*given));
+    n += !durable;
+    for (size_t i = 0; i < n; i++) {
+        if ((ids[i] = stmt_id(calls[i].q)) < 0)
+            return CX_ERR_INTERNAL;
+        if (calls[i].res)
+            *calls[i].res = NULL;
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rc = ensure_connected(db);
+        if (rc)
+            return rc;
+        for (size_t i = 0; i < n && rc == CX_OK; i++) {
+            rc = prepare(db, calls[i].q, ids[i], name, &fail);
+            fail_id = ids[i];
+        }
+        if (rc == CX_OK)
+            rc = pipeline(db, calls, ids, n, &fail, &fail_id);
+        if (rc == CX_OK)
+            break;
+        for (size_t i = 0; i < n; i++)
+            if (calls[i].res) {
+                PQclear(*calls[i].res);
+                *calls[i].res = NULL;
+            }
+        /* (retry_after clears fail) */
+        if (retry_after(db, fail, fail_id, false, attempt, &rc))
+            continue;
+        if (PQstatus(db->conn) != CONNECTION_OK || PQpipelineStatus(db->conn) != PQ_PIPELINE_OFF) {
+            if (db->pins)
+                db->lost = true; /* its locks go with it */
+            disconnect(db);
+        }
+        return rc;
+    }
+    db->sqlstate[0] = '\0';
+    return rc;
+}
+
 enum cx_err
 cx_db_exec_row(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresult **res)
 {

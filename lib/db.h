@@ -44,6 +44,29 @@ void cx_db_free(struct cx_db *db);
 enum cx_err cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params,
                        PGresult **res) CX_MUSTCHECK;
 
+/* One statement of cx_db_exec_all(). */
+struct cx_db_call {
+    struct cx_sql *q;
+    const char *const *params;
+    PGresult **res; /* where its result goes (PQclear() it), or NULL */
+};
+
+/* Runs the statements in one round trip and one transaction (libpq's
+ * pipeline mode, one sync): all of them, or none when one fails (the
+ * others' results are not kept). Not inside cx_db_begin(). A connection
+ * that was already dead is replaced and the whole tried again, as by
+ * cx_db_exec(); CX_ERR_CONFLICT for a unique violation, CX_ERR_DB
+ * otherwise. At most 15 statements.
+ *
+ * durable = false: the COMMIT does not wait for the WAL to reach the disk
+ * (synchronous_commit off for this transaction). Its effects are durable
+ * once any later synchronous COMMIT on the server is (the WAL is written
+ * in order), or within about 0.6 s; a crash of PostgreSQL before that
+ * loses them. For what a later durable COMMIT of the same request makes
+ * durable anyway (a run's first records, made durable by its end). */
+enum cx_err cx_db_exec_all(struct cx_db *db, struct cx_db_call *calls, size_t n,
+                           bool durable) CX_MUSTCHECK;
+
 /* cx_db_exec() for a statement that finds one row: CX_ERR_NOT_FOUND (and
  * *res NULL) when it found none, or more than one. */
 enum cx_err cx_db_exec_row(struct cx_db *db, struct cx_sql *q, const char *const *params,

@@ -11,6 +11,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "prestart.h"
+#include "runexec.h"
 #include "session.h"
 #include "util.h"
 
@@ -228,11 +229,12 @@ start_one(struct cx_ctx *cx)
     rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
                              sizeof(msg));
     if (rc == CX_OK) {
-        /* The capture runs once on the empty workspace: the helper is
-         * compiled and cached, its modules imported and its record written,
-         * as after any run, so the first real run pays none of it. */
-        uexpr = json_pack("{s:s}", "cap", cx_capture_expression());
+        /* The epilogue runs once on the empty workspace: it and the capture
+         * helper are compiled and cached, their modules imported and the
+         * record written, as after any run, so the first real run pays none
+         * of it. */
         meta = cx_capture_metadata(cx->cfg, kid, NULL, false);
+        uexpr = meta ? cx_runexec_epilogue(kid, true, meta) : NULL;
         code = preload_cell(cx->cfg->kernel_preload);
         e.code = code;
         e.user_expressions = uexpr;

@@ -409,17 +409,18 @@ run_end(struct run *r, json_t *payload)
                         ms,
                         answer};
 
+    struct cx_db_call finish = {&q_run_finish, p, NULL};
+
     if (r->s.locked) {
         if (!r->s.reset)
             cx_kernel_conn_put(r->st.conn); /* kept open for the next run */
         else
             cx_kernel_conn_free(r->st.conn);
         r->st.conn = NULL;
-        cx_session_release(r->cx, &r->s);
     }
     snprintf(ms, sizeof(ms), "%lld", (long long)r->ms);
-    if (cx_db_exec(r->cx->db, &q_run_finish, p, NULL))
-        cx_log_warn(0, "could not record the end of run %s", r->id);
+    /* one round trip and one COMMIT: the session's state, the run's end */
+    cx_session_release_with(r->cx, &r->s, &finish);
     free(answer);
     /* static label values only: ok, error (the code raised), timeout,
      * failed (the request failed: no answer of the code's) */
@@ -574,7 +575,9 @@ cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct c
         *pending = true;
         return *out ? CX_OK : CX_ERR_NOMEM;
     }
-    rc = cx_db_exec(cx->db, &q_run_insert, p, NULL);
+    /* Made durable by the run's end (its durable COMMIT flushes the WAL
+     * written before it), so this one does not wait for the disk. */
+    rc = cx_db_exec_all(cx->db, &(struct cx_db_call){&q_run_insert, p, NULL}, 1, false);
     if (rc)
         return rc;
     return run_with_inputs(cx, who, req, run_id, sink, out, msg, msglen);

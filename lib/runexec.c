@@ -1,3 +1,4 @@
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,46 +18,51 @@
 #include "stage.h"
 #include "util.h"
 
-/* Evaluated by the epilogue: "True" when this kernel process has run for
- * codexec before (the token is set), else it sets the token. A kernel that
- * answers otherwise was started or restarted since. */
-#define TOKEN_CHECK_FMT                                                                            \
-    "(lambda s, t: getattr(s, '_codexec_kernel', None) == t or "                                   \
-    "setattr(s, '_codexec_kernel', t))(__import__('sys'), '%s')"
+extern const char cx_epilogue_py[];
 
-/* Evaluated by the epilogue before the capture: every process of the
- * sandbox but its init (pid 1) and the kernel ends with the run, so a fork
- * bomb, a runaway child or a writer that outlives its cell holds nothing
- * (pids, memory, CPU, files being written) past the run. The kernel's own
- * children are reaped, within 2 s (killing hundreds on a loaded machine
- * takes more than 200 ms, and an unreaped child stays a zombie of the
- * kernel's, holding a pid, until the next run). Only inside codexec's sandbox (its
- * launcher's CODEXEC_SANDBOX, and the kernel a child of the sandbox's own
- * pid 1): a kernel started without the sandbox shares the host's
- * processes. Defined once per kernel process. */
-#define REAP_EXPR                                                                                  \
-    "(lambda s: s.__dict__.get('_codexec_reap') or (exec('"                                        \
-    "def _codexec_reap():\\n"                                                                      \
-    " import os, time\\n"                                                                          \
-    " me, mine = os.getpid(), []\\n"                                                               \
-    " if os.environ.get(\"CODEXEC_SANDBOX\") != \"1\" or os.getppid() != 1: return\\n"             \
-    " for d in os.listdir(\"/proc\"):\\n"                                                          \
-    "  if d.isdigit() and int(d) not in (1, me):\\n"                                               \
-    "   try:\\n"                                                                                   \
-    "    child = open(f\"/proc/{d}/stat\").read().rsplit(\")\", 1)[1].split()[1] == str(me)\\n"    \
-    "    os.kill(int(d), 9)\\n"                                                                    \
-    "    if child: mine.append(int(d))\\n"                                                         \
-    "   except (OSError, IndexError):\\n"                                                          \
-    "    pass\\n"                                                                                  \
-    " end = time.monotonic() + 2\\n"                                                               \
-    " while mine and time.monotonic() < end:\\n"                                                   \
-    "  for p in list(mine):\\n"                                                                    \
-    "   try:\\n"                                                                                   \
-    "    if os.waitpid(p, os.WNOHANG)[0]: mine.remove(p)\\n"                                       \
-    "   except ChildProcessError:\\n"                                                              \
-    "    mine.remove(p)\\n"                                                                        \
-    "  time.sleep(0.002)\\n"                                                                       \
-    "', s.__dict__) or s._codexec_reap))(__import__('sys'))()"
+/* The run's epilogue, one user expression: the first time a kernel process
+ * meets this version of lib/epilogue.py, its source (in the request's
+ * metadata, not in the expression: the kernel compiles the expression on
+ * every evaluation, 0.16 ms with the source in it) is executed into a
+ * private namespace and the function kept in sys; then it is called with
+ * the token (the kernel id, as a JSON string, which is a Python literal)
+ * and whether to capture. */
+#define EPILOGUE_FMT                                                                               \
+    "(lambda s: (getattr(s, '_codexec_epi', None) if getattr(s, '_codexec_epi_v', None) == '%s'"   \
+    " else None) or (lambda d: (exec(__import__('IPython').get_ipython().kernel.get_parent("       \
+    "'shell')['metadata']['codexec_epilogue'], d), setattr(s, '_codexec_epi', d['epilogue']),"     \
+    " setattr(s, '_codexec_epi_v', '%s'), d['epilogue'])[3])({'__name__': '__codexec__'}))"        \
+    "(__import__('sys'))(%s, %s)"
+
+static pthread_once_t epilogue_once = PTHREAD_ONCE_INIT;
+static char epilogue_version[17];
+
+static void
+hash_epilogue(void)
+{
+    char v[65];
+
+    cx_sha256_hex(cx_epilogue_py, strlen(cx_epilogue_py), v);
+    memcpy(epilogue_version, v, 16);
+}
+
+json_t *
+cx_runexec_epilogue(const char *token, bool capture, json_t *meta)
+{
+    json_t *t = json_string(token), *out = NULL;
+    char *lit = t ? json_dumps(t, JSON_ENCODE_ANY) : NULL;
+    char expr[2048];
+
+    pthread_once(&epilogue_once, hash_epilogue);
+    if (lit &&
+        (size_t)snprintf(expr, sizeof(expr), EPILOGUE_FMT, epilogue_version, epilogue_version, lit,
+                         capture ? "True" : "False") < sizeof(expr) &&
+        !json_object_set_new(meta, "codexec_epilogue", json_string(cx_epilogue_py)))
+        out = json_pack("{s:s}", "cx", expr);
+    free(lit);
+    json_decref(t);
+    return out;
+}
 
 /* Runs main(**arguments) after a successful cell. The arguments arrive as
  * JSON data in the request's metadata, never as source; the result leaves
@@ -403,14 +409,33 @@ on_message(void *ctx, int index, const char *type, json_t *content,
     return CX_OK;
 }
 
+json_t *
+cx_runexec_epilogue_answer(const struct cx_exec *e)
+{
+    json_t *v = json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
+    const char *status = json_string_value(json_object_get(v, "status"));
+    const char *plain =
+        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+    json_t *a;
+
+    if (!status || strcmp(status, "ok") || !plain)
+        return NULL;
+    a = json_loads(plain, 0, NULL);
+    if (!json_is_object(a)) {
+        json_decref(a);
+        return NULL;
+    }
+    return a;
+}
+
 bool
 cx_runexec_says_fresh(const struct cx_exec *epilogue)
 {
-    json_t *v = json_object_get(json_object_get(epilogue->reply, "user_expressions"), "cx");
-    const char *plain =
-        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+    json_t *a = cx_runexec_epilogue_answer(epilogue);
+    bool known = json_is_true(json_object_get(a, "known"));
 
-    return !(plain && !strcmp(plain, "True"));
+    json_decref(a);
+    return !known;
 }
 
 /* Waits for the sent requests until deadline_us, in windows: a window with
@@ -525,17 +550,13 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
     const struct cx_config *cfg = st->cx->cfg;
     int last = req->arguments ? CX_REQ_CALL : CX_REQ_USER;
     int64_t deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
-    char check[256];
-    json_t *uexpr = NULL, *meta = NULL, *capmeta = NULL;
+    json_t *uexpr = NULL, *meta = json_object(), *capmeta = NULL;
     enum cx_err rc = CX_ERR_NOMEM;
 
-    snprintf(check, sizeof(check), TOKEN_CHECK_FMT, s->kernel_id);
-    uexpr = json_pack("{s:s,s:s}", "cx", check, "reap", REAP_EXPR);
-    meta = json_object();
+    uexpr = meta ? cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta) : NULL;
     if (st->cap) {
         capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs, s->capture_rescan);
-        if (!capmeta || json_object_set_new(uexpr, "cap", json_string(cx_capture_expression())) ||
-            json_object_update(meta, capmeta))
+        if (!capmeta || json_object_update(meta, capmeta))
             goto out;
     }
     if (!uexpr || !meta ||
@@ -588,10 +609,11 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
         cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
         rc = wait_run(st, s, all, (int)st->base + CX_REQ_MAX, deadline);
     }
-    if (rc == CX_OK && st->cap && cx_runexec_carried(&reqs[st->carrier]))
-        cx_capture_on_result(
-            st->cap,
-            json_object_get(json_object_get(reqs[st->carrier].reply, "user_expressions"), "cap"));
+    if (rc == CX_OK && st->cap && cx_runexec_carried(&reqs[st->carrier])) {
+        json_t *answer = cx_runexec_epilogue_answer(&reqs[st->carrier]);
+        cx_capture_on_result(st->cap, json_object_get(answer, "done"));
+        json_decref(answer);
+    }
 out:
     /* the requests borrowed these until now */
     for (int i = 0; i < CX_REQ_MAX; i++)

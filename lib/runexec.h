@@ -19,6 +19,7 @@
 #include "err.h"
 
 struct cx_capture;
+struct cx_db_call;
 struct cx_exec;
 struct cx_inputs;
 struct cx_kernel_conn;
@@ -118,5 +119,20 @@ enum cx_outcome cx_runexec_outcome(const struct cx_runexec *st);
 bool cx_runexec_carried(const struct cx_exec *e);
 /* Whether the epilogue found a kernel codexec had not used before. */
 bool cx_runexec_says_fresh(const struct cx_exec *epilogue);
+/* The epilogue's answer in a request's reply (new reference):
+ * {"known": bool, "done": the capture's done record or null}; NULL when
+ * it was not evaluated, failed or answered something else. */
+json_t *cx_runexec_epilogue_answer(const struct cx_exec *e);
+/* cx_session_release() with also (may be NULL) run in the same round trip
+ * and transaction (each on its own if that fails; also alone when the
+ * session is not locked): the run's end. In session.c; declared here, out
+ * of the public session.h, as it takes a database call. */
+void cx_session_release_with(struct cx_ctx *cx, struct cx_session *s, struct cx_db_call *also);
+
+/* The run's epilogue (lib/epilogue.py) for a kernel (token: its id), with
+ * or without the capture: the user expressions of a request (new
+ * reference), whose metadata meta gets the epilogue's source. NULL when
+ * out of memory. */
+json_t *cx_runexec_epilogue(const char *token, bool capture, json_t *meta);
 
 #endif

@@ -10,6 +10,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "prestart.h"
+#include "runexec.h"
 #include "session.h"
 #include "util.h"
 
@@ -19,8 +20,11 @@
 #define CONV_KEY "hashtextextended($1 || E'\\n' || $2, 0)"
 #define USER_KEY "hashtextextended('user' || E'\\n' || $1, 1)"
 
+/* The timeout goes back to none once the lock is taken; when the wait
+ * fails, the statement's transaction rolls back, and the setting with it. */
 CX_SQL(q_lock_wait, 3,
-       "SELECT set_config('lock_timeout', $3, false), pg_advisory_lock(" CONV_KEY ")");
+       "SELECT set_config('lock_timeout', $3, false), pg_advisory_lock(" CONV_KEY "),"
+       " set_config('lock_timeout', '0', false)");
 CX_SQL(q_lock_try, 2, "SELECT pg_try_advisory_lock(" CONV_KEY ")");
 CX_SQL(q_lock_reset, 0, "SELECT set_config('lock_timeout', '0', false)");
 CX_SQL(q_unlock, 2, "SELECT pg_advisory_unlock(" CONV_KEY ")");
@@ -163,10 +167,44 @@ lock_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool *go
     if (rc == CX_OK) {
         *got = true;
         cx_db_pin(cx->db);
-    } else if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
+    } else if (!strcmp(cx_db_sqlstate(cx->db), "55P03")) {
         rc = CX_OK; /* lock_timeout: busy */
-    if (cx_db_exec(cx->db, &q_lock_reset, NULL, NULL))
-        cx_log_warn(0, "could not reset lock_timeout");
+        if (cx_db_exec(cx->db, &q_lock_reset, NULL, NULL))
+            cx_log_warn(0, "could not reset lock_timeout");
+    }
+    return rc;
+}
+
+/* The conversation's lock and its session row touched (*r: the row, or no
+ * row), in one round trip when runs wait for the lock. *got: the lock is
+ * held (also when the touch then failed). */
+static enum cx_err
+lock_and_touch(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool *got, PGresult **r)
+{
+    char wait[32];
+    const char *pl[3] = {s->user, s->conversation_id, wait};
+    const char *pt[3] = {s->user, s->conversation_id, ttl};
+    struct cx_db_call calls[2] = {{&q_lock_wait, pl, NULL}, {&q_touch, pt, r}};
+    enum cx_err rc;
+
+    *got = false;
+    *r = NULL;
+    if (cx->cfg->busy_wait == 0) {
+        rc = try_lock(cx, s->user, s->conversation_id, got);
+        return rc || !*got ? rc : cx_db_exec(cx->db, &q_touch, pt, r);
+    }
+    snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait);
+    rc = cx_db_exec_all(cx->db, calls, 2, false); /* the run's end makes it durable */
+    if (rc == CX_OK) {
+        *got = true;
+        cx_db_pin(cx->db); /* the lock lives on this connection */
+        return CX_OK;
+    }
+    if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
+        return CX_OK; /* lock_timeout: busy (the setting went with the rollback) */
+    /* A session-level lock outlives the transaction that took it. */
+    if (cx_db_connection_ok(cx->db) && cx_db_exec(cx->db, &q_unlock, pl, NULL))
+        cx_log_warn(0, "advisory unlock failed; the lock ends with the connection");
     return rc;
 }
 
@@ -634,7 +672,6 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
                    struct cx_session *s, char *msg, size_t msglen)
 {
     char ttl_s[16];
-    const char *p[3] = {user, cid, ttl_s};
     PGresult *r = NULL;
     enum cx_err rc;
     bool got;
@@ -643,17 +680,14 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
     snprintf(s->user, sizeof(s->user), "%s", user);
     snprintf(s->conversation_id, sizeof(s->conversation_id), "%s", cid);
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
-    rc = lock_conversation(cx, user, cid, &got);
+    rc = lock_and_touch(cx, s, ttl_s, &got, &r);
+    s->locked = got;
     if (rc)
-        return rc;
+        goto fail;
     if (!got) {
         snprintf(msg, msglen, "another run holds this conversation; retry later");
         return CX_ERR_CONFLICT;
     }
-    s->locked = true;
-    rc = cx_db_exec(cx->db, &q_touch, p, &r);
-    if (rc)
-        goto fail;
     if (PQntuples(r) == 0) {
         PQclear(r);
         rc = create(cx, s, ttl, msg, msglen);
@@ -685,15 +719,39 @@ fail:
 void
 cx_session_release(struct cx_ctx *cx, struct cx_session *s)
 {
-    if (!s->locked)
-        return;
-    if (s->id[0]) {
-        const char *p[3] = {s->id, s->kernel_fresh ? "true" : "false",
-                            s->capture_rescan ? "true" : "false"};
-        if (cx_db_exec(cx->db, &q_release, p, NULL))
+    cx_session_release_with(cx, s, NULL);
+}
+
+void
+cx_session_release_with(struct cx_ctx *cx, struct cx_session *s, struct cx_db_call *also)
+{
+    const char *p[3] = {s->id, s->kernel_fresh ? "true" : "false",
+                        s->capture_rescan ? "true" : "false"};
+    const char *u[2] = {s->user, s->conversation_id};
+    struct cx_db_call calls[3];
+    size_t n = 0;
+
+    if (s->locked) {
+        /* The unlock comes before the COMMIT: the next run's touch of the
+         * row waits for it, and then reads what this one wrote. */
+        if (s->id[0])
+            calls[n++] = (struct cx_db_call){&q_release, p, NULL};
+        if (also)
+            calls[n++] = *also;
+        calls[n++] = (struct cx_db_call){&q_unlock, u, NULL};
+        if (cx_db_exec_all(cx->db, calls, n, true) == CX_OK) {
+            cx_db_unpin(cx->db);
+            s->locked = false;
+            return;
+        }
+        /* one failed and took the others with it: each on its own */
+        if (s->id[0] && cx_db_exec(cx->db, &q_release, p, NULL))
             cx_log_warn(0, "could not record the state of session %s", s->id);
     }
-    unlock_conversation(cx, s->user, s->conversation_id);
+    if (also && cx_db_exec(cx->db, also->q, also->params, also->res))
+        cx_log_warn(0, "the statement after a run's session failed");
+    if (s->locked)
+        unlock_conversation(cx, s->user, s->conversation_id);
     s->locked = false;
 }
 

@@ -5,8 +5,9 @@
  *   rawexec GATEWAY_URL TOKEN KERNEL_ID N|Ss tuned|plain [CODE]
  *
  * N executes, or as many as fit in S seconds ("5s"). With EPILOGUE=capture
- * in the environment each execute carries codexec's capture expression, as
- * a run's cell does: the kernel-side floor of a run with its capture.
+ * in the environment each execute carries codexec's run epilogue (restart
+ * token, reaping, capture), as a run's cell does: the kernel-side floor of
+ * a run.
  * EPILOGUE=empty pipelines an empty silent execute after each one, and
  * EPILOGUE=code:SRC a silent SRC (to weigh a second request). WARM=1 first
  * runs an untimed empty silent execute, as the kernel pool does.
@@ -23,6 +24,7 @@
 #include "../../lib/config.h"
 #include "../../lib/kernel.h"
 #include "../../lib/log.h"
+#include "../../lib/runexec.h"
 #include "../../lib/util.h"
 
 int
@@ -59,7 +61,7 @@ main(int argc, char **argv)
         return 1;
     if (epi && !strcmp(epi, "capture")) {
         meta = cx_capture_metadata(&cfg, argv[3], NULL, false);
-        uexpr = json_pack("{s:s}", "cap", cx_capture_expression());
+        uexpr = meta ? cx_runexec_epilogue(argv[3], true, meta) : NULL;
     }
     if (getenv("WARM")) { /* as the kernel pool warms a kernel: untimed */
         struct cx_exec w = {.code = "", .silent = true};

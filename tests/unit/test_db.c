@@ -15,6 +15,73 @@ kill_backend(const char *pid)
     usleep(100 * 1000);
 }
 
+static int
+count_rows(struct cx_db *db, const char *k)
+{
+    const char *p[1] = {k};
+    PGresult *r = NULL;
+    int n = cx_db_exec(db, &q_select, p, &r) == CX_OK ? PQntuples(r) : -1;
+
+    PQclear(r);
+    return n;
+}
+
+/* Statements in one round trip: one transaction, all or none, results where
+ * asked; a connection found dead is replaced and the whole sent again. */
+static void
+pipelined(struct cx_db *db)
+{
+    const char *pd[2] = {"d", "1"}, *pe[2] = {"e", "2"}, *sd[1] = {"d"};
+    PGresult *r = NULL, *none = NULL;
+    struct cx_db_call two[3] = {{&q_insert, pd, NULL}, {&q_insert, pe, NULL}, {&q_select, sd, &r}};
+    char pid[32];
+
+    ok(cx_db_exec_all(db, two, 3, true) == CX_OK, "pipeline: two inserts and a select");
+    ok(r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "1"),
+       "pipeline: the select sees the insert before it");
+    PQclear(r);
+    ok(count_rows(db, "d") == 1 && count_rows(db, "e") == 1, "pipeline: both committed");
+    {
+        const char *pf[2] = {"f", "3"};
+        struct cx_db_call clash[3] = {
+            {&q_insert, pf, NULL}, {&q_insert, pd, NULL}, {&q_select, sd, &none}};
+        is_int(cx_db_exec_all(db, clash, 3, false), CX_ERR_CONFLICT,
+               "pipeline: a unique violation");
+        ok(none == NULL, "pipeline: no result kept from a failed one");
+        is_int(count_rows(db, "f"), 0, "pipeline: the statement before it rolled back");
+    }
+    ok(cx_db_ping(db) == CX_OK, "pipeline: the connection works on");
+    {
+        CX_SQL(q_sync, 0, "SELECT current_setting('synchronous_commit')");
+        const char *ph[2] = {"h", "5"};
+        struct cx_db_call quick[2] = {{&q_insert, ph, NULL}, {&q_sync, NULL, &r}};
+        ok(cx_db_exec_all(db, quick, 2, false) == CX_OK && !strcmp(PQgetvalue(r, 0, 0), "off"),
+           "pipeline: not durable, its transaction commits without waiting");
+        PQclear(r);
+        ok(count_rows(db, "h") == 1, "pipeline: and commits");
+        ok(cx_db_exec(db, &q_sync, NULL, &r) == CX_OK && !strcmp(PQgetvalue(r, 0, 0), "on"),
+           "pipeline: the setting ended with it");
+        PQclear(r);
+    }
+    ok(cx_db_exec(db, &q_pid, NULL, &r) == CX_OK, "backend pid");
+    snprintf(pid, sizeof(pid), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    kill_backend(pid);
+    {
+        const char *pg[2] = {"g", "4"};
+        struct cx_db_call again[1] = {{&q_insert, pg, NULL}};
+        ok(cx_db_exec_all(db, again, 1, true) == CX_OK && count_rows(db, "g") == 1,
+           "pipeline: a dead connection is replaced and the whole sent again");
+    }
+    ok(cx_db_begin(db) == CX_OK, "begin");
+    {
+        struct cx_db_call in_tx[1] = {{&q_select, sd, NULL}};
+        is_int(cx_db_exec_all(db, in_tx, 1, true), CX_ERR_INTERNAL,
+               "pipeline: not inside a transaction");
+    }
+    cx_db_rollback(db);
+}
+
 int
 main(void)
 {
@@ -100,6 +167,7 @@ main(void)
         ok(cx_db_exec(db, &q_select, p, &r) == CX_OK && PQntuples(r) == 0, "rollback undoes it");
         PQclear(r);
     }
+    pipelined(db);
     cx_db_free(db);
 
     need(cx_db_new("host=/nonexistent dbname=x connect_timeout=2", &bad) == CX_OK, "bad handle");

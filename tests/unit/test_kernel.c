@@ -7,6 +7,7 @@
 #include "../../lib/gateway.h"
 #include "../../lib/kernel.h"
 #include "../../lib/log.h"
+#include "../../lib/runexec.h"
 #include "../../lib/util.h"
 #include "tap.h"
 
@@ -204,6 +205,36 @@ main(void)
                !memcmp(s.bufsha[1], want[1], sizeof(want[1])),
            "with their bytes");
     }
+    cx_exec_cleanup(&e, 1);
+
+    /* the run's epilogue: a token is data, whatever its characters; the
+     * first call does not know it, the next does */
+    for (int i = 0; i < 2; i++) {
+        json_t *meta = json_object(), *ue = cx_runexec_epilogue("k'\"\\\n)#", false, meta), *a;
+        memset(&s, 0, sizeof(s));
+        memset(&e, 0, sizeof(e));
+        e.code = "";
+        e.user_expressions = ue;
+        e.metadata = meta;
+        ok(ue && cx_kernel_execute(c, &e) == CX_OK &&
+               cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 10000000, on_msg, &s) == CX_OK,
+           "epilogue %d evaluated", i + 1);
+        a = cx_runexec_epilogue_answer(&e);
+        ok(a && json_is_boolean(json_object_get(a, "known")) &&
+               json_is_true(json_object_get(a, "known")) == (i == 1) &&
+               json_is_null(json_object_get(a, "done")),
+           "  it answers known=%s, no capture", i ? "true" : "false");
+        json_decref(a);
+        e.user_expressions = e.metadata = NULL;
+        cx_exec_cleanup(&e, 1);
+        json_decref(ue);
+        json_decref(meta);
+    }
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c, "import sys; print(sys._codexec_kernel == 'k\\'\"\\\\\\n)#')",
+             cx_now_us() + 10000000, &s, &e) == CX_OK &&
+           !strcmp(s.text, "True\n"),
+       "the token arrived as written (%s)", s.text);
     cx_exec_cleanup(&e, 1);
 
     /* a NUL in what the kernel sends does not lose the message */
