@@ -103,18 +103,26 @@ cx_capture_on_result(struct cx_capture *c, json_t *done)
 
 json_t *
 cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
-                    bool rescan)
+                    bool rescan, bool with_source)
 {
     char state[128];
+    json_t *m;
 
     /* /tmp is private to the sandbox; the kernel id keeps unsandboxed
      * kernels that share a /tmp apart. */
     snprintf(state, sizeof(state), "/tmp/.codexec/%s.json", kernel_id);
     pthread_once(&helper_once, hash_helper);
-    return json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s,s:s}}", "codexec_capture", "state", state,
-                     "rescan", rescan, "max_files", (json_int_t)cfg->max_captured_files,
-                     "max_bytes", (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK,
-                     "outputs", outputs, "sha256", helper_sha256, "src", cx_capture_helper_py);
+    m = json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s}}", "codexec_capture", "state", state, "rescan",
+                  rescan, "max_files", (json_int_t)cfg->max_captured_files, "max_bytes",
+                  (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK, "outputs",
+                  outputs, "sha256", helper_sha256);
+    if (m && with_source &&
+        json_object_set_new(json_object_get(m, "codexec_capture"), "src",
+                            json_string(cx_capture_helper_py))) {
+        json_decref(m);
+        return NULL;
+    }
+    return m;
 }
 
 void

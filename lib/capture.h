@@ -38,10 +38,11 @@ void cx_capture_free(struct cx_capture *c);
 /* The request metadata for the helper, which the run's epilogue
  * (lib/epilogue.py) runs (new reference): limits, the outputs globs
  * (borrowed, may be NULL), the kernel-side state file named after
- * kernel_id, and the helper's source and sha256. rescan: ignore the record
- * of the last scan (every file is offered). */
+ * kernel_id, and the helper's sha256, and its source with with_source
+ * (the kernel keeps the helper once it has had it). rescan: ignore the
+ * record of the last scan (every file is offered). */
 json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
-                            bool rescan);
+                            bool rescan, bool with_source);
 
 /* Handles one capture message (the value under CX_CAPTURE_MIME) and the
  * message's first binary buffer (NULL when it has none): a chunk's bytes

@@ -20,10 +20,12 @@
 #   {"op": "done", "skipped": [...], "scanned": n, "hashed": m}
 import base64
 import fnmatch
+import gc
 import hashlib
 import json
 import os
 import stat
+import sys
 
 MIME = "application/vnd.codexec.capture+json"
 EXCLUDED_DIRS = ("inputs", "tmp", "__pycache__")
@@ -79,62 +81,31 @@ def main(ip):
 
     prev = None
     if not meta.get("rescan"):
-        try:
-            with open(meta["state"]) as f:
-                prev = json.load(f)
-        except (OSError, ValueError):
-            pass
+        # The last scan's record: kept in the kernel process (reading 500
+        # files' record back from JSON cost more than scanning them), else
+        # from its file.
+        c = getattr(sys, "_codexec_scan", None)
+        if type(c) is tuple and len(c) == 2 and c[0] == meta["state"] and type(c[1]) is dict:
+            prev = c[1]
+        else:
+            try:
+                with open(meta["state"]) as f:
+                    prev = json.load(f)
+            except (OSError, ValueError):
+                pass
     # Without a previous scan (a new or restarted kernel) every file is
     # offered; codexec keeps no new version of an unchanged one.
-    prev = prev or {}
+    prev = prev if type(prev) is dict else {}
 
-    state, skipped, changed = {}, [], []
-    scanned = hashed = 0
-    stack = [""]
-    while stack and scanned < MAX_SCAN:
-        d = stack.pop()
-        try:
-            entries = list(os.scandir(os.path.join(root, d) if d else root))
-        except OSError:
-            continue
-        for e in entries:
-            rel = d + "/" + e.name if d else e.name
-            scanned += 1
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                if wanted(rel, True):
-                    stack.append(rel)
-                continue
-            if not wanted(rel, False):
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                kind = "symlink" if stat.S_ISLNK(st.st_mode) else "not_regular"
-                state[rel] = [kind]
-                if prev.get(rel) != [kind]:
-                    skipped.append({"path": rel, "reason": kind})
-                continue
-            key = [st.st_size, st.st_mtime_ns, st.st_ino]
-            old = prev.get(rel)
-            if old and len(old) == 4 and old[:3] == key:
-                state[rel] = old
-                continue
-            if not (old and len(old) == 4 and isinstance(old[3], str)) or old[0] != key[0]:
-                # New, or of another size: it has changed, so it is sent,
-                # and hashed once, as it is read for sending (the record
-                # keeps that digest).
-                state[rel] = key + [None]
-                changed.append((rel, st.st_size))
-                continue
-            sha = hash_file(os.path.join(root, rel))
-            hashed += 1
-            if sha is None:
-                continue
-            state[rel] = key + [sha]
-            if old[3] != sha:
-                changed.append((rel, st.st_size))
+    # The scan allocates a few objects per file: no collection of the whole
+    # kernel's heap (the user's objects) in the middle of it.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        state, skipped, changed, scanned, hashed = scan(root, prev, wanted, outputs is None)
+    finally:
+        if collecting:
+            gc.enable()
 
     changed.sort()
     sent = 0
@@ -175,6 +146,7 @@ def main(ip):
         else:
             state.pop(rel, None)  # it changed while we read: look again next run
 
+    sys._codexec_scan = (meta["state"], state)
     if state != prev:  # most runs change nothing: no write
         try:
             os.makedirs(os.path.dirname(meta["state"]), exist_ok=True)
@@ -185,6 +157,71 @@ def main(ip):
         except OSError:
             pass
     return Done(json.dumps({"op": "done", "skipped": skipped, "scanned": scanned, "hashed": hashed}))
+
+
+def scan(root, prev, wanted, plain):
+    """The workspace against the last scan's record: the new record, the
+    skipped entries, the changed files, how many entries were scanned and
+    how many files hashed. plain: no outputs globs, so a file in a
+    directory the scan entered is wanted unless a dot-file, of an excluded
+    suffix or the top-level "inputs" (what wanted() says then, cheaper)."""
+    S_ISDIR, S_ISREG, S_ISLNK = stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK
+    prev_get = prev.get
+    state, skipped, changed = {}, [], []
+    scanned = hashed = 0
+    stack = [""]
+    while stack and scanned < MAX_SCAN:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, d) if d else root))
+        except OSError:
+            continue
+        for e in entries:
+            name = e.name
+            rel = d + "/" + name if d else name
+            scanned += 1
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            mode = st.st_mode
+            if S_ISDIR(mode):
+                if wanted(rel, True):
+                    stack.append(rel)
+                continue
+            if plain:
+                if name[0] == "." or name.endswith(EXCLUDED_SUFFIXES) or rel == "inputs":
+                    continue
+            elif not wanted(rel, False):
+                continue
+            if not S_ISREG(mode):
+                kind = "symlink" if S_ISLNK(mode) else "not_regular"
+                state[rel] = [kind]
+                if prev_get(rel) != [kind]:
+                    skipped.append({"path": rel, "reason": kind})
+                continue
+            size = st.st_size
+            old = prev_get(rel)
+            if (type(old) is list and len(old) == 4 and old[0] == size
+                    and old[1] == st.st_mtime_ns and old[2] == st.st_ino):
+                state[rel] = old  # unchanged
+                continue
+            key = [size, st.st_mtime_ns, st.st_ino]
+            if not (type(old) is list and len(old) == 4 and isinstance(old[3], str)) or old[0] != size:
+                # New, or of another size: it has changed, so it is sent,
+                # and hashed once, as it is read for sending (the record
+                # keeps that digest).
+                state[rel] = key + [None]
+                changed.append((rel, size))
+                continue
+            sha = hash_file(os.path.join(root, rel))
+            hashed += 1
+            if sha is None:
+                continue
+            state[rel] = key + [sha]
+            if old[3] != sha:
+                changed.append((rel, size))
+    return state, skipped, changed, scanned, hashed
 
 
 class Done:

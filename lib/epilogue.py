@@ -9,7 +9,10 @@
 # text/plain) is the JSON {"known": bool, "done": <capture's done record>
 # or null}: "known" when this kernel process has run an epilogue with this
 # token (its kernel id) before; a kernel that says otherwise was started or
-# restarted since.
+# restarted since. Or {"need": true}, having done nothing, when the capture
+# helper is neither kept nor in the request: codexec sends its source only
+# to a kernel it just started (and the pool's warm-up), and again, in a
+# second request, when a kernel says it needs it.
 import os
 import sys
 import time
@@ -49,19 +52,29 @@ def reap():
         time.sleep(0.002)
 
 
-def capture():
-    """The capture helper (its source in the request's metadata, compiled
-    once and kept next to the restart token, keyed by its sha256), run in a
-    private namespace; its done record's JSON."""
+def helper():
+    """The capture helper's code, kept in sys next to the restart token and
+    keyed by its source's sha256, else compiled from the source in the
+    request's metadata and kept; None when neither is there (the request
+    came without the source: codexec sends it again with it)."""
     from IPython import get_ipython
     m = get_ipython().kernel.get_parent("shell")["metadata"]["codexec_capture"]
     c = getattr(sys, "_codexec_capture", None)
-    if not (type(c) is tuple and len(c) == 2 and c[0] == m["sha256"]
+    if (type(c) is tuple and len(c) == 2 and c[0] == m["sha256"]
             and type(c[1]) is type(reap.__code__)):
-        c = (m["sha256"], compile(m["src"], "<codexec-capture>", "exec"))
-        sys._codexec_capture = c
+        return c[1]
+    if "src" not in m:
+        return None
+    c = (m["sha256"], compile(m["src"], "<codexec-capture>", "exec"))
+    sys._codexec_capture = c
+    return c[1]
+
+
+def capture(code):
+    """The helper run in a private namespace: its done record's JSON."""
+    from IPython import get_ipython
     ns = {"__name__": "__codexec__", "get_ipython": get_ipython}
-    exec(c[1], ns)
+    exec(code, ns)
     return repr(ns["done"])
 
 
@@ -76,6 +89,14 @@ class Answer:
 
 
 def epilogue(token, want_capture):
+    code = None
+    if want_capture:
+        try:
+            code = helper()
+        except Exception:
+            code = False  # the capture fails (the next run rescans); the rest goes on
+        if code is None:
+            return Answer('{"need": true}')  # nothing was done
     known = getattr(sys, "_codexec_kernel", None) == token
     if not known:
         sys._codexec_kernel = token
@@ -84,9 +105,9 @@ def epilogue(token, want_capture):
     except Exception:
         pass
     done = "null"
-    if want_capture:
+    if code:
         try:
-            done = capture()
+            done = capture(code)
         except Exception:
             pass  # the next run rescans
     return Answer('{"known": %s, "done": %s}' % ("true" if known else "false", done))

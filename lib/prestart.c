@@ -233,8 +233,8 @@ start_one(struct cx_ctx *cx)
          * helper are compiled and cached, their modules imported and the
          * record written, as after any run, so the first real run pays none
          * of it. */
-        meta = cx_capture_metadata(cx->cfg, kid, NULL, false);
-        uexpr = meta ? cx_runexec_epilogue(kid, true, meta) : NULL;
+        meta = cx_capture_metadata(cx->cfg, kid, NULL, false, true);
+        uexpr = meta ? cx_runexec_epilogue(kid, true, meta, true) : NULL;
         code = preload_cell(cx->cfg->kernel_preload);
         e.code = code;
         e.user_expressions = uexpr;

@@ -26,13 +26,14 @@ extern const char cx_epilogue_py[];
  * every evaluation, 0.16 ms with the source in it) is executed into a
  * private namespace and the function kept in sys; then it is called with
  * the token (the kernel id, as a JSON string, which is a Python literal)
- * and whether to capture. */
+ * and whether to capture. Without the function kept or its source, the
+ * expression answers 'need' and does nothing. */
 #define EPILOGUE_FMT                                                                               \
-    "(lambda s: (getattr(s, '_codexec_epi', None) if getattr(s, '_codexec_epi_v', None) == '%s'"   \
-    " else None) or (lambda d: (exec(__import__('IPython').get_ipython().kernel.get_parent("       \
-    "'shell')['metadata']['codexec_epilogue'], d), setattr(s, '_codexec_epi', d['epilogue']),"     \
-    " setattr(s, '_codexec_epi_v', '%s'), d['epilogue'])[3])({'__name__': '__codexec__'}))"        \
-    "(__import__('sys'))(%s, %s)"
+    "(lambda s, m: (getattr(s, '_codexec_epi', None) if getattr(s, '_codexec_epi_v', None) =="     \
+    " '%s' else None) or ('codexec_epilogue' in m and (lambda d: (exec(m['codexec_epilogue'], d)," \
+    " setattr(s, '_codexec_epi', d['epilogue']), setattr(s, '_codexec_epi_v', '%s'),"              \
+    " d['epilogue'])[3])({'__name__': '__codexec__'})) or (lambda *a: 'need'))(__import__('sys')," \
+    " __import__('IPython').get_ipython().kernel.get_parent('shell')['metadata'])(%s, %s)"
 
 static pthread_once_t epilogue_once = PTHREAD_ONCE_INIT;
 static char epilogue_version[17];
@@ -47,7 +48,7 @@ hash_epilogue(void)
 }
 
 json_t *
-cx_runexec_epilogue(const char *token, bool capture, json_t *meta)
+cx_runexec_epilogue(const char *token, bool capture, json_t *meta, bool with_source)
 {
     json_t *t = json_string(token), *out = NULL;
     char *lit = t ? json_dumps(t, JSON_ENCODE_ANY) : NULL;
@@ -57,7 +58,8 @@ cx_runexec_epilogue(const char *token, bool capture, json_t *meta)
     if (lit &&
         (size_t)snprintf(expr, sizeof(expr), EPILOGUE_FMT, epilogue_version, epilogue_version, lit,
                          capture ? "True" : "False") < sizeof(expr) &&
-        !json_object_set_new(meta, "codexec_epilogue", json_string(cx_epilogue_py)))
+        (!with_source ||
+         !json_object_set_new(meta, "codexec_epilogue", json_string(cx_epilogue_py))))
         out = json_pack("{s:s}", "cx", expr);
     free(lit);
     json_decref(t);
@@ -428,6 +430,24 @@ cx_runexec_epilogue_answer(const struct cx_exec *e)
     return a;
 }
 
+/* Whether the epilogue did nothing for want of its sources. */
+static bool
+needs_sources(const struct cx_exec *e)
+{
+    json_t *v = json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
+    const char *plain =
+        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+    json_t *a;
+    bool need;
+
+    if (plain && !strcmp(plain, "'need'"))
+        return true;
+    a = cx_runexec_epilogue_answer(e);
+    need = json_is_true(json_object_get(a, "need"));
+    json_decref(a);
+    return need;
+}
+
 bool
 cx_runexec_says_fresh(const struct cx_exec *epilogue)
 {
@@ -533,34 +553,62 @@ cx_runexec_carried(const struct cx_exec *e)
     const char *status = json_string_value(json_object_get(e->reply, "status"));
 
     return e->got_reply && status && !strcmp(status, "ok") &&
-           json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
+           json_object_get(json_object_get(e->reply, "user_expressions"), "cx") &&
+           !needs_sources(e);
+}
+
+/* A request's metadata for the epilogue: the capture's parameters and,
+ * with_source, the epilogue's and the helper's sources. */
+static enum cx_err
+build_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_request *req,
+               json_t *meta, bool with_source)
+{
+    json_t *cap = NULL, *ue;
+    enum cx_err rc = CX_ERR_NOMEM;
+
+    if (with_source) {
+        ue = cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta, true);
+        if (!ue)
+            return CX_ERR_NOMEM;
+        json_decref(ue);
+    }
+    if (!st->cap)
+        return CX_OK;
+    cap = cx_capture_metadata(st->cx->cfg, s->kernel_id, req->outputs, s->capture_rescan,
+                              with_source);
+    if (cap && !json_object_update(meta, cap))
+        rc = CX_OK;
+    json_decref(cap);
+    return rc;
 }
 
 /* Sends the pipelined requests (the user's cell, then main() when there are
  * arguments) and waits for them, applying the timeout and its grace period.
  * The epilogue (the restart check and the capture) rides on the last one as
  * user expressions, so a run is one execute, like a raw client's. When that
- * cell fails the kernel skips its expressions; then a separate silent
- * request carries them: one more round trip, for failed runs only. */
+ * cell fails the kernel skips its expressions, and a kernel that lost the
+ * epilogue (restarted behind our back) answers that it needs its source;
+ * then a separate silent request carries them, with the sources: one more
+ * round trip, for those runs only. */
 enum cx_err
 cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_run_request *req,
                    const struct cx_inputs *in, char *msg, size_t msglen)
 {
     struct cx_exec *all = st->all, *reqs = st->reqs;
-    const struct cx_config *cfg = st->cx->cfg;
     int last = req->arguments ? CX_REQ_CALL : CX_REQ_USER;
     int64_t deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
-    json_t *uexpr = NULL, *meta = json_object(), *capmeta = NULL;
+    json_t *uexpr = NULL, *meta = json_object(), *epimeta = json_object();
     enum cx_err rc = CX_ERR_NOMEM;
 
-    uexpr = meta ? cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta) : NULL;
-    if (st->cap) {
-        capmeta = cx_capture_metadata(cfg, s->kernel_id, req->outputs, s->capture_rescan);
-        if (!capmeta || json_object_update(meta, capmeta))
-            goto out;
-    }
-    if (!uexpr || !meta ||
-        (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
+    /* The epilogue's and the helper's sources travel only to a kernel
+     * codexec just started (12 KB of JSON each server and kernel would
+     * parse on every run) and, in the epilogue's own request, to one that
+     * says it needs them (restarted behind our back, or codexec upgraded). */
+    if (!meta || !epimeta || build_metadata(st, s, req, meta, s->kernel_fresh) ||
+        build_metadata(st, s, req, epimeta, true))
+        goto out;
+    uexpr = cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta, s->kernel_fresh);
+    if (!uexpr || (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
         goto out;
     memset(all, 0, sizeof(*all) * (st->base + CX_REQ_MAX));
     reqs[CX_REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
@@ -568,7 +616,7 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
     reqs[last].user_expressions = uexpr;
     reqs[last].metadata = meta;
     reqs[CX_REQ_EPILOGUE] = (struct cx_exec){
-        .code = "", .silent = true, .user_expressions = uexpr, .metadata = capmeta};
+        .code = "", .silent = true, .user_expressions = uexpr, .metadata = epimeta};
     st->carrier = last;
     /* A kernel codexec (or the gateway, after a death) just started, on a
      * connection that has heard nothing from it yet: its output channel may
@@ -620,7 +668,7 @@ out:
         reqs[i].user_expressions = reqs[i].metadata = NULL;
     json_decref(uexpr);
     json_decref(meta);
-    json_decref(capmeta);
+    json_decref(epimeta);
     return rc;
 }
 

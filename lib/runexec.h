@@ -131,8 +131,9 @@ void cx_session_release_with(struct cx_ctx *cx, struct cx_session *s, struct cx_
 
 /* The run's epilogue (lib/epilogue.py) for a kernel (token: its id), with
  * or without the capture: the user expressions of a request (new
- * reference), whose metadata meta gets the epilogue's source. NULL when
- * out of memory. */
-json_t *cx_runexec_epilogue(const char *token, bool capture, json_t *meta);
+ * reference); with_source, the request's metadata meta gets the
+ * epilogue's source (a kernel keeps the epilogue once it has had it, and
+ * answers "need" when it has not). NULL when out of memory. */
+json_t *cx_runexec_epilogue(const char *token, bool capture, json_t *meta, bool with_source);
 
 #endif

@@ -54,20 +54,27 @@ main(int argc, char **argv)
     }
     const char *epi = getenv("EPILOGUE");
     struct cx_config cfg;
-    json_t *meta = NULL, *uexpr = NULL;
+    json_t *meta = NULL, *uexpr = NULL, *wmeta = NULL, *wexpr = NULL;
     int nreq = epi && strcmp(epi, "capture") ? 2 : 1;
 
     if (cx_config_defaults(&cfg))
         return 1;
     if (epi && !strcmp(epi, "capture")) {
-        meta = cx_capture_metadata(&cfg, argv[3], NULL, false);
-        uexpr = meta ? cx_runexec_epilogue(argv[3], true, meta) : NULL;
+        /* as a run: the sources once (the pool's warm-up), then not */
+        meta = cx_capture_metadata(&cfg, argv[3], NULL, false, false);
+        uexpr = meta ? cx_runexec_epilogue(argv[3], true, meta, false) : NULL;
+        wmeta = cx_capture_metadata(&cfg, argv[3], NULL, false, true);
+        wexpr = wmeta ? cx_runexec_epilogue(argv[3], true, wmeta, true) : NULL;
+        if (!uexpr || !wexpr)
+            return 1;
     }
-    if (getenv("WARM")) { /* as the kernel pool warms a kernel: untimed */
-        struct cx_exec w = {.code = "", .silent = true};
+    if (getenv("WARM") || wexpr) { /* as the kernel pool warms a kernel: untimed */
+        struct cx_exec w = {
+            .code = "", .silent = true, .user_expressions = wexpr, .metadata = wmeta};
         if (cx_kernel_execute(c, &w) ||
             cx_kernel_wait(c, &w, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL))
             return 1;
+        w.user_expressions = w.metadata = NULL;
         cx_exec_cleanup(&w, 1);
     }
     for (long i = 0; n < 0 ? cx_now_us() < until : i < n; i++) {
@@ -94,6 +101,8 @@ main(int argc, char **argv)
     }
     json_decref(meta);
     json_decref(uexpr);
+    json_decref(wmeta);
+    json_decref(wexpr);
     cx_config_cleanup(&cfg);
     cx_kernel_conn_free(c);
     curl_global_cleanup();

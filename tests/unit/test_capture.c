@@ -304,9 +304,15 @@ main(void)
     outputs();
     caps();
     {
-        json_t *md = cx_capture_metadata(&cfg, "k", NULL, false);
-        ok(md != NULL, "request metadata builds");
+        json_t *md = cx_capture_metadata(&cfg, "k", NULL, false, true);
+        json_t *bare = cx_capture_metadata(&cfg, "k", NULL, false, false);
+        ok(md && json_is_string(json_object_get(json_object_get(md, "codexec_capture"), "src")),
+           "request metadata builds, with the helper's source");
+        ok(bare && !json_object_get(json_object_get(bare, "codexec_capture"), "src") &&
+               json_is_string(json_object_get(json_object_get(bare, "codexec_capture"), "sha256")),
+           "or without it, with its sha256");
         json_decref(md);
+        json_decref(bare);
     }
     cx_storage_free(store);
     cx_config_cleanup(&cfg);

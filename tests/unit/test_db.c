@@ -53,8 +53,11 @@ pipelined(struct cx_db *db)
     ok(cx_db_ping(db) == CX_OK, "pipeline: the connection works on");
     {
         CX_SQL(q_sync, 0, "SELECT current_setting('synchronous_commit')");
+        CX_SQL(q_sync_on, 0, "SELECT set_config('synchronous_commit', 'on', false)");
         const char *ph[2] = {"h", "5"};
         struct cx_db_call quick[2] = {{&q_insert, ph, NULL}, {&q_sync, NULL, &r}};
+        /* (the test cluster may run with it off: on for this connection) */
+        ok(cx_db_exec(db, &q_sync_on, NULL, NULL) == CX_OK, "synchronous_commit on");
         ok(cx_db_exec_all(db, quick, 2, false) == CX_OK && !strcmp(PQgetvalue(r, 0, 0), "off"),
            "pipeline: not durable, its transaction commits without waiting");
         PQclear(r);

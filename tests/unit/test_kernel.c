@@ -208,9 +208,11 @@ main(void)
     cx_exec_cleanup(&e, 1);
 
     /* the run's epilogue: a token is data, whatever its characters; the
-     * first call does not know it, the next does */
+     * first call does not know it, the next does (without the source: the
+     * kernel kept the epilogue) */
     for (int i = 0; i < 2; i++) {
-        json_t *meta = json_object(), *ue = cx_runexec_epilogue("k'\"\\\n)#", false, meta), *a;
+        json_t *meta = json_object(), *ue = cx_runexec_epilogue("k'\"\\\n)#", false, meta, i == 0),
+               *a;
         memset(&s, 0, sizeof(s));
         memset(&e, 0, sizeof(e));
         e.code = "";
@@ -235,6 +237,36 @@ main(void)
              cx_now_us() + 10000000, &s, &e) == CX_OK &&
            !strcmp(s.text, "True\n"),
        "the token arrived as written (%s)", s.text);
+    cx_exec_cleanup(&e, 1);
+
+    /* a kernel that lost the epilogue (restarted, or user code cleared it)
+     * and a request without its source: it answers that it needs it, having
+     * done nothing, and the run is not taken as carried */
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c, "import sys; del sys._codexec_epi", cx_now_us() + 10000000, &s, &e) == CX_OK,
+       "the kept epilogue cleared");
+    cx_exec_cleanup(&e, 1);
+    {
+        json_t *meta = json_object(), *ue = cx_runexec_epilogue("other", false, meta, false);
+        memset(&e, 0, sizeof(e));
+        e.code = "";
+        e.user_expressions = ue;
+        e.metadata = meta;
+        ok(ue && cx_kernel_execute(c, &e) == CX_OK &&
+               cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 10000000, on_msg, &s) == CX_OK &&
+               e.got_reply,
+           "an epilogue without its source, evaluated");
+        ok(!cx_runexec_carried(&e), "  it did not carry the run (it needs its source)");
+        e.user_expressions = e.metadata = NULL;
+        cx_exec_cleanup(&e, 1);
+        json_decref(ue);
+        json_decref(meta);
+    }
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c, "import sys; print(sys._codexec_kernel != 'other')", cx_now_us() + 10000000, &s,
+             &e) == CX_OK &&
+           !strcmp(s.text, "True\n"),
+       "  and set no token");
     cx_exec_cleanup(&e, 1);
 
     /* a NUL in what the kernel sends does not lose the message */
