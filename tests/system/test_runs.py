@@ -166,9 +166,20 @@ def test_restart_behind_our_back_is_reported(ctx):
     # The server's channels for our open WebSocket reconnect to the new
     # process within moments; a run in that instant can only say OutputLost.
     time.sleep(2)
-    r = run(ctx, "u-restart", "c1", "print('x' in globals())", timeout=30)
+    trips = metric(ctx, "gateway_round_trips")
+    r = run(ctx, "u-restart", "c1", "print('x' in globals())\nopen('after.txt', 'w').write('a')",
+            timeout=30)
     eq(r["stdout_tail"], "False\n", "state lost")
     eq(r["session"]["reset"], True, "and said so")
+    # The new process has none of codexec's epilogue: it says so, and a
+    # second request brings the sources. A reset run commits no capture;
+    # the next one rescans, and finds what it wrote.
+    eq(metric(ctx, "gateway_round_trips") - trips, 2, "one more round trip, for the sources")
+    trips = metric(ctx, "gateway_round_trips")
+    r = run(ctx, "u-restart", "c1", "open('next.txt', 'w').write('b')", timeout=30)
+    eq(sorted(a["path"] for a in r["artifacts"]), ["after.txt", "next.txt"],
+       "the next run captures both")
+    eq(metric(ctx, "gateway_round_trips") - trips, 1, "in one round trip: the kernel kept them")
 
 
 def test_concurrent_runs_in_one_conversation_are_serialised(ctx):
