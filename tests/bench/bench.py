@@ -46,20 +46,23 @@ class Bench:
         self.st = st
         self.build = build
         self.key = st.create_key("bench")
-        self.conns = {}  # port -> kept-alive connection
+        self.local = threading.local()  # .conns: port -> kept-alive connection, per thread
 
     def req(self, method, path, body=None, key=True, port=None):
-        """A request on the bench's one kept-alive connection (as a client
+        """A request on this thread's kept-alive connection (as a client
         that makes many requests holds one), opened again when the server
         closed it."""
         h = {"Content-Type": "application/json"}
         if key:
             h["Authorization"] = f"Bearer {self.key}"
         data = json.dumps(body).encode() if body is not None else None
+        if not hasattr(self.local, "conns"):
+            self.local.conns = {}
+        conns = self.local.conns
         for attempt in range(2):
-            c = self.conns.get(port)
+            c = conns.get(port)
             if c is None:
-                c = self.conns[port] = http.client.HTTPConnection(
+                c = conns[port] = http.client.HTTPConnection(
                     "127.0.0.1", port or self.st.http_port, timeout=600)
             try:
                 c.request(method, path, body=data, headers=h)
@@ -67,13 +70,13 @@ class Bench:
                 out = r.read()
             except (OSError, http.client.HTTPException):
                 c.close()
-                del self.conns[port]
+                del conns[port]
                 if attempt:
                     raise
                 continue
             if r.will_close:
                 c.close()
-                del self.conns[port]
+                del conns[port]
             return r.status, out
 
     def run(self, cid, code, **kw):
