@@ -492,18 +492,23 @@ prepare(struct cx_db *db, struct cx_sql *q, int id, char name[16], PGresult **fa
 }
 
 /* Sends the calls and their sync; reads every result up to the sync. The
- * first failure's result in *fail (with its statement's id in *fail_id). */
+ * first failure's result in *fail (with its statement's id in *fail_id);
+ * *synced: the sync was sent, so the server may have committed (without
+ * it, the server rolls the implicit transaction back when the connection
+ * goes). */
 static enum cx_err
 pipeline(struct cx_db *db, struct cx_db_call *calls, const int *ids, size_t n, PGresult **fail,
-         int *fail_id)
+         int *fail_id, bool *synced)
 {
     PGconn *c = db->conn;
     char name[16];
     size_t sent = 0;
     enum cx_err rc = CX_OK;
+    bool done = false;
     PGresult *r;
 
     *fail = NULL;
+    *synced = false;
     if (!PQenterPipelineMode(c))
         return CX_ERR_DB;
     for (; sent < n; sent++) {
@@ -512,10 +517,15 @@ pipeline(struct cx_db *db, struct cx_db_call *calls, const int *ids, size_t n, P
                                  0))
             break;
     }
-    if (sent < n || !PQpipelineSync(c))
+    /* the sync even after a failed send: the server answers nothing
+     * queued without one (left in pipeline mode, the caller drops it) */
+    if (!PQpipelineSync(c))
+        return CX_ERR_DB;
+    *synced = true;
+    if (sent < n)
         rc = CX_ERR_DB;
-    /* each statement's results end with a NULL; then the sync's */
-    for (size_t i = 0; i < sent; i++) {
+    /* each statement's results end with a NULL */
+    for (size_t i = 0; i < sent && PQstatus(c) == CONNECTION_OK; i++) {
         while ((r = PQgetResult(c)) != NULL) {
             ExecStatusType st = PQresultStatus(r);
             if ((st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) && rc == CX_OK && calls[i].res &&
@@ -531,15 +541,25 @@ pipeline(struct cx_db *db, struct cx_db_call *calls, const int *ids, size_t n, P
             }
             PQclear(r);
         }
-        if (PQstatus(c) != CONNECTION_OK)
-            break;
     }
+    /* then the sync's; an error before it is the COMMIT's */
     while (PQstatus(c) == CONNECTION_OK && (r = PQgetResult(c)) != NULL) {
-        bool sync = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
-        PQclear(r);
-        if (sync)
+        ExecStatusType st = PQresultStatus(r);
+        if (st == PGRES_PIPELINE_SYNC) {
+            PQclear(r);
+            done = true;
             break;
+        }
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && rc == CX_OK) {
+            rc = CX_ERR_DB;
+            *fail = r;
+            *fail_id = ids[n - 1];
+            continue;
+        }
+        PQclear(r);
     }
+    if (!done && rc == CX_OK)
+        rc = CX_ERR_DB; /* the COMMIT's outcome is unknown */
     if (!PQexitPipelineMode(c) && rc == CX_OK)
         rc = CX_ERR_DB;
     return rc;
@@ -557,6 +577,9 @@ cx_db_exec_all(struct cx_db *db, struct cx_db_call *given, size_t n, bool durabl
     int fail_id = 0;
     enum cx_err rc = CX_ERR_INTERNAL;
 
+    bool synced = false;
+
+    db->sqlstate[0] = '\0'; /* no earlier failure's state read as this one's */
     if (n == 0 || n >= sizeof(ids) / sizeof(ids[0]) || db->in_tx)
         return n == 0 ? CX_OK : CX_ERR_INTERNAL;
     if (!durable)
@@ -573,12 +596,23 @@ cx_db_exec_all(struct cx_db *db, struct cx_db_call *given, size_t n, bool durabl
         rc = ensure_connected(db);
         if (rc)
             return rc;
+        if (!still_up(db->conn)) {
+            /* It died while idle (the server ended it): nothing is sent on
+             * it, as nothing sent after the sync could be sent again. */
+            if (db->pins)
+                db->lost = true;
+            else
+                disconnect(db);
+            rc = ensure_connected(db);
+            if (rc)
+                return rc;
+        }
         for (size_t i = 0; i < n && rc == CX_OK; i++) {
             rc = prepare(db, calls[i].q, ids[i], name, &fail);
             fail_id = ids[i];
         }
         if (rc == CX_OK)
-            rc = pipeline(db, calls, ids, n, &fail, &fail_id);
+            rc = pipeline(db, calls, ids, n, &fail, &fail_id, &synced);
         if (rc == CX_OK)
             break;
         for (size_t i = 0; i < n; i++)
@@ -586,8 +620,9 @@ cx_db_exec_all(struct cx_db *db, struct cx_db_call *given, size_t n, bool durabl
                 PQclear(*calls[i].res);
                 *calls[i].res = NULL;
             }
-        /* (retry_after clears fail) */
-        if (retry_after(db, fail, fail_id, false, attempt, &rc))
+        /* (retry_after clears fail) Once the sync went, the server may
+         * have committed: not again. */
+        if (retry_after(db, fail, fail_id, false, synced ? 1 : attempt, &rc))
             continue;
         if (PQstatus(db->conn) != CONNECTION_OK || PQpipelineStatus(db->conn) != PQ_PIPELINE_OFF) {
             if (db->pins)

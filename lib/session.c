@@ -744,15 +744,16 @@ cx_session_release_with(struct cx_ctx *cx, struct cx_session *s, struct cx_db_ca
             s->locked = false;
             return;
         }
-        /* one failed and took the others with it: each on its own */
+        /* one failed and took the others with it: each on its own, the
+         * unlock before the caller's (it unpins: a lost connection is
+         * replaced only then) */
         if (s->id[0] && cx_db_exec(cx->db, &q_release, p, NULL))
             cx_log_warn(0, "could not record the state of session %s", s->id);
+        unlock_conversation(cx, s->user, s->conversation_id);
+        s->locked = false;
     }
     if (also && cx_db_exec(cx->db, also->q, also->params, also->res))
         cx_log_warn(0, "the statement after a run's session failed");
-    if (s->locked)
-        unlock_conversation(cx, s->user, s->conversation_id);
-    s->locked = false;
 }
 
 enum cx_err

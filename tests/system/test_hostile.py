@@ -324,6 +324,10 @@ def test_a_lost_database_connection_stops_the_run(ctx):
     t.join(timeout=120)
     r = result["r"]
     expect_error(r, 503, "unavailable")
+    # its end is recorded on a new connection (found: the run's record was
+    # left 'running' while the lost connection was still pinned)
+    eq(ctx.psql(f"SELECT count(*) FROM runs WHERE user_id = '{user}' AND conversation_id = '{cid}'"
+                " AND status = 'running'"), "0", "no run of it is left running")
     wait_until(lambda: ctx.post("/v1/runs", {"conversation_id": cid, "code": "print(x)"},
                                 key=ctx.key(user)).status == 200, 30,
                "the conversation runs again")
