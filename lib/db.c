@@ -211,6 +211,26 @@ retry_after(struct cx_db *db, PGresult *r, int id, bool was_in_tx, int attempt, 
     return false;
 }
 
+/* Prepares q on this connection unless it is; its statement name in name. */
+static enum cx_err
+prepare(struct cx_db *db, struct cx_sql *q, int id, char name[16], PGresult **fail)
+{
+    PGresult *r;
+
+    snprintf(name, 16, "s%d", id);
+    *fail = NULL;
+    if (db->prepared[id / 8] & (1u << (id % 8)))
+        return CX_OK;
+    r = PQprepare(db->conn, name, q->text, q->nparams, NULL);
+    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
+        *fail = r;
+        return CX_ERR_DB;
+    }
+    PQclear(r);
+    db->prepared[id / 8] |= (unsigned char)(1u << (id % 8));
+    return CX_OK;
+}
+
 enum cx_err
 cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresult **res)
 {
@@ -224,20 +244,14 @@ cx_db_exec(struct cx_db *db, struct cx_sql *q, const char *const *params, PGresu
         *res = NULL;
     if (id < 0)
         return CX_ERR_INTERNAL;
-    snprintf(name, sizeof(name), "s%d", id);
     for (int attempt = 0; attempt < 2; attempt++) {
         rc = ensure_connected(db);
         if (rc)
             return rc;
-        if (!(db->prepared[id / 8] & (1u << (id % 8)))) {
-            r = PQprepare(db->conn, name, q->text, q->nparams, NULL);
-            if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
-                if (retry_after(db, r, id, was_in_tx, attempt, &rc))
-                    continue;
-                return rc;
-            }
-            PQclear(r);
-            db->prepared[id / 8] |= (unsigned char)(1u << (id % 8));
+        if (prepare(db, q, id, name, &r)) {
+            if (retry_after(db, r, id, was_in_tx, attempt, &rc))
+                continue;
+            return rc;
         }
         r = PQexecPrepared(db->conn, name, q->nparams, params, NULL, NULL, 0);
         if (r && (PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK))
@@ -469,26 +483,6 @@ cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const 
     PQclear(r);
     *out = rows;
     return rows ? CX_OK : CX_ERR_NOMEM;
-}
-
-/* Prepares q on this connection unless it is; its statement name in name. */
-static enum cx_err
-prepare(struct cx_db *db, struct cx_sql *q, int id, char name[16], PGresult **fail)
-{
-    PGresult *r;
-
-    snprintf(name, 16, "s%d", id);
-    *fail = NULL;
-    if (db->prepared[id / 8] & (1u << (id % 8)))
-        return CX_OK;
-    r = PQprepare(db->conn, name, q->text, q->nparams, NULL);
-    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
-        *fail = r;
-        return CX_ERR_DB;
-    }
-    PQclear(r);
-    db->prepared[id / 8] |= (unsigned char)(1u << (id % 8));
-    return CX_OK;
 }
 
 /* Sends the calls and their sync; reads every result up to the sync. The

@@ -47,6 +47,13 @@ hash_epilogue(void)
     memcpy(epilogue_version, v, 16);
 }
 
+/* The epilogue's source, for a kernel that has not kept it. */
+static bool
+add_epilogue_source(json_t *meta)
+{
+    return !json_object_set_new(meta, "codexec_epilogue", json_string(cx_epilogue_py));
+}
+
 json_t *
 cx_runexec_epilogue(const char *token, bool capture, json_t *meta, bool with_source)
 {
@@ -58,8 +65,7 @@ cx_runexec_epilogue(const char *token, bool capture, json_t *meta, bool with_sou
     if (lit &&
         (size_t)snprintf(expr, sizeof(expr), EPILOGUE_FMT, epilogue_version, epilogue_version, lit,
                          capture ? "True" : "False") < sizeof(expr) &&
-        (!with_source ||
-         !json_object_set_new(meta, "codexec_epilogue", json_string(cx_epilogue_py))))
+        (!with_source || add_epilogue_source(meta)))
         out = json_pack("{s:s}", "cx", expr);
     free(lit);
     json_decref(t);
@@ -558,15 +564,11 @@ static enum cx_err
 build_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_request *req,
                json_t *meta, bool with_source)
 {
-    json_t *cap = NULL, *ue;
+    json_t *cap = NULL;
     enum cx_err rc = CX_ERR_NOMEM;
 
-    if (with_source) {
-        ue = cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta, true);
-        if (!ue)
-            return CX_ERR_NOMEM;
-        json_decref(ue);
-    }
+    if (with_source && !add_epilogue_source(meta))
+        return CX_ERR_NOMEM;
     if (!st->cap)
         return CX_OK;
     cap = cx_capture_metadata(st->cx->cfg, s->kernel_id, req->outputs, s->capture_rescan,
@@ -602,7 +604,7 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
     if (!meta || !epimeta || build_metadata(st, s, req, meta, s->kernel_fresh) ||
         build_metadata(st, s, req, epimeta, true))
         goto out;
-    uexpr = cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta, s->kernel_fresh);
+    uexpr = cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta, false); /* (sources above) */
     if (!uexpr || (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
         goto out;
     memset(all, 0, sizeof(*all) * (st->base + CX_REQ_MAX));
