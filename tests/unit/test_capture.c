@@ -231,9 +231,13 @@ caps(void)
 
     snprintf(conf, sizeof(conf),
              "storage_dir = %s\nmax_captured_files = 3\nmax_output_bytes = 1024\n", root);
-    if (cx_config_parse(&small, "unit", conf, err, sizeof(err)) ||
-        cx_capture_new(&small, store, &c)) {
+    if (cx_config_parse(&small, "unit", conf, err, sizeof(err))) {
         ok(0, "capture with caps: %s", err);
+        return;
+    }
+    if (cx_capture_new(&small, store, &c)) {
+        ok(0, "capture with caps");
+        cx_config_cleanup(&small);
         return;
     }
     for (int i = 0; i < 5; i++) {
