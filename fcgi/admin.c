@@ -294,7 +294,7 @@ cmd_key_revoke(struct cx_ctx *cx, const char *id)
     return 0;
 }
 
-/* `set $codexec_link_key "<hex>";` for nginx/codexec-links.js. */
+/* `set $codexec_link_key "<hex>";` for the nginx link module (nginx/module/). */
 static int
 cmd_nginx_link_key(const struct cx_config *cfg)
 {

@@ -8,7 +8,7 @@
  *
  * The revocation list is a directory holding one empty file per key
  * revoked in the last link_max_expiry seconds, named by the key's id: nginx
- * (nginx/codexec-links.js) leaves a signed link whose key has a file to
+ * (the link module, nginx/module/) leaves a signed link whose key has a file to
  * codexec, which refuses it. */
 #ifndef CX_WATCH_H
 #define CX_WATCH_H

@@ -21,11 +21,13 @@ fail() { say "FAILED: $*"; exit 1; }
 here=/var/tmp/pkg
 
 phase_install() {
-  local deb=$1
+  local deb=$1 mod=$2
   export DEBIAN_FRONTEND=noninteractive
-  say "apt install $deb (and what it recommends), PostgreSQL, nginx, systemd"
+  say "apt install $deb and $mod (and what they recommend), PostgreSQL, nginx, systemd"
   apt-get update -qq
-  apt-get install -y -qq "$deb" postgresql nginx curl systemd procps logrotate >/dev/null
+  apt-get install -y -qq "$deb" "$mod" postgresql nginx curl systemd procps logrotate >/dev/null
+  [ -L /etc/nginx/modules-enabled/50-mod-http-codexec-link.conf ] ||
+    fail "the link module's package did not enable it"
   local unit=/lib/systemd/system
   say "systemd-analyze verify"
   systemd-analyze verify --man=no $unit/codexec.socket $unit/codexec.service \
@@ -223,11 +225,29 @@ phase_check() {
   done
   check_logrotate "$key"
   check_restarts "$key"
+  check_edge_link "$key"
   say ok
 }
 
+# A signed link, checked by nginx's link module and its file served from
+# storage with codexec stopped: nobody else could have answered.
+check_edge_link() {
+  local key=$1 out aid link got
+  say "a signed link, checked and served by nginx itself (codexec stopped)"
+  out=$(run_code "$key" pkg-link $'open("edge.txt", "w").write("served at the edge")')
+  aid=$(field "$out" 'd["artifacts"][0]["artifact_id"]')
+  out=$(curl -fsS -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+    -d '{"expires_in": 600}' "http://127.0.0.1/v1/artifacts/$aid/links") ||
+    fail "no link made"
+  link=$(field "$out" 'd["url"]')
+  systemctl stop codexec.socket codexec.service
+  got=$(curl -fsS --max-time 10 "http://127.0.0.1$link") || got="(no answer)"
+  systemctl start codexec.socket
+  [ "$got" = "served at the edge" ] || fail "the signed link with codexec stopped gave: $got"
+}
+
 case "${1:-}" in
-install) phase_install "$2" ;;
+install) phase_install "$2" "$3" ;;
 check)
   rc=0
   ( phase_check ) || rc=$?
@@ -237,5 +257,5 @@ check)
   fi
   exit "$rc"
   ;;
-*) echo "usage: package-test.sh install DEB | check" >&2; exit 2 ;;
+*) echo "usage: package-test.sh install DEB MODULE-DEB | check" >&2; exit 2 ;;
 esac

@@ -103,7 +103,10 @@ class Stack:
         self.fast_pg = fast_pg
         self.nginx_body = nginx_body
         self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
-        self.edge_links = edge_links  # nginx checks signed links itself (njs)
+        self.edge_links = edge_links  # nginx checks signed links itself
+        # the link module, built next to codexec-fcgi (nginx/module/)
+        self.link_module = os.path.join(os.path.dirname(self.bindir), "nginx",
+                                        "ngx_http_codexec_link_module.so")
         self.kernelspecs = [KERNEL_NAME] + ([TEST_KERNEL_NAME] if test_kernel else [])
         p = lambda *a: os.path.join(self.var, *a)
         self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
@@ -642,30 +645,23 @@ class Stack:
     def write_nginx(self):
         ndir = os.path.join(self.var, "nginx")
         for name in ("codexec-locations.conf", "codexec-storage.conf", "codexec-storage-s3.conf",
-                     "codexec-links.conf", "codexec-edge.conf", "codexec-links.js"):
+                     "codexec-links.conf"):
             with open(os.path.join(REPO, "nginx", name)) as f:
                 self.write_file(os.path.join(ndir, name), f.read(), 0o644)
         # Signed links checked by nginx itself (README, "Signed links at the
         # edge"), with storage_dir only: the store's objects are not files.
-        edge = self.edge_links and self.conf_extra.get("storage", "local") != "s3"
-        # (njs loaded even when links go to codexec: benchmarks use it too)
-        edge_module = "load_module /usr/lib/nginx/modules/ngx_http_js_module.so;\n"
-        edge_http = "" if not edge else f"""
-    js_import codexec_links from {ndir}/codexec-links.js;
-    js_var $codexec_edge_path;
-    js_var $codexec_edge_etag;
-    js_var $codexec_edge_disposition;
-"""
+        # Without the module (a build without nginx's source), links go to
+        # codexec, as with Apache.
+        have_module = os.path.exists(self.link_module)
+        edge = self.edge_links and self.conf_extra.get("storage", "local") != "s3" and have_module
+        # (the module loaded even when links go to codexec)
+        edge_module = f"load_module {self.link_module};\n" if have_module else ""
         edge_server = "" if not edge else f"""
         location ~ ^/v1/artifacts/[^/]+/content$ {{
             include {self.link_key_conf};
-            set $codexec_revoked_dir {self.revoked};
+            codexec_link_revoked {self.revoked};
+            codexec_link_storage {self.storage};
             include {ndir}/codexec-links.conf;
-        }}
-        location = /_codexec_edge {{
-            internal;
-            alias {self.storage}/$codexec_edge_path;
-            include {ndir}/codexec-edge.conf;
         }}
 """
         s3_location = "" if not self.s3_port else f"""
@@ -703,7 +699,6 @@ http {{
     sendfile on;
     tcp_nopush on;
     server_tokens off;
-{edge_http}
     upstream codexec_fcgi {{
         server unix:{self.socket};
     }}

@@ -293,9 +293,9 @@ def downloads(b, big):
     a_rps, bad = wrk(f"/v1/artifacts/{small['artifact_id']}/content", [f"Authorization: Bearer {b.key}"])
     row("download", "4 KiB artifact, x-accel (wrk, 16 connections)", a_rps, s_rps, "req/s",
         f"ratio to static (≥ 0.25 wanted: the FastCGI ceiling is about 0.3); {bad} non-2xx")
-    # The browser's way in: a signed link, checked by nginx itself (njs,
-    # the stack's default) and, for comparison, by codexec (the link's
-    # script taken away: what Apache and edge-less nginx do).
+    # The browser's way in: a signed link, checked by nginx itself (the
+    # link module, the stack's default) and, for comparison, by codexec
+    # (the module's location taken away: what Apache and edge-less nginx do).
     status, data = b.req("POST", f"/v1/artifacts/{small['artifact_id']}/links", {"expires_in": 3600})
     if status != 201:
         raise RuntimeError(f"link failed: {status} {data[:200]!r}")
@@ -303,11 +303,6 @@ def downloads(b, big):
     l_rps, bad = wrk(link, [])
     row("download", "4 KiB, signed link checked by nginx (wrk, 16 connections)", l_rps, s_rps,
         "req/s", f"ratio to static (≥ 0.8 wanted); {bad} non-2xx")
-    # njs's own floor: a handler that does nothing but hand the same file
-    # to nginx (a fresh VM per request is njs's price, before any check)
-    f_rps, bad = wrk("/_bench_njs", [])
-    row("download", "4 KiB, an empty njs handler, then static (wrk, 16 connections)", f_rps, s_rps,
-        "req/s", f"ratio to static: the ceiling of any check in njs; {bad} non-2xx")
     b.st.edge_links = False
     b.st.write_nginx()
     b.st.reload_nginx()
@@ -682,13 +677,7 @@ def main():
                      conf_extra={"workers": "80", "max_sessions_per_user": "200",
                                  "user_quota_bytes": "50G", "user_quota_artifacts": "100000"},
                      nginx_extra=f"        location /_bench_static/ {{ alias {static}/; }}\n"
-                                 f"        location = /_bench_njs {{ js_import bench_njs from {var}/bench-njs.js;"
-                                 f" js_content bench_njs.pass; }}\n"
                                  f"        location /_bench_s3/ {{ proxy_pass http://127.0.0.1:{s3_port}/; }}")
-    with open(os.path.join(var, "bench-njs.js"), "w") as f:
-        f.write("function pass(r) { r.internalRedirect('/_bench_static/small.bin'); }\n"
-                "export default {pass};\n")
-    os.chmod(os.path.join(var, "bench-njs.js"), 0o644)
     try:
         st.up()
         st.start_s3()

@@ -166,7 +166,7 @@ def test_signed_links(ctx):
 
 def test_signed_links_checked_by_codexec(ctx):
     """The same rules with every link checked by codexec (Apache, and nginx
-    without codexec-links.js)."""
+    without the link module's location)."""
     set_edge(ctx, False)
     try:
         check(not edge_active(ctx), "nginx leaves links to codexec")
@@ -228,7 +228,7 @@ def signed_links(ctx, user):
 
 
 def test_signed_links_at_the_edge(ctx):
-    """nginx checks a signed link itself (nginx/codexec-links.js) and serves
+    """nginx checks a signed link itself (the link module, nginx/module/) and serves
     the file: codexec-fcgi, stopped meanwhile, is never asked. Every header
     and rule of SPEC §6 holds; revoking the key kills its links within a
     second; whatever the script does not accept still gets codexec's
@@ -297,6 +297,10 @@ def test_signed_links_at_the_edge(ctx):
             eq(r.header("Content-Range"), f"bytes {lo}-{hi}/{len(data)}", f"{rng} Content-Range")
         eq(ctx.get(url, headers={"Range": f"bytes={len(data) + 10}-"}, timeout=10).status, 416,
            "unsatisfiable → 416")
+        r = ctx.get(url, headers={"Range": "bytes=0-9", "If-Range": f'"{a["sha256"]}"'}, timeout=10)
+        eq((r.status, r.body), (206, data[:10]), "If-Range with the ETag resumes → 206")
+        r = ctx.get(url, headers={"Range": "bytes=0-9", "If-Range": '"other"'}, timeout=10)
+        eq((r.status, r.body), (200, data), "If-Range with another ETag → the whole body")
         r = ctx.get(url, headers={"Range": "bytes=0-1,5-6"}, timeout=10)
         eq((r.status, r.body), (200, data), "several ranges → the whole body")
         r = ctx.request("HEAD", url, timeout=10)
@@ -345,6 +349,7 @@ def test_signed_links_at_the_edge(ctx):
     gone_url = link(gone["artifact_id"])
     eq(ctx.get(gone_url).body, b"soon gone", "before the delete")
     eq(ctx.request("DELETE", f"/v1/artifacts/{gone['artifact_id']}", key=key).status, 204, "deleted")
+    expect_error(ctx.get(gone_url, headers={"If-None-Match": "*"}), 404, "not_found")
     r = ctx.get(gone_url)
     expect_error(r, 404, "not_found")
     eq([r.header(h) for h in ("Content-Disposition", "ETag")], [None, None],
@@ -404,6 +409,86 @@ def test_signed_links_at_the_edge(ctx):
     check(took < 1.0, f"within a second ({took:.2f} s)")
     check(os.path.exists(os.path.join(st.revoked, kid)), "the key is in the revocation list")
     eq(ctx.get(url).status, 200, "the first key's link still works")
+
+
+def test_link_module_hostile(ctx):
+    """Links signed with nginx's own key but carrying what codexec never
+    signs (a storage key out of storage_dir, header bytes, a malformed
+    expiry, sha256 or key id) are refused by the link module, a second line
+    behind the MAC, and go to codexec; garbage in every parameter never
+    takes an nginx worker down."""
+    import hmac
+    import random
+    st = ctx.st
+    if ctx.backend == "s3":
+        check(not edge_active(ctx), "with storage = s3 the stack leaves links to codexec")
+        return
+    with open(st.link_key_conf) as f:
+        lkey = re.search(r'"([0-9a-f]{64})"', f.read()).group(1).encode()
+    user = "d-edge-hostile"
+    key = ctx.key(user)
+    a = produce(ctx, user, "c1", {"h.txt": b"the real file"})["h.txt"]
+    outside = os.path.join(st.var, "outside.txt")
+    with open(outside, "w") as f:
+        f.write("not for links")
+    os.chmod(outside, 0o644)
+    r = ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {"expires_in": 600}, key=key)
+    eq(r.status, 201, f"link made {r!r}")
+    parts = urllib.parse.urlsplit(r.json()["url"])
+    q = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    meta = base64.urlsafe_b64decode(q["m"] + "=" * (-len(q["m"]) % 4)).decode().split("\n")
+    b64 = lambda b: base64.urlsafe_b64encode(b).decode().rstrip("=")
+
+    def forged(m=None, **changes):
+        f = dict(q, **changes)
+        if m is not None:
+            f["m"] = b64("\n".join(m).encode())
+        msg = "\n".join(["codexec-link-v2", f["u"], a["artifact_id"], f["version"], f["exp"], f["k"],
+                         f["m"]])
+        f["sig"] = b64(hmac.new(lkey, msg.encode(), hashlib.sha256).digest())
+        return parts.path + "?" + "&".join(f"{n}={f[n]}" for n in ("version", "u", "k", "exp", "m", "sig"))
+
+    pid = st.pid("codexec-fcgi")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        r = ctx.get(forged(), timeout=10)
+        eq((r.status, r.body), (200, b"the real file"), "a link signed here is served by nginx")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    rel = os.path.relpath(outside, st.storage)
+    hostile = [
+        forged(m=[rel] + meta[1:]), forged(m=["/" + rel] + meta[1:]),
+        forged(m=[meta[0] + "/../../" + rel] + meta[1:]), forged(m=["./" + meta[0]] + meta[1:]),
+        forged(m=[meta[0].replace("/", "//", 1)] + meta[1:]), forged(m=[outside] + meta[1:]),
+        forged(m=["%2e%2e/" + rel] + meta[1:]), forged(m=[meta[0] + "\x00x"] + meta[1:]),
+        forged(m=[meta[0], "text/html\r\nSet-Cookie: x=1"] + meta[2:]),
+        forged(m=meta[:3] + ["attachment\rSet-Cookie: x=1"]),
+        forged(m=meta[:2] + ["z" * 64, meta[3]]), forged(m=meta[:2] + [meta[2][:63], meta[3]]),
+        forged(m=meta + ["extra"]), forged(m=meta[:3]), forged(m=[meta[0], ""] + meta[2:]),
+        forged(exp="1e12"), forged(exp="+99999999999"), forged(exp="9" * 30), forged(exp="-1"),
+        forged(k="../../" + rel), forged(k=q["k"].upper()), forged(k="x" * 36),
+    ]
+    for url in hostile:
+        r = ctx.get(url, timeout=30)
+        check(b"not for links" not in r.body, f"nothing from outside storage_dir: {url}")
+        check(r.header("Set-Cookie") is None, f"no header smuggled in: {url}")
+        check(r.status != 200 or r.body == b"the real file", f"{url}: {r.status} {r.body[:80]!r}")
+    # garbage: every parameter random bytes, sometimes long, in any order
+    rng = random.Random(11)
+    names = ["version", "u", "k", "exp", "m", "sig", "K", "M", "x"]
+    for _ in range(300):
+        ps = []
+        for n in rng.sample(names, rng.randint(1, len(names))):
+            v = bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 8, 43, 64, 300, 3000])))
+            ps.append(n + "=" + urllib.parse.quote(v, safe=rng.choice(["", "/=&%"])))
+        try:
+            ctx.get(parts.path + "?" + "&".join(ps), timeout=30)
+        except OSError:
+            pass  # (an answer nginx refused to read: not the point)
+    with open(os.path.join(st.logdir, "nginx-error.log")) as f:
+        log = f.read()
+    check("exited on signal" not in log, "no nginx worker died")
+    eq(ctx.get(forged()).body, b"the real file", "and links are still served")
 
 
 def test_download_cache_across_processes(ctx):
