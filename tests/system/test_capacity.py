@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import fcgi_client
@@ -21,10 +22,19 @@ from harness import check, eq, new_id, wait_until
 
 
 def jupyter_kernels(ctx, url):
+    """The gateway's kernels. (A Jupyter server under load can answer one
+    listing with a 500, a kernel going away while it walks them: asked
+    again, up to three times.)"""
     req = urllib.request.Request(url + "/api/kernels",
                                  headers={"Authorization": f"token {ctx.st.gateway_token}"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
+    for attempt in range(3):
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code < 500 or attempt == 2:
+                raise
+            time.sleep(0.5)
 
 
 def start_kernel(ctx, url):
@@ -338,14 +348,17 @@ def test_soak_one_connection_per_kernel(ctx):
     for t in ths:
         t.start()
     t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        time.sleep(min(15, seconds / 8))
-        kernels = jupyter_kernels(ctx, ctx.st.gateway_direct_url)
-        samples.append((time.monotonic() - t0, jupyter_fds(ctx),
-                        max((k.get("connections", 0) for k in kernels), default=0)))
-    done.set()
-    for t in ths:
-        t.join(timeout=300)
+    try:
+        while time.monotonic() - t0 < seconds:
+            time.sleep(min(15, seconds / 8))
+            kernels = jupyter_kernels(ctx, ctx.st.gateway_direct_url)
+            samples.append((time.monotonic() - t0, jupyter_fds(ctx),
+                            max((k.get("connections", 0) for k in kernels), default=0)))
+    finally:
+        # (a failure here must not leave 64 clients loading the next tests)
+        done.set()
+        for t in ths:
+            t.join(timeout=300)
     print(f"# soak: {counts['ops']} operations in {seconds}s; (s, server fds, max connections"
           f" per kernel): {samples}")
     eq(errors[:5], [], "no errors")
