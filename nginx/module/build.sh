@@ -4,7 +4,8 @@
 # running nginx was built with, so the module loads into it), the way
 # Debian builds its own libnginx-mod-* packages (dh_nginx).
 #   build.sh NGINX_SRC MODULE_DIR WORK_DIR OUTPUT.so
-# Plain flags, not the build's: nginx itself has no sanitizer runtime.
+# Plain flags, not the build's: nginx itself has no sanitizer runtime;
+# the outer make's options (MAKEFLAGS) are not passed on to nginx's make.
 set -euo pipefail
 src=$1 mod=$2 work=$3 out=$4
 rm -rf "$work"
@@ -21,6 +22,6 @@ if ! CC=cc ./configure --with-cc-opt="$cflags" --with-ld-opt="-Wl,-z,relro -Wl,-
   echo "nginx/module/build.sh: nginx's configure failed (see $work/configure.log)" >&2
   exit 1
 fi
-make -f "$work/objs/Makefile" modules >"$work/make.log" 2>&1 || { cat "$work/make.log" >&2; exit 1; }
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -f "$work/objs/Makefile" modules >"$work/make.log" 2>&1 || { cat "$work/make.log" >&2; exit 1; }
 cp "$work/objs/ngx_http_codexec_link_module.so" "$out.tmp"
 mv "$out.tmp" "$out"

@@ -186,6 +186,22 @@ ngx_http_codexec_link_args(ngx_http_request_t *r, ngx_http_codexec_link_t *l)
 }
 
 
+/* A lowercase hex digit, as key ids and sha256s are written. */
+static ngx_flag_t
+ngx_http_codexec_link_hex_char(u_char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+
+/* A byte a header's value may hold: no control character. */
+static ngx_flag_t
+ngx_http_codexec_link_header_char(u_char c)
+{
+    return (c >= 0x20 || c == '\t') && c != 0x7f;
+}
+
+
 /* k: empty, or a key id (a lowercase UUID) before it names a file. */
 static ngx_int_t
 ngx_http_codexec_link_key_id(ngx_str_t *k)
@@ -206,9 +222,7 @@ ngx_http_codexec_link_key_id(ngx_str_t *k)
                 return NGX_DECLINED;
             }
 
-        } else if (!((k->data[i] >= '0' && k->data[i] <= '9')
-                     || (k->data[i] >= 'a' && k->data[i] <= 'f')))
-        {
+        } else if (!ngx_http_codexec_link_hex_char(k->data[i])) {
             return NGX_DECLINED;
         }
     }
@@ -386,31 +400,13 @@ ngx_http_codexec_link_key_safe(ngx_str_t *key)
 }
 
 
-/* A header's value: no control character. */
 static ngx_flag_t
-ngx_http_codexec_link_printable(ngx_str_t *s)
+ngx_http_codexec_link_all(ngx_str_t *s, ngx_flag_t (*ok)(u_char))
 {
     ngx_uint_t  i;
 
     for (i = 0; i < s->len; i++) {
-        if ((s->data[i] < 0x20 && s->data[i] != '\t') || s->data[i] == 0x7f) {
-            return 0;
-        }
-    }
-
-    return 1;
-}
-
-
-static ngx_flag_t
-ngx_http_codexec_link_hex(ngx_str_t *s)
-{
-    ngx_uint_t  i;
-
-    for (i = 0; i < s->len; i++) {
-        if (!((s->data[i] >= '0' && s->data[i] <= '9')
-              || (s->data[i] >= 'a' && s->data[i] <= 'f')))
-        {
+        if (!ok(s->data[i])) {
             return 0;
         }
     }
@@ -457,11 +453,14 @@ ngx_http_codexec_link_meta(ngx_http_request_t *r, ngx_str_t *m,
 
     if (!ngx_http_codexec_link_key_safe(&meta->key)
         || meta->type.len == 0
-        || !ngx_http_codexec_link_printable(&meta->type)
+        || !ngx_http_codexec_link_all(&meta->type,
+                                      ngx_http_codexec_link_header_char)
         || meta->sha.len != 64
-        || !ngx_http_codexec_link_hex(&meta->sha)
+        || !ngx_http_codexec_link_all(&meta->sha,
+                                      ngx_http_codexec_link_hex_char)
         || meta->disposition.len == 0
-        || !ngx_http_codexec_link_printable(&meta->disposition))
+        || !ngx_http_codexec_link_all(&meta->disposition,
+                                      ngx_http_codexec_link_header_char))
     {
         return NGX_DECLINED;
     }
