@@ -104,9 +104,11 @@ class Stack:
         self.nginx_body = nginx_body
         self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
         self.edge_links = edge_links  # nginx checks signed links itself
-        # the link module, built next to codexec-fcgi (nginx/module/)
-        self.link_module = os.path.join(os.path.dirname(self.bindir), "nginx",
-                                        "ngx_http_codexec_link_module.so")
+        # the link module, built next to codexec-fcgi (nginx/module/), and
+        # where nginx loads it from: var/bin, as the programs (the build may
+        # sit in a directory only its owner can enter)
+        self.link_module_built = os.path.join(os.path.dirname(self.bindir), "nginx",
+                                              "ngx_http_codexec_link_module.so")
         self.kernelspecs = [KERNEL_NAME] + ([TEST_KERNEL_NAME] if test_kernel else [])
         p = lambda *a: os.path.join(self.var, *a)
         self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
@@ -116,6 +118,7 @@ class Stack:
         self.token_file = p("gateway-token")
         self.kernel_cache = p("kernel-cache")
         self.logdir, self.rundir, self.bin = p("log"), p("run"), p("bin")
+        self.link_module = p("bin", "ngx_http_codexec_link_module.so")
         self.piddir = p("pids")
         self.conf, self.secret = p("codexec.conf"), p("secret")
         self.sandbox_conf = p("sandbox.conf")
@@ -367,6 +370,8 @@ class Stack:
         self.copy_exec(os.path.join(self.bindir, "codexec-admin"), "codexec-admin")
         self.copy_exec(os.path.join(self.bindir, "codexec-kernel-launcher"),
                        "codexec-kernel-launcher")
+        if os.path.exists(self.link_module_built):
+            self.copy_exec(self.link_module_built, os.path.basename(self.link_module))
         self.init_secret_files()
         self.init_s3()
         self.build_kernel_cache()
