@@ -327,6 +327,7 @@ reaper_main(void *arg)
     do {
         int64_t now = cx_now_us();
 
+        cx_session_restart_talkers(&cx); /* found by the ticker's drain */
         if (now >= next_reap) {
             struct cx_maint done;
             enum cx_err rc = cx_maint_sweep(&cx, 16, false, &done);

@@ -13,7 +13,7 @@
 
 #define POOL_MAX        256
 #define POOL_IDLE_US    (300 * 1000000LL)
-#define MAX_WS_MESSAGE  (32u << 20)
+#define MAX_WS_MESSAGE  CX_KERNEL_MAX_MESSAGE
 #define DRAIN_MAX       1024          /* messages one drain reads at most */
 #define DRAIN_MAX_BYTES (4u << 20)    /* ... bytes */
 #define DRAIN_BUDGET_US (20 * 1000LL) /* ... time, beyond its wait */
@@ -31,6 +31,13 @@ struct cx_kernel_conn {
     uint64_t messages;
     bool forget; /* its kernel was deleted while it was being drained */
 };
+
+/* Kernels whose idle connection the drain found still talking, waiting
+ * for cx_kernel_pool_talkers() (the reaper restarts them). A fixed set:
+ * more at once are found again by the next drain. */
+#define TALKERS_MAX 64
+static struct cx_kernel_talker talkers[TALKERS_MAX];
+static int ntalkers;
 
 /* At most one connection per kernel in this process: runs of one
  * conversation never overlap, a connection goes back to the pool after its
@@ -277,6 +284,36 @@ take_undrained(int64_t start)
     return NULL;
 }
 
+/* Under pool_lock: notes a kernel that keeps talking while idle, once. */
+static void
+note_talker_locked(const struct cx_kernel_conn *c)
+{
+    for (int i = 0; i < ntalkers; i++)
+        if (!strcmp(talkers[i].kernel_id, c->kernel_id) &&
+            !strcmp(talkers[i].gateway_url, c->gateway_url))
+            return;
+    if (ntalkers == TALKERS_MAX)
+        return;
+    snprintf(talkers[ntalkers].gateway_url, sizeof(talkers[ntalkers].gateway_url), "%s",
+             c->gateway_url);
+    snprintf(talkers[ntalkers].kernel_id, sizeof(talkers[ntalkers].kernel_id), "%s", c->kernel_id);
+    ntalkers++;
+}
+
+int
+cx_kernel_pool_talkers(struct cx_kernel_talker *out, int max)
+{
+    int n;
+
+    pthread_mutex_lock(&pool_lock);
+    n = ntalkers < max ? ntalkers : max;
+    memcpy(out, talkers, sizeof(*out) * (size_t)n);
+    memmove(talkers, talkers + n, sizeof(*talkers) * (size_t)(ntalkers - n));
+    ntalkers -= n;
+    pthread_mutex_unlock(&pool_lock);
+    return n;
+}
+
 void
 cx_kernel_pool_drain_idle(void)
 {
@@ -286,6 +323,7 @@ cx_kernel_pool_drain_idle(void)
     /* One at a time, out of the pool only while it is read; a run that wants
      * it meanwhile waits for it rather than open another connection. */
     for (;;) {
+        enum cx_drain d = CX_DRAIN_FAILED;
         bool keep;
 
         pthread_mutex_lock(&pool_lock);
@@ -293,11 +331,16 @@ cx_kernel_pool_drain_idle(void)
         pthread_mutex_unlock(&pool_lock);
         if (!c)
             return;
-        keep = cx_now_us() - c->last_used_us <= POOL_IDLE_US && cx_kernel_drain(c, 0) &&
-               cx_ws_alive(c->ws);
+        if (cx_now_us() - c->last_used_us <= POOL_IDLE_US)
+            d = cx_kernel_drain(c, 0);
+        keep = d == CX_DRAIN_QUIET && cx_ws_alive(c->ws);
         pthread_mutex_lock(&pool_lock);
         draining = NULL;
         c->drained_us = cx_now_us();
+        /* A kernel that talks on with no run to read it: the connection goes
+         * (the server then drops what it sends), the kernel is restarted. */
+        if (d == CX_DRAIN_TALKING && !c->forget)
+            note_talker_locked(c);
         extra = keep && !c->forget ? pool_push_locked(c) : c; /* idle too long, gone, talking */
         pthread_cond_broadcast(&drained);
         pthread_mutex_unlock(&pool_lock);
@@ -373,10 +416,20 @@ send_kernel_info(struct cx_kernel_conn *c, char msg_id[40])
 /* A message during cx_kernel_ready(): CX_OK when it is on iopub with a
  * parent in ids[0..n), CX_ERR_KERNEL_DIED for the server's notice that the
  * kernel is dead or restarting, CX_ERR_TIMEOUT (keep waiting) otherwise. */
+/* A kernel's message, unless it would cost too much to build (then NULL,
+ * as for text that is not JSON). */
+static json_t *
+load_message(const char *json, size_t len)
+{
+    if (cx_json_cost(json, len) > CX_JSON_COST_MAX)
+        return NULL;
+    return json_loadb(json, len, JSON_ALLOW_NUL, NULL);
+}
+
 static enum cx_err
 ready_answer(const struct cx_buf *msg, char ids[][40], int n)
 {
-    json_t *m = json_loadb(msg->data, msg->len, JSON_ALLOW_NUL, NULL);
+    json_t *m = load_message(msg->data, msg->len);
     const char *channel = json_string_value(json_object_get(m, "channel"));
     const char *parent =
         json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
@@ -543,6 +596,13 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         if (op == CX_WS_BINARY && cx_kernel_split_binary((const unsigned char *)c->msg.data,
                                                          c->msg.len, &json, &json_len, &bufs))
             continue; /* not a message */
+        if (cx_json_cost(json, json_len) > CX_JSON_COST_MAX) {
+            /* too many values to build: output, as an oversized message */
+            rc = fn ? fn(ctx, -1, "oversized", NULL, NULL) : CX_OK;
+            if (rc)
+                return rc;
+            continue;
+        }
         m = json_loadb(json, json_len, JSON_ALLOW_NUL, NULL);
         if (!m)
             continue;
@@ -593,32 +653,38 @@ cx_exec_cleanup(struct cx_exec *reqs, int n)
     }
 }
 
-bool
+enum cx_drain
 cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms)
 {
     int64_t deadline = cx_now_us() + wait_ms * 1000LL, until = deadline + DRAIN_BUDGET_US;
-    uint64_t bytes = 0;
+    uint64_t start = cx_ws_bytes_in(c->ws);
+    enum cx_drain d = CX_DRAIN_TALKING;
     enum cx_ws_opcode op;
-    bool quiet = false;
 
     /* Reads while messages are there to read without waiting (after the
      * first wait_ms), within a budget of messages, bytes and time: a
      * kernel whose background thread prints forever never holds the
-     * caller, and is told apart from one that went quiet. */
+     * caller, and is told apart from one that went quiet. Quiet means no
+     * byte came in the last look: a message still arriving is talk. */
     for (int i = 0; i < DRAIN_MAX; i++) {
+        uint64_t before = cx_ws_bytes_in(c->ws);
         enum cx_err rc = cx_ws_recv(c->ws, i == 0 ? deadline : cx_now_us(), &c->msg, &op);
-        if (rc == CX_ERR_TIMEOUT) {
-            quiet = true;
+
+        if (rc == CX_ERR_TIMEOUT && cx_ws_bytes_in(c->ws) == before) {
+            d = CX_DRAIN_QUIET;
             break;
         }
-        if (rc != CX_OK && rc != CX_ERR_TOO_LARGE)
+        if (rc != CX_OK && rc != CX_ERR_TOO_LARGE && rc != CX_ERR_TIMEOUT) {
+            d = CX_DRAIN_FAILED;
             break;
-        c->messages++;
-        cx_metrics_count(CX_COUNT_GATEWAY_STALE);
-        bytes += c->msg.len;
-        if (bytes > DRAIN_MAX_BYTES || cx_now_us() > until)
+        }
+        if (rc != CX_ERR_TIMEOUT) {
+            c->messages++;
+            cx_metrics_count(CX_COUNT_GATEWAY_STALE);
+        }
+        if (cx_ws_bytes_in(c->ws) - start > DRAIN_MAX_BYTES || cx_now_us() > until)
             break;
     }
     cx_buf_shrink(&c->msg, MSG_KEEP_ALLOC); /* after a large message */
-    return quiet;
+    return d;
 }

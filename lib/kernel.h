@@ -34,6 +34,11 @@ struct cx_exec {
     json_t *reply; /* execute_reply content (new reference), or NULL */
 };
 
+/* A WebSocket message from the gateway larger than this is skipped
+ * unparsed (reported as oversized output): no run keeps more than
+ * max_output_bytes of output, and a captured file travels in 1 MiB chunks. */
+#define CX_KERNEL_MAX_MESSAGE (16u << 20)
+
 /* A message's binary buffers (the protocol's "buffers": a WebSocket binary
  * frame carries them after the JSON), borrowed for the call. Messages with
  * more are dropped whole. */
@@ -49,7 +54,7 @@ struct cx_kernel_buffers {
  * index is the request's position, msg_type e.g. "stream", content the
  * message content, bufs its buffers (n = 0 for most; all borrowed). A
  * non-zero return stops the wait with that error. A message too large to
- * keep (over 32 MiB) is skipped and reported as index -1, msg_type
+ * keep (over CX_KERNEL_MAX_MESSAGE) is skipped and reported as index -1, msg_type
  * "oversized", content and bufs NULL. */
 typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, json_t *content,
                                   const struct cx_kernel_buffers *bufs);
@@ -85,8 +90,20 @@ void cx_kernel_pool_forget(const char *kernel_id);
 /* Reads and drops whatever reached the pooled (idle) connections. A kernel
  * sends its output to every connection, so the idle one of a process that
  * did not serve the run gets it too, and the server buffers what is not
- * read without bound. Called every second by the reaper thread. */
+ * read. A kernel that keeps talking past a drain's budget with no run to
+ * read it loses the connection and is noted as a talker. Called every
+ * second by the ticker thread. */
 void cx_kernel_pool_drain_idle(void);
+
+/* A kernel the drain found talking while idle. */
+struct cx_kernel_talker {
+    char gateway_url[512];
+    char kernel_id[64];
+};
+
+/* Moves up to max noted talkers into out (each noted once until taken);
+ * returns how many. */
+int cx_kernel_pool_talkers(struct cx_kernel_talker *out, int max);
 
 /* Frees every pooled connection (at exit). */
 void cx_kernel_pool_clear(void);
@@ -118,12 +135,15 @@ enum cx_err cx_kernel_conn_buffered(const void *frames, size_t len,
 /* Releases the replies held by reqs. */
 void cx_exec_cleanup(struct cx_exec *reqs, int n);
 
+/* What a drain found: nothing more to read, a kernel that kept talking past
+ * the budget (a pooled connection is then better closed), a failed
+ * connection. */
+enum cx_drain { CX_DRAIN_QUIET, CX_DRAIN_TALKING, CX_DRAIN_FAILED };
+
 /* Reads and discards what arrives within wait_ms (stale messages from an
  * earlier run), then what can be read without waiting, within a budget
- * (1024 messages, 4 MiB, 20 ms). True when it went quiet; false when the
- * connection failed or the kernel kept talking past the budget (a pooled
- * connection is then better closed). */
-bool cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
+ * (1024 messages, 4 MiB, 20 ms). */
+enum cx_drain cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
 
 /* WebSocket messages received on this connection (for tests and metrics). */
 uint64_t cx_kernel_conn_messages(const struct cx_kernel_conn *c);

@@ -56,6 +56,9 @@ static const struct {
                              "Idle sessions closed to make room, by reason."},
     [CX_FAMILY_REFUSALS] = {"refusals", "reason", "Requests refused for a limit, by reason."},
     [CX_FAMILY_STORAGE] = {"storage_requests", "op", "Requests to the object store, by operation."},
+    [CX_FAMILY_KERNEL_RESTARTS] = {"kernel_restarts", "reason",
+                                   "Kernels codexec restarted, by reason (timeout: not idle after "
+                                   "the interrupt; idle_output: talking with no run)."},
     [CX_FAMILY_STORAGE_ERRORS] = {"storage_errors", "op",
                                   "Object-store requests that failed, by operation."},
 };

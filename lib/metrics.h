@@ -38,6 +38,7 @@ enum cx_family {
     CX_FAMILY_REFUSALS,       /* requests refused for a limit, by reason */
     CX_FAMILY_STORAGE,        /* object-store requests, by operation */
     CX_FAMILY_STORAGE_ERRORS, /* ... that failed (not a missing object), by operation */
+    CX_FAMILY_KERNEL_RESTARTS, /* kernels restarted, by reason (timeout, idle_output) */
     CX_FAMILY__N
 };
 void cx_metrics_count_by(enum cx_family f, const char *value);

@@ -426,7 +426,8 @@ cx_runexec_epilogue_answer(const struct cx_exec *e)
         json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
     json_t *a;
 
-    if (!status || strcmp(status, "ok") || !plain)
+    if (!status || strcmp(status, "ok") || !plain ||
+        cx_json_cost(plain, strlen(plain)) > CX_JSON_COST_MAX)
         return NULL;
     a = json_loads(plain, 0, NULL);
     if (!json_is_object(a)) {

@@ -786,9 +786,56 @@ cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s)
     if (rc == CX_OK) {
         s->reset = true;
         s->kernel_fresh = true;
+        cx_metrics_count_by(CX_FAMILY_KERNEL_RESTARTS, "timeout");
         cx_log_info("session %s: kernel %s restarted", s->id, s->kernel_id);
     }
     return rc;
+}
+
+CX_SQL(q_by_kernel, 2,
+       "SELECT user_id, conversation_id, id FROM sessions WHERE kernel_id = $1"
+       " AND gateway_url = $2");
+
+/* One talker, under its conversation's lock. The session's row is left as
+ * it is (kernel_fresh false): its next run finds the kernel restarted
+ * behind it and says session.reset. */
+static bool
+restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t)
+{
+    const char *p[2] = {t->kernel_id, t->gateway_url};
+    struct cx_gateway *gw = cx_ctx_gateway(cx, t->gateway_url);
+    PGresult *r = NULL;
+    bool got = false, done = false;
+
+    if (!gw || cx_db_exec(cx->db, &q_by_kernel, p, &r) || PQntuples(r) != 1)
+        goto out; /* a pooled kernel (no tenant code), or gone */
+    if (try_lock(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), &got) || !got)
+        goto out; /* a run reads it now: the run ends its output */
+    cx_kernel_pool_forget(t->kernel_id);
+    if (cx_gateway_kernel_restart(gw, t->kernel_id) == CX_OK) {
+        cx_metrics_count_by(CX_FAMILY_KERNEL_RESTARTS, "idle_output");
+        cx_log_warn(0, "session %s: kernel %s kept sending output with no run; restarted",
+                    PQgetvalue(r, 0, 2), t->kernel_id);
+        done = true;
+    } else {
+        cx_log_warn(0, "session %s: kernel %s kept sending output; its restart failed",
+                    PQgetvalue(r, 0, 2), t->kernel_id);
+    }
+    unlock_conversation(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+out:
+    PQclear(r);
+    return done;
+}
+
+int
+cx_session_restart_talkers(struct cx_ctx *cx)
+{
+    struct cx_kernel_talker t[8];
+    int n = cx_kernel_pool_talkers(t, 8), restarted = 0;
+
+    for (int i = 0; i < n; i++)
+        restarted += restart_talker(cx, &t[i]);
+    return restarted;
 }
 
 enum cx_err

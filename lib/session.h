@@ -80,6 +80,12 @@ enum cx_err cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char
 /* Restarts the kernel (a run overran its grace period): s->reset. */
 enum cx_err cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s) CX_MUSTCHECK;
 
+/* Restarts the kernels the idle drain found talking with no run to read
+ * them (cx_kernel_pool_talkers), each under its conversation's lock; one a
+ * run holds is left to the run (it reads that output). Their next runs say
+ * session.reset. Returns how many were restarted. */
+int cx_session_restart_talkers(struct cx_ctx *cx);
+
 /* DELETE /v1/conversations/{cid}/session: CX_ERR_NOT_FOUND if none,
  * CX_ERR_CONFLICT if a run holds it. */
 enum cx_err cx_session_close(struct cx_ctx *cx, const char *user,

@@ -1,5 +1,6 @@
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <stddef.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -307,4 +308,37 @@ cx_addr_list_match(const char *list, const char *addr)
     }
     addr_list_each(list, match_one, &m);
     return m.found;
+}
+
+size_t
+cx_json_cost(const char *s, size_t len)
+{
+    const char *p = s, *end = s + len;
+    size_t cost = 0;
+
+    while (p < end) {
+        char ch = *p++;
+
+        if (ch == '"') {
+            /* to the closing quote: one not preceded by an odd run of
+             * backslashes (memchr over the string's bulk) */
+            for (;;) {
+                const char *q = memchr(p, '"', (size_t)(end - p));
+                size_t bs = 0;
+
+                if (!q)
+                    return cost; /* unterminated: jansson refuses it */
+                while (q - bs > p && q[-1 - (ptrdiff_t)bs] == '\\')
+                    bs++;
+                p = q + 1;
+                if (bs % 2 == 0)
+                    break;
+            }
+        } else if (ch == '[' || ch == '{') {
+            cost += CX_JSON_COST_CONTAINER;
+        } else if (ch == ',' || ch == ':') {
+            cost += CX_JSON_COST_ELEMENT;
+        }
+    }
+    return cost;
 }

@@ -39,6 +39,22 @@ void cx_uuid_generate(char out[37]);
 /* SHA-256 of data as 64 lower-case hex characters. out: 65 bytes. */
 void cx_sha256_hex(const void *data, size_t len, char out[65]);
 
+/* What jansson would build from JSON text, estimated without building it:
+ * bytes for each container ('[' or '{', counted outside strings) and each
+ * element (a ',' or ':' outside strings), as jansson allocates them on
+ * x86-64 (an empty array is ~130 bytes with its table, an object ~250, a
+ * number ~40); strings cost their own length, which the text already
+ * bounds. A cost check, not a parser: the text may still be invalid, and
+ * jansson still rejects it. 4 MiB of "[]," costs ~180 MB to parse; it
+ * estimates 180 MB. */
+#define CX_JSON_COST_CONTAINER 256
+#define CX_JSON_COST_ELEMENT   48
+size_t cx_json_cost(const char *s, size_t len);
+
+/* The most JSON from outside (a request body, a kernel's message) may cost
+ * to build: a 4 MiB body of 100,000 numbers costs 4.8 MB. */
+#define CX_JSON_COST_MAX (8u << 20)
+
 /* Address lists ("127.0.0.0/8, ::1, 10.1.2.3"): IPv4 and IPv6 addresses
  * with an optional prefix length, separated by commas or spaces, at most
  * 32; "*" alone allows every address, "" none. _normalize checks text and

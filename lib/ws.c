@@ -43,6 +43,7 @@ struct cx_ws {
     bool discard_fin;
     uint64_t discard_left;
     uint64_t reads;
+    uint64_t bytes_in; /* every byte received, frames and all */
 };
 
 static void
@@ -105,6 +106,7 @@ read_some(struct cx_ws *ws, int64_t deadline_us)
 
         if (cc == CURLE_OK) {
             ws->reads++;
+            ws->bytes_in += n;
             quickack(ws);
             if (n == 0)
                 return CX_ERR_IO; /* orderly shutdown by the peer */
@@ -641,6 +643,12 @@ uint64_t
 cx_ws_reads(const struct cx_ws *ws)
 {
     return ws->reads;
+}
+
+uint64_t
+cx_ws_bytes_in(const struct cx_ws *ws)
+{
+    return ws->bytes_in;
 }
 
 void

@@ -70,4 +70,7 @@ void cx_ws_free(struct cx_ws *ws);
 /* Reads performed so far (for tests that count them). */
 uint64_t cx_ws_reads(const struct cx_ws *ws);
 
+/* Bytes received so far, whole messages or not. */
+uint64_t cx_ws_bytes_in(const struct cx_ws *ws);
+
 #endif

@@ -1,7 +1,128 @@
 # codexec's Jupyter server (codexec-gateway.service, and the quickstart's):
+# the settings and guards that keep one tenant's kernel from taking the
+# server every tenant shares (docs/reliability.md, "The gateway").
+#
+# Everything a kernel sends is written by tenant code: the kernel process
+# owns its ZeroMQ sockets and can send any frame. The server must neither
+# keep what no client reads, nor build a huge object from a small message,
+# nor queue without bound for a client that reads slowly.
+import json
+
+import zmq
+
 # ZeroMQ's default of 1023 sockets per context (a few per kernel and per
 # channels connection) would make sockets, not memory, the ceiling on
 # kernels (about 175). See README.md, "Capacity".
-import zmq
-
 zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)
+
+c = get_config()  # noqa: F821 (the config loader's)
+
+# A kernel nobody is connected to: its messages are dropped, never kept in
+# a list that grows for as long as it talks (jupyter_server's default keeps
+# them all for a client that may reconnect; codexec never replays them).
+c.MappingKernelManager.buffer_offline_messages = False
+
+# A finite rate: past it the server drops a kernel's output (and says so
+# on stderr) until the rate falls. No run needs more: codexec keeps
+# max_output_bytes (8 MiB) of a run's output and interrupts it past that;
+# the window resets at every idle. Captured files travel as display_data,
+# counted as messages (1 MiB each), not as stream bytes.
+c.ServerApp.limit_rate = True
+c.ServerApp.iopub_data_rate_limit = 16 * 1024 * 1024  # stream bytes/s, over the window
+c.ServerApp.iopub_msg_rate_limit = 10000  # messages/s, over the window
+c.ServerApp.rate_limit_window = 3
+
+# One frame from a kernel: larger ones end that connection (ZeroMQ
+# reconnects it); codexec itself skips any message over 16 MiB.
+MAX_FRAME = 24 * 1024 * 1024
+# Messages waiting in ZeroMQ for the server to read them, per socket; only
+# reached while a client is paused (below): then the kernel waits, and its
+# own (bounded) memory holds the rest.
+RCVHWM = 64
+# JSON the server would build objects from: a frame with more brackets than
+# this (counted in its bytes, strings included, so never fewer than the
+# containers it makes) is read as empty. A million containers is about
+# 100 MB of Python objects for an instant; 16 MiB of "[]," would be 400 MB.
+MAX_BRACKETS = 1000000
+# What the server holds for one client that reads slowly: past the high
+# mark it stops reading that client's kernel sockets, below the low one it
+# reads again.
+PENDING_HIGH = 64 * 1024 * 1024
+PENDING_LOW = 16 * 1024 * 1024
+
+REFUSED = {"msg_id": "", "msg_type": "codexec_refused", "username": "", "session": "",
+           "date": "", "version": "5.3"}
+
+
+def guarded_unpack(s):
+    """Session.unpack: JSON, unless the frame is too large or too deep to
+    build (then an empty header-shaped dict, which every reader of a part
+    copes with: the message is dropped or passed on empty)."""
+    if isinstance(s, (bytes, bytearray, memoryview)):
+        s = bytes(s).decode("utf8", "replace")
+    if len(s) > MAX_FRAME or (len(s) > 65536 and s.count("[") + s.count("{") > MAX_BRACKETS):
+        return dict(REFUSED)
+    return json.loads(s)
+
+
+def install():
+    import sys
+    import types
+
+    import jupyter_client.connect
+    from jupyter_server.base import zmqhandlers
+
+    # Session's unpacker is named by module path: give it one.
+    mod = types.ModuleType("codexec_gateway_guard")
+    mod.unpack = guarded_unpack
+    sys.modules[mod.__name__] = mod
+    c.Session.unpacker = "codexec_gateway_guard.unpack"
+
+    create = jupyter_client.connect.ConnectionFileMixin._create_connected_socket
+
+    def create_connected_socket(self, channel, identity=None):
+        sock = create(self, channel, identity=identity)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
+        sock.setsockopt(zmq.RCVHWM, RCVHWM)
+        return sock
+
+    jupyter_client.connect.ConnectionFileMixin._create_connected_socket = create_connected_socket
+
+    handler = zmqhandlers.ZMQStreamHandler
+
+    def pause(self, paused):
+        for stream in getattr(self, "channels", {}).values():
+            if stream is None or stream.closed():
+                continue
+            if paused:
+                stream.stop_on_recv()
+            else:
+                stream.on_recv_stream(self._on_zmq_reply)
+
+    def write_message(self, message, binary=False):
+        fut = base_write(self, message, binary=binary)
+        n = len(message) if isinstance(message, (bytes, str)) else 0
+        self._cx_pending = getattr(self, "_cx_pending", 0) + n
+        if self._cx_pending > PENDING_HIGH and not getattr(self, "_cx_paused", False):
+            self._cx_paused = True
+            pause(self, True)
+
+        def written(f):
+            self._cx_pending -= n
+            if getattr(self, "_cx_paused", False) and self._cx_pending < PENDING_LOW:
+                self._cx_paused = False
+                if self.ws_connection is not None:
+                    pause(self, False)
+            # a write that failed because the client went away is no news
+            # (unretrieved, each would be a traceback in the log)
+            if not f.cancelled():
+                f.exception()
+
+        fut.add_done_callback(written)
+        return fut
+
+    base_write = handler.write_message
+    handler.write_message = write_message
+
+
+install()

@@ -804,12 +804,12 @@ http {{
             # files' 1 MiB buffers are not returned and faulted in again.
             "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=33554432",
         }
-        # Root's, outside the server's own tree: ZeroMQ's default of 1023
-        # sockets per context (a few per kernel and per channels connection)
-        # would make sockets, not memory, the ceiling on kernels.
+        # The package's (packaging/jupyter_server_config.py: what keeps one
+        # tenant's kernel from taking the server), root's, outside the
+        # server's own tree.
         server_conf = os.path.join(self.var, "jupyter_server_config.py")
-        self.write_file(server_conf, "import zmq\n"
-                        "zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)\n", 0o644, "root")
+        with open(os.path.join(REPO, "packaging", "jupyter_server_config.py")) as f:
+            self.write_file(server_conf, f.read(), 0o644, "root")
         return self.spawn(name, [
             "/usr/bin/python3", "-m", "jupyter_server", f"--config={server_conf}",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
@@ -823,10 +823,6 @@ http {{
             # is the first): idle four hours, far beyond max_ttl.
             "--MappingKernelManager.cull_idle_timeout=14400",
             "--MappingKernelManager.cull_interval=600",
-            # codexec enforces max_output_bytes itself; the server must not drop
-            # output silently on the way.
-            "--ServerApp.iopub_data_rate_limit=0",
-            "--ServerApp.iopub_msg_rate_limit=0",
             f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}",
         ] + [f"--KernelSpecManager.allowed_kernelspecs={k}" for k in self.kernelspecs],
             env=env, cwd=self.workspaces, user=self.kernel_user,
