@@ -83,8 +83,9 @@ cx_h_runs_get(struct cx_req *r)
     get_named(r, cx_run_get, "no such run");
 }
 
-void
-cx_h_runs_create(struct cx_req *r)
+/* On a run thread (cx_req_defer): the body, then the run. */
+static void
+runs_create_run(struct cx_req *r)
 {
     struct cx_run_request req;
     char msg[CX_MSG_MAX] = "";
@@ -92,8 +93,6 @@ cx_h_runs_create(struct cx_req *r)
     bool pending = false;
     enum cx_err rc;
 
-    if (!cx_req_authenticate(r))
-        return;
     body = cx_req_json_body(r, r->w->cfg->max_run_body_bytes < r->w->cfg->max_body_bytes
                                    ? r->w->cfg->max_run_body_bytes
                                    : r->w->cfg->max_body_bytes);
@@ -121,6 +120,16 @@ cx_h_runs_create(struct cx_req *r)
     answer(r, rc, pending ? 202 : 200, out, msg, NULL);
 }
 
+/* Runs take a run thread (lib/lane.h): the worker only authenticates, so
+ * a user at max_concurrent_runs_per_user is told at once and the workers
+ * stay free for everything else. */
+void
+cx_h_runs_create(struct cx_req *r)
+{
+    if (cx_req_authenticate(r))
+        cx_req_defer(r, runs_create_run);
+}
+
 /* approve and reject: the same call shape, the run's id in the path. */
 typedef enum cx_err (*decision_fn)(struct cx_ctx *, const struct cx_principal *, const char *,
                                    json_t **, char *, size_t);
@@ -137,8 +146,9 @@ decide(struct cx_req *r, decision_fn fn)
     }
 }
 
-void
-cx_h_runs_approve(struct cx_req *r)
+/* On a run thread: the approved run. */
+static void
+runs_approve_run(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "";
     struct cx_sse sse;
@@ -147,15 +157,21 @@ cx_h_runs_approve(struct cx_req *r)
     enum cx_err rc;
 
     if (!cx_req_wants_events(r)) {
-        decide(r, cx_run_approve);
+        rc = cx_run_approve(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
+        answer(r, rc, 200, out, msg, NULL);
         return;
     }
-    if (!cx_req_authenticate(r))
-        return;
     cx_req_sse_sink(r, &sse, &sink);
     rc = cx_run_approve_stream(r->w, &r->who, r->captures[0], &sink, &out, msg, sizeof(msg));
     cx_req_sse_end(&sse, rc, 200, out, msg);
     json_decref(out);
+}
+
+void
+cx_h_runs_approve(struct cx_req *r)
+{
+    if (cx_req_authenticate(r))
+        cx_req_defer(r, runs_approve_run);
 }
 
 void

@@ -142,24 +142,41 @@ set_request_context(struct cx_req *r)
         r->query = "";
 }
 
-static void
+/* Serves one request; false when a run thread took it over (the request
+ * and its connection are then that thread's to end). */
+static bool
 serve(struct cx_ctx *w, FCGX_Request *fr)
 {
     struct cx_req r;
-    int64_t t0 = cx_now_us();
 
     memset(&r, 0, sizeof(r));
+    r.t0_us = cx_now_us();
     r.fr = fr;
     r.w = w;
     cx_buf_init(&r.headers, 64 * 1024);
     set_request_context(&r);
     cx_router_dispatch(&r);
-    if (!r.status)
-        cx_req_send_error(&r, 500, "internal_error", "internal error");
-    cx_metrics_observe(r.route ? r.route : "unknown", r.status, cx_now_us() - t0);
-    cx_log_request(r.method, r.route ? r.route : "-", r.status, (long long)(cx_now_us() - t0));
-    cx_buf_cleanup(&r.headers);
-    cx_log_set_request_id(NULL);
+    if (r.deferred) {
+        cx_log_set_request_id(NULL);
+        return false;
+    }
+    cx_req_finish(&r);
+    return true;
+}
+
+/* A new FastCGI request for the next connection; NULL (logged) when out
+ * of memory. */
+static FCGX_Request *
+new_request(void)
+{
+    FCGX_Request *fr = malloc(sizeof(*fr));
+
+    if (!fr || FCGX_InitRequest(fr, listen_fd, 0) != 0) {
+        cx_log_err(0, "FCGX_InitRequest() failed");
+        free(fr);
+        return NULL;
+    }
+    return fr;
 }
 
 /* A thread's own database and gateway handles; false (logged) when out of
@@ -226,20 +243,16 @@ worker_main(void *arg)
 {
     struct cx_ctx w;
     struct idle_worker me = {.go = false};
-    FCGX_Request fr;
+    FCGX_Request *fr = NULL;
     unsigned backoff_ms = 0;
     (void)arg;
 
     pthread_cond_init(&me.cond, NULL);
-    if (!ctx_open(&w, "worker"))
+    if (!ctx_open(&w, "worker") || !(fr = new_request()))
         goto out;
-    if (FCGX_InitRequest(&fr, listen_fd, 0) != 0) {
-        cx_log_err(0, "FCGX_InitRequest() failed");
-        goto out;
-    }
     cx_metrics_gauge_add(CX_GAUGE_WORKERS, 1);
     while (take_role(&me)) {
-        int rc = stopping || !wait_for_connection() ? -1 : FCGX_Accept_r(&fr);
+        int rc = stopping || !wait_for_connection() ? -1 : FCGX_Accept_r(fr);
 
         pass_role();
         if (rc < 0 && stopping)
@@ -251,15 +264,24 @@ worker_main(void *arg)
             continue;
         }
         backoff_ms = 0;
-        serve(&w, &fr);
-        FCGX_Finish_r(&fr);
+        if (!serve(&w, fr)) {
+            /* a run thread has it now */
+            while (!(fr = new_request()) && !stopping)
+                accept_failed(&backoff_ms);
+            if (!fr)
+                break;
+            continue;
+        }
+        FCGX_Finish_r(fr);
         /* libfcgi keeps a connection the web server asked to keep
          * (fastcgi_keep_conn on) and would read the next request from it
          * alone, holding the acceptor role while it idles: close it. */
-        if (fr.ipcFd >= 0)
-            FCGX_Free(&fr, 1);
+        if (fr->ipcFd >= 0)
+            FCGX_Free(fr, 1);
     }
-    FCGX_Free(&fr, 1);
+    if (fr)
+        FCGX_Free(fr, 1);
+    free(fr);
     cx_metrics_gauge_add(CX_GAUGE_WORKERS, -1);
 out:
     ctx_close(&w);
@@ -580,6 +602,10 @@ start_threads(struct threads *t)
         }
     if (t->started == 0)
         return false;
+    if (cx_lane_start(&cfg, auth)) {
+        cx_log_err(errno, "the run threads could not be started");
+        return false;
+    }
     if (pthread_create(&t->reaper, NULL, reaper_main, NULL) != 0) {
         cx_log_err(errno, "pthread_create() of the reaper failed");
         return false;
@@ -642,6 +668,7 @@ stop_threads(struct threads *t)
         wake_idle_workers();
     for (unsigned i = 0; i < t->started; i++)
         pthread_join(t->workers[i], NULL);
+    cx_lane_stop(); /* the runs in flight finish */
     if (t->reaper_started)
         pthread_join(t->reaper, NULL);
     if (t->ticker_started)

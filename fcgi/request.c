@@ -19,6 +19,66 @@ cx_req_param(struct cx_req *r, const char *name)
 }
 
 void
+cx_req_finish(struct cx_req *r)
+{
+    const char *route = r->route ? r->route : "unknown";
+
+    if (!r->status)
+        cx_req_send_error(r, 500, "internal_error", "internal error");
+    cx_metrics_observe(route, r->status, cx_now_us() - r->t0_us);
+    cx_log_request(r->method, r->route ? r->route : "-", r->status,
+                   (long long)(cx_now_us() - r->t0_us));
+    cx_buf_cleanup(&r->headers);
+    cx_log_set_request_id(NULL);
+}
+
+/* A request the lane runs: its own copy, the continuation. */
+struct deferred {
+    struct cx_req r;
+    void (*fn)(struct cx_req *r);
+};
+
+static void
+run_deferred(struct cx_ctx *cx, void *arg)
+{
+    struct deferred *d = arg;
+    FCGX_Request *fr = d->r.fr;
+
+    cx_log_set_request_id(d->r.id);
+    d->r.w = cx;
+    if (cx)
+        d->fn(&d->r);
+    cx_req_finish(&d->r);
+    FCGX_Finish_r(fr);
+    FCGX_Free(fr, 1);
+    free(fr);
+    free(d);
+}
+
+bool
+cx_req_defer(struct cx_req *r, void (*fn)(struct cx_req *r))
+{
+    char msg[CX_MSG_MAX] = "";
+    struct deferred *d = malloc(sizeof(*d));
+    enum cx_err rc;
+
+    if (!d) {
+        cx_req_send_lib_error(r, CX_ERR_NOMEM, NULL);
+        return false;
+    }
+    d->r = *r; /* the headers' buffer moves with it */
+    d->fn = fn;
+    rc = cx_lane_submit(r->who.user, run_deferred, d, msg, sizeof(msg));
+    if (rc) {
+        free(d);
+        cx_req_send_lib_error(r, rc, msg);
+        return false;
+    }
+    r->deferred = true;
+    return true;
+}
+
+void
 cx_req_header(struct cx_req *r, const char *name, const char *value)
 {
     if (strpbrk(name, "\r\n:") || strpbrk(value, "\r\n")) {
@@ -203,6 +263,8 @@ static const struct answer {
     [CX_ERR_CONFLICT] = {409, "conversation_busy", "a run holds this conversation"},
     [CX_ERR_QUOTA] = {429, "quota_exceeded", "a quota was exceeded"},
     [CX_ERR_CAPACITY] = {503, "capacity_exhausted", "no sandbox is free; retry later"},
+    [CX_ERR_TOO_MANY_RUNS] = {429, "too_many_runs", "too many runs in progress; retry later"},
+    [CX_ERR_BUSY] = {503, "unavailable", "the server is busy; retry shortly"},
     [CX_ERR_IO] = {500, "internal_error", "a storage operation failed"},
     [CX_ERR_DB] = {503, "unavailable", "the database is unavailable; retry later"},
     [CX_ERR_GATEWAY] = {502, "gateway_error", "the Jupyter gateway failed"},
@@ -227,10 +289,14 @@ cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
 
     if (a->status == 401)
         cx_req_header(r, "WWW-Authenticate", "Bearer");
-    if (a->status == 503) /* capacity frees up quickly; a service takes longer */
+    /* a run slot frees up within seconds, a sandbox quickly; a service
+     * takes longer */
+    if (err == CX_ERR_TOO_MANY_RUNS || err == CX_ERR_BUSY)
+        cx_req_header(r, "Retry-After", "1");
+    else if (a->status == 503)
         cx_req_header(r, "Retry-After", err == CX_ERR_CAPACITY ? "2" : "5");
     if (err == CX_ERR_QUOTA || err == CX_ERR_CAPACITY || err == CX_ERR_CONFLICT ||
-        err == CX_ERR_TOO_LARGE)
+        err == CX_ERR_TOO_LARGE || err == CX_ERR_TOO_MANY_RUNS || err == CX_ERR_BUSY)
         cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code); /* a static string */
     cx_req_send_error(r, a->status, a->code, msg && *msg ? msg : a->message);
 }
@@ -296,7 +362,7 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
     rc = cx_http_parse_json_object(body, len, &j, msg, sizeof(msg));
     free(body);
     if (rc) {
-        cx_req_send_error(r, 400, "invalid_request", msg);
+        cx_req_send_lib_error(r, rc, msg); /* malformed: 400; too many values: 413 */
         return NULL;
     }
     return j;

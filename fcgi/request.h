@@ -23,7 +23,21 @@ struct cx_req {
     char id[33];
     int status;            /* once a response is written */
     struct cx_buf headers; /* extra headers for the response */
+    int64_t t0_us;         /* when it was accepted */
+    bool deferred;         /* handed to the run lane: no longer the worker's */
 };
+
+/* Hands the rest of the request to the run lane (lib/lane.h): fn(r) runs on
+ * a run thread, with r->w that thread's context, and the request ends
+ * there (cx_req_finish, then the connection is given back). False when
+ * the lane refused it: the answer (429 too_many_runs, 503) is sent and the
+ * request is still the caller's. On true, r is no longer the caller's:
+ * its worker needs a new FCGX_Request for the next connection. */
+bool cx_req_defer(struct cx_req *r, void (*fn)(struct cx_req *r));
+
+/* The end of every request: a 500 if nothing was answered, the metrics,
+ * the access log line, the request's buffers. */
+void cx_req_finish(struct cx_req *r);
 
 const char *cx_req_param(struct cx_req *r, const char *name);
 

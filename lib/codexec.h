@@ -23,6 +23,7 @@
 #include "metrics.h"
 #include "health.h"
 #include "run.h"
+#include "lane.h"
 #include "artifact.h"
 #include "download.h"
 #include "page.h"

@@ -22,6 +22,7 @@ static const struct cx_conf_key keys[] = {
     {"listen", CX_CONF_STR, O(listen), "", 0, 0},
     {"socket_mode", CX_CONF_MODE, O(socket_mode), "0660", 0, 0777},
     {"workers", CX_CONF_UINT, O(workers), "16", 1, 1024},
+    {"run_workers", CX_CONF_UINT, O(run_workers), "0", 0, 1024}, /* 0: workers (lane.h) */
     {"log_file", CX_CONF_STR, O(log_file), "", 0, 0},
     {"log_level", CX_CONF_LEVEL, O(log_level), "info", 0, 0},
     {"log_format", CX_CONF_LOG_FORMAT, O(log_format), "text", 0, 0},
@@ -72,6 +73,8 @@ static const struct cx_conf_key keys[] = {
     {"user_quota_artifacts", CX_CONF_UINT, O(user_quota_artifacts), "5000", 0, 100000000},
     {"max_sessions_per_user", CX_CONF_UINT, O(max_sessions_per_user), "8", 1, 100000},
     {"max_pending_runs_per_user", CX_CONF_UINT, O(max_pending_runs_per_user), "16", 1, 100000},
+    /* 0: a quarter of workers, at least 1 (lane.h) */
+    {"max_concurrent_runs_per_user", CX_CONF_UINT, O(max_concurrent_runs_per_user), "0", 0, 1024},
     /* links, housekeeping, the kernel pool */
     {"link_default_expiry", CX_CONF_UINT, O(link_default_expiry), "300", 1, 365 * 86400},
     {"link_max_expiry", CX_CONF_UINT, O(link_max_expiry), "604800", 1, 365 * 86400},

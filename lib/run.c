@@ -589,13 +589,21 @@ CX_SQL(q_pending_take, 2,
        " RETURNING request, expires_at < now() AS expired)"
        " SELECT request::text, expired FROM p");
 
+/* Whether the deciding key submitted the pending run: one REMOTE_USER
+ * request ("") can't tell itself from another. */
+CX_SQL(q_pending_submitter, 3,
+       "SELECT coalesce(api_key_id::text, '') = $3 FROM runs WHERE id = $1::uuid AND user_id = $2"
+       " AND status = 'pending_approval' FOR UPDATE");
+
 /* Takes the pending request of a run (deleting it) and sets the run's new
- * status in one transaction. *request: new reference. */
+ * status in one transaction. *request: new reference. An approval is
+ * never by the key that submitted the run (CX_ERR_FORBIDDEN); withdrawing
+ * it (rejected) is. */
 static enum cx_err
 take_pending(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
              const char *new_status, json_t **request, char *msg, size_t msglen)
 {
-    const char *p[2] = {run_id, who->user};
+    const char *p[3] = {run_id, who->user, who->key_id};
     const char *u[2] = {run_id, new_status};
     PGresult *r = NULL;
     enum cx_err rc;
@@ -608,6 +616,15 @@ take_pending(struct cx_ctx *cx, const struct cx_principal *who, const char *run_
     rc = cx_db_begin(cx->db);
     if (rc)
         return rc;
+    rc = cx_db_exec_row(cx->db, &q_pending_submitter, p, &r);
+    if (rc == CX_OK && PQgetvalue(r, 0, 0)[0] == 't' && !strcmp(new_status, "running")) {
+        snprintf(msg, msglen, "a run can't be approved by the key that submitted it");
+        rc = CX_ERR_FORBIDDEN;
+    }
+    PQclear(r);
+    r = NULL;
+    if (rc)
+        goto fail;
     rc = cx_db_exec_row(cx->db, &q_pending_take, p, &r);
     if (rc)
         goto fail;
