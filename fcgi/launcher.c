@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -55,6 +56,7 @@ struct launch {
     int seccomp_fd, inotify_fd, signal_fd;
     pid_t bwrap; /* our child */
     int sandbox; /* the sandbox's first process (bwrap's info) */
+    int kernel;  /* the kernel process, once sealed (-1: unknown) */
     int out_fd;  /* the read end of the kernel's stdout and stderr */
     size_t out_logged;
     unsigned ready; /* bits: sockets bound (0-4), connection file written (5) */
@@ -166,7 +168,29 @@ reap(struct launch *l)
     }
 }
 
-/* One signal from the signalfd: a child's exit, or one to pass on. */
+/* SIGUSR1, from codexec's Jupyter server at a run's end: every process of
+ * the sandbox but its init and the kernel ends now, whatever the kernel's
+ * own code does; then the server's request file goes, which tells it the
+ * run's reply may leave (packaging/jupyter_server_config.py). */
+static void
+end_run_processes(struct launch *l)
+{
+    char ack[300];
+    int killed = 0, rfd;
+
+    if (l->kernel > 0 && !l->reaped &&
+        cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, &killed))
+        say("could not end the run's processes", NULL);
+    snprintf(ack, sizeof(ack), ".%s.reap", l->conn.base);
+    rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (rfd >= 0) {
+        unlinkat(rfd, ack, 0);
+        close(rfd);
+    }
+}
+
+/* One signal from the signalfd: a child's exit, a run's end, or one to
+ * pass on. */
 static void
 on_signal(struct launch *l)
 {
@@ -175,6 +199,8 @@ on_signal(struct launch *l)
     while (read(l->signal_fd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD)
             reap(l);
+        else if (si.ssi_signo == SIGUSR1)
+            end_run_processes(l);
         else if (!l->reaped)
             kill(l->bwrap, (int)si.ssi_signo);
     }
@@ -327,8 +353,13 @@ exit_code(const struct launch *l)
 int
 main(int argc, char **argv)
 {
-    struct launch l = {
-        .seccomp_fd = -1, .inotify_fd = -1, .signal_fd = -1, .sandbox = -1, .out_fd = -1};
+    struct launch l = {.seccomp_fd = -1,
+                       .inotify_fd = -1,
+                       .signal_fd = -1,
+                       .sandbox = -1,
+                       .kernel = -1,
+                       .out_fd = -1};
+    pid_t server = getppid();
     const char *config = NULL, *conn_path;
     sigset_t block, old;
     int info[2], out[2], argi = 1, code = 1;
@@ -349,7 +380,12 @@ main(int argc, char **argv)
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGHUP);
     sigaddset(&block, SIGQUIT);
+    sigaddset(&block, SIGUSR1);
     sigprocmask(SIG_BLOCK, &block, &old);
+    /* A server that dies (OOM-killed, say) takes its kernels with it: the
+     * one started in its place knows none of them. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != server)
+        goto out;
     if (!prepare(&l, config, conn_path, &block) || pipe2(info, O_CLOEXEC) != 0)
         goto out;
     if (pipe2(out, O_CLOEXEC) != 0) {
@@ -386,6 +422,10 @@ main(int argc, char **argv)
         code = l.reaped && WIFEXITED(l.status) && WEXITSTATUS(l.status) ? WEXITSTATUS(l.status) : 1;
         goto out;
     }
+    l.kernel = cx_sandbox_kernel_pid(l.sandbox);
+    if (l.kernel < 0)
+        say("the kernel process can't be told apart: its run's processes end only from inside",
+            NULL);
     supervise(&l);
     code = exit_code(&l);
 out:

@@ -356,10 +356,10 @@ reaper_main(void *arg)
 
             if (rc)
                 cx_log_warn(0, "reaper: sweep failed: %s", cx_strerror(rc));
-            if (done.sessions > 0 || done.runs > 0 || done.kernels > 0)
+            if (done.sessions > 0 || done.runs > 0 || done.kernels > 0 || done.staging > 0)
                 cx_log_info("reaper: %d session(s) closed, %d run(s) expired, %d unowned "
-                            "kernel(s) deleted",
-                            done.sessions, done.runs, done.kernels);
+                            "kernel(s) deleted, %d stale staged write(s) removed",
+                            done.sessions, done.runs, done.kernels, done.staging);
             /* more to do: come back soon */
             next_reap = now + (done.sessions == 16 ? 1 : (int64_t)cfg.reaper_interval) * 1000000;
         }

@@ -4,6 +4,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -11,6 +12,10 @@
 #include "err.h"
 
 struct cx_capture;
+
+/* What user keeps: the bytes of every version and the live artifacts. */
+enum cx_err cx_artifact_usage(struct cx_ctx *cx, const char *user, uint64_t *bytes,
+                              uint64_t *count) CX_MUSTCHECK;
 
 /* Turns a run's captured files into artifact versions: same path in the
  * conversation = same artifact, next version; a file whose content equals

@@ -42,7 +42,106 @@ struct cx_capture {
     bool skipped_full;
     uint64_t output_bytes; /* rich outputs, within max_output_bytes */
     uint64_t staged;       /* bytes of files held, within user_quota_bytes */
+    /* the owner's share of the staging ledger (cx_capture_set_owner) */
+    int slot; /* in the ledger, -1 without an owner */
+    char user[257];
+    cx_capture_left_fn left_fn;
+    void *left_ctx;
+    bool asked;
+    uint64_t left;         /* what the user had left when asked */
+    uint64_t reserved;     /* of this capture, in the ledger */
+    uint64_t cur_reserved; /* ... of them, the file being received */
 };
+
+/* What this process's captures stage for each user, together bounded by
+ * what the user has left: eight parallel runs of one user no longer stage
+ * eight quotas. One entry per user with a capture (at most one capture per
+ * run thread: 1024). */
+#define LEDGER_MAX 1024
+static struct {
+    char user[257];
+    unsigned captures;
+    uint64_t bytes;
+} ledger[LEDGER_MAX];
+static pthread_mutex_t ledger_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void
+cx_capture_set_owner(struct cx_capture *c, const char *user, cx_capture_left_fn left_fn, void *ctx)
+{
+    int free_slot = -1;
+
+    if (c->slot >= 0 || strlen(user) >= sizeof(c->user))
+        return;
+    pthread_mutex_lock(&ledger_lock);
+    for (int i = 0; i < LEDGER_MAX && c->slot < 0; i++) {
+        if (ledger[i].captures && !strcmp(ledger[i].user, user))
+            c->slot = i;
+        else if (!ledger[i].captures && free_slot < 0)
+            free_slot = i;
+    }
+    if (c->slot < 0 && free_slot >= 0) {
+        c->slot = free_slot;
+        snprintf(ledger[free_slot].user, sizeof(ledger[free_slot].user), "%s", user);
+        ledger[free_slot].bytes = 0;
+    }
+    if (c->slot >= 0)
+        ledger[c->slot].captures++;
+    pthread_mutex_unlock(&ledger_lock);
+    snprintf(c->user, sizeof(c->user), "%s", user);
+    c->left_fn = left_fn;
+    c->left_ctx = ctx;
+}
+
+uint64_t
+cx_capture_staged_for(const char *user)
+{
+    uint64_t n = 0;
+
+    pthread_mutex_lock(&ledger_lock);
+    for (int i = 0; i < LEDGER_MAX; i++)
+        if (ledger[i].captures && !strcmp(ledger[i].user, user))
+            n = ledger[i].bytes;
+    pthread_mutex_unlock(&ledger_lock);
+    return n;
+}
+
+/* Room for len more bytes: within the per-run bound, and for an owned
+ * capture within what its user has left, less what the user's other
+ * captures hold. Taken from the ledger when there is. */
+static bool
+reserve(struct cx_capture *c, uint64_t held, uint64_t len)
+{
+    bool ok;
+
+    if (held + len > c->cfg->user_quota_bytes)
+        return false; /* no run stages more than a user may keep */
+    if (c->slot < 0)
+        return true;
+    if (!c->asked) {
+        c->asked = true;
+        if (!c->left_fn || c->left_fn(c->left_ctx, c->user, &c->left))
+            c->left = c->cfg->user_quota_bytes;
+    }
+    pthread_mutex_lock(&ledger_lock);
+    ok = ledger[c->slot].bytes + len <= c->left;
+    if (ok)
+        ledger[c->slot].bytes += len;
+    pthread_mutex_unlock(&ledger_lock);
+    if (ok)
+        c->reserved += len;
+    return ok;
+}
+
+static void
+release(struct cx_capture *c, uint64_t len)
+{
+    if (c->slot < 0 || !len)
+        return;
+    pthread_mutex_lock(&ledger_lock);
+    ledger[c->slot].bytes -= len;
+    pthread_mutex_unlock(&ledger_lock);
+    c->reserved -= len;
+}
 
 /* Entries of the skipped list beyond max_captured_files: enough for a
  * workspace of thousands of files to be listed whole (SPEC: nothing is
@@ -58,6 +157,7 @@ cx_capture_new(const struct cx_config *cfg, struct cx_storage *store, struct cx_
         return CX_ERR_NOMEM;
     c->cfg = cfg;
     c->store = store;
+    c->slot = -1;
     c->max_files = cfg->max_captured_files;
     c->max_skipped = cfg->max_captured_files + SKIPPED_EXTRA;
     c->skipped = json_array();
@@ -77,6 +177,12 @@ cx_capture_free(struct cx_capture *c)
     cx_storage_writer_abort(c->cur.w);
     for (size_t i = 0; i < c->nfiles; i++)
         cx_storage_writer_abort(c->files[i].w);
+    if (c->slot >= 0) {
+        pthread_mutex_lock(&ledger_lock);
+        ledger[c->slot].bytes -= c->reserved;
+        ledger[c->slot].captures--;
+        pthread_mutex_unlock(&ledger_lock);
+    }
     free(c->files);
     free(c->chunk);
     json_decref(c->skipped);
@@ -153,6 +259,8 @@ drop_current(struct cx_capture *c, const char *reason)
     cx_storage_writer_abort(c->cur.w);
     memset(&c->cur, 0, sizeof(c->cur));
     c->receiving = false;
+    release(c, c->cur_reserved);
+    c->cur_reserved = 0;
 }
 
 static bool
@@ -216,6 +324,7 @@ finish_current(struct cx_capture *c, json_t *msg)
         return;
     }
     c->staged += got;
+    c->cur_reserved = 0; /* held by the kept file now */
     memset(&c->cur, 0, sizeof(c->cur));
     c->receiving = false;
 }
@@ -290,10 +399,11 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg, const void *buf, size_t
             drop_current(c, "too_large"); /* it grew while being read */
             return;
         }
-        if (c->staged + cx_storage_writer_size(c->cur.w) + len > c->cfg->user_quota_bytes) {
-            drop_current(c, "quota_exceeded"); /* no run stages more than a user may keep */
+        if (!reserve(c, c->staged + cx_storage_writer_size(c->cur.w), len)) {
+            drop_current(c, "quota_exceeded");
             return;
         }
+        c->cur_reserved += c->slot >= 0 ? len : 0;
         if (add_bytes(c, bytes, len))
             drop_current(c, "storage_error");
     } else if (!strcmp(op, "end") && c->receiving && n == c->n) {
@@ -352,7 +462,7 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         cx_capture_skip(c, f.path, "output_limit");
         return c->output_path;
     }
-    if (c->staged + len > c->cfg->user_quota_bytes) {
+    if (!reserve(c, c->staged, len)) {
         cx_capture_skip(c, f.path, "quota_exceeded");
         return c->output_path;
     }
@@ -362,6 +472,8 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         cx_storage_writer_finish(f.w, &got, f.sha256)) {
         cx_storage_writer_abort(f.w);
         cx_capture_skip(c, f.path, "storage_error");
+        c->staged -= len;
+        release(c, c->slot >= 0 ? len : 0);
         return c->output_path;
     }
     f.size = got;

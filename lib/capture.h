@@ -35,6 +35,21 @@ enum cx_err cx_capture_new(const struct cx_config *cfg, struct cx_storage *store
                            struct cx_capture **out) CX_MUSTCHECK;
 void cx_capture_free(struct cx_capture *c);
 
+/* What a user has left of user_quota_bytes: CX_OK with *left, else the
+ * capture keeps the per-run bound alone. */
+typedef enum cx_err (*cx_capture_left_fn)(void *ctx, const char *user, uint64_t *left);
+
+/* Makes the capture user's: the bytes it stages count, with what every
+ * other capture of the user in this process stages, against what the user
+ * has left, asked of left_fn once, when the first bytes are to be staged.
+ * Past it, files are skipped as quota_exceeded before they are written.
+ * Without an owner a capture stages up to user_quota_bytes. */
+void cx_capture_set_owner(struct cx_capture *c, const char *user, cx_capture_left_fn left_fn,
+                          void *ctx);
+
+/* Bytes staged now by this process's captures of user (for tests). */
+uint64_t cx_capture_staged_for(const char *user);
+
 /* The request metadata for the helper, which the run's epilogue
  * (lib/epilogue.py) runs (new reference): limits, the outputs globs
  * (borrowed, may be NULL), the kernel-side state file named after

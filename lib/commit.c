@@ -154,6 +154,19 @@ commit_xid(struct commit *c)
     return rc;
 }
 
+enum cx_err
+cx_artifact_usage(struct cx_ctx *cx, const char *user, uint64_t *bytes, uint64_t *count)
+{
+    const char *u[1] = {user};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_usage, u, &r);
+
+    *bytes = rc == CX_OK ? strtoull(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+    *count = rc == CX_OK ? strtoull(PQgetvalue(r, 0, 1), NULL, 10) : 0;
+    PQclear(r);
+    return rc;
+}
+
 /* Allocations, BEGIN, and the user's usage under the quota lock. */
 static enum cx_err
 commit_begin(struct commit *c, size_t n)

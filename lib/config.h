@@ -44,9 +44,9 @@ struct cx_config {
     unsigned socket_mode;
     unsigned workers;     /* request threads */
     unsigned run_workers; /* run threads (lane.h); 0: as many as workers */
-    char *log_file; /* "" = stderr */
-    int log_level;  /* enum cx_log_level */
-    int log_format; /* 0 text, 1 JSON lines (log.h) */
+    char *log_file;       /* "" = stderr */
+    int log_level;        /* enum cx_log_level */
+    int log_format;       /* 0 text, 1 JSON lines (log.h) */
     /* services */
     char *database; /* libpq conninfo */
     char *gateway_url;
@@ -90,7 +90,7 @@ struct cx_config {
     uint64_t user_quota_bytes;
     unsigned user_quota_artifacts;
     unsigned max_sessions_per_user;
-    unsigned max_pending_runs_per_user; /* runs waiting for approval */
+    unsigned max_pending_runs_per_user;    /* runs waiting for approval */
     unsigned max_concurrent_runs_per_user; /* 0: a quarter of workers (lane.h) */
     unsigned link_default_expiry, link_max_expiry;
     char *revoked_keys_dir;          /* "": none; else one empty file per key revoked lately */

@@ -19,14 +19,14 @@ enum cx_err {
     CX_ERR_UNAUTHORIZED,
     CX_ERR_FORBIDDEN,
     CX_ERR_EXPIRED,
-    CX_ERR_CONFLICT, /* busy, already exists */
-    CX_ERR_QUOTA,    /* a per-user limit (sessions, bytes, artifacts) */
-    CX_ERR_CAPACITY, /* no kernel can be had now: every gateway is full */
+    CX_ERR_CONFLICT,      /* busy, already exists */
+    CX_ERR_QUOTA,         /* a per-user limit (sessions, bytes, artifacts) */
+    CX_ERR_CAPACITY,      /* no kernel can be had now: every gateway is full */
     CX_ERR_TOO_MANY_RUNS, /* the user's runs in progress are at their limit */
     CX_ERR_BUSY,          /* every run slot of the process is taken */
-    CX_ERR_IO,       /* read/write/fsync on local storage or a stream */
-    CX_ERR_DB,       /* PostgreSQL failed */
-    CX_ERR_GATEWAY,  /* the Jupyter gateway failed or answered badly */
+    CX_ERR_IO,            /* read/write/fsync on local storage or a stream */
+    CX_ERR_DB,            /* PostgreSQL failed */
+    CX_ERR_GATEWAY,       /* the Jupyter gateway failed or answered badly */
     CX_ERR_TIMEOUT,
     CX_ERR_PROTOCOL,    /* a peer broke its protocol (WebSocket, Jupyter) */
     CX_ERR_KERNEL_DIED, /* the kernel exited or was restarted during a run */

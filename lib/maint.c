@@ -10,6 +10,7 @@
 #include "maint.h"
 #include "run.h"
 #include "session.h"
+#include "storage.h"
 #include "util.h"
 
 /* Of the gateway's kernels ($1, a text[]), those no row names. */
@@ -125,6 +126,9 @@ cx_maint_sweep(struct cx_ctx *cx, int limit, bool artifacts, struct cx_maint *do
         if (rc == CX_OK)
             rc = rc2;
     }
+    rc2 = cx_storage_sweep_staging(cx->store, CX_MAINT_STAGING_GRACE(cx->cfg), &done->staging);
+    if (rc == CX_OK)
+        rc = rc2;
     if (artifacts) {
         rc2 = cx_artifact_gc(cx, &done->artifacts);
         if (rc == CX_OK)

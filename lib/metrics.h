@@ -33,11 +33,11 @@ uint64_t cx_metrics_counter(enum cx_counter c);
 /* Counters with one label, rendered as codexec_<family>_total{<label>="…"}.
  * value: a static string (a status, a reason). */
 enum cx_family {
-    CX_FAMILY_RUNS,           /* runs ended, by status (ok, error, timeout, ...) */
-    CX_FAMILY_EVICTIONS,      /* idle sessions closed to make room, by reason */
-    CX_FAMILY_REFUSALS,       /* requests refused for a limit, by reason */
-    CX_FAMILY_STORAGE,        /* object-store requests, by operation */
-    CX_FAMILY_STORAGE_ERRORS, /* ... that failed (not a missing object), by operation */
+    CX_FAMILY_RUNS,            /* runs ended, by status (ok, error, timeout, ...) */
+    CX_FAMILY_EVICTIONS,       /* idle sessions closed to make room, by reason */
+    CX_FAMILY_REFUSALS,        /* requests refused for a limit, by reason */
+    CX_FAMILY_STORAGE,         /* object-store requests, by operation */
+    CX_FAMILY_STORAGE_ERRORS,  /* ... that failed (not a missing object), by operation */
     CX_FAMILY_KERNEL_RESTARTS, /* kernels restarted, by reason (timeout, idle_output) */
     CX_FAMILY__N
 };

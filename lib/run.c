@@ -433,6 +433,19 @@ run_end(struct run *r, json_t *payload)
                (unsigned long long)r->st.output_bytes, r->s.reset);
 }
 
+/* The capture's staging bound: what the user has left of the quota. */
+static enum cx_err
+quota_left(void *ctx, const char *user, uint64_t *left)
+{
+    struct cx_ctx *cx = ctx;
+    uint64_t used, n;
+    enum cx_err rc = cx_artifact_usage(cx, user, &used, &n);
+
+    if (rc == CX_OK)
+        *left = used < cx->cfg->user_quota_bytes ? cx->cfg->user_quota_bytes - used : 0;
+    return rc;
+}
+
 static enum cx_err
 run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
                const struct cx_inputs *in, const char *run_id, const struct cx_run_sink *sink,
@@ -443,6 +456,8 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
 
     *out = NULL;
     rc = cx_runexec_init(&r.st, cx, in, req->capture_artifacts);
+    if (rc == CX_OK && r.st.cap)
+        cx_capture_set_owner(r.st.cap, who->user, quota_left, cx);
     r.st.sink = sink;
     if (rc == CX_OK) {
         cx_runexec_status(&r.st, "queued"); /* for the conversation and its kernel */

@@ -580,6 +580,28 @@ build_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_
     return rc;
 }
 
+/* The metadata of the requests that may end the run: the one the epilogue
+ * rides on (meta) and the epilogue's own (epimeta). */
+static enum cx_err
+run_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_request *req,
+             json_t *meta, json_t *epimeta)
+{
+    /* The epilogue's and the helper's sources travel only to a kernel
+     * codexec just started (12 KB of JSON each server and kernel would
+     * parse on every run) and, in the epilogue's own request, to one that
+     * says it needs them (restarted behind our back, or codexec upgraded). */
+    if (build_metadata(st, s, req, meta, s->kernel_fresh) ||
+        build_metadata(st, s, req, epimeta, true))
+        return CX_ERR_NOMEM;
+    /* codexec's Jupyter server holds the reply of a request that ends the
+     * run until the sandbox's other processes are gone, ended from outside
+     * the kernel (packaging/jupyter_server_config.py) */
+    if (json_object_set_new(meta, "codexec_reap", json_true()) ||
+        json_object_set_new(epimeta, "codexec_reap", json_true()))
+        return CX_ERR_NOMEM;
+    return CX_OK;
+}
+
 /* Sends the pipelined requests (the user's cell, then main() when there are
  * arguments) and waits for them, applying the timeout and its grace period.
  * The epilogue (the restart check and the capture) rides on the last one as
@@ -598,12 +620,7 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
     json_t *uexpr = NULL, *meta = json_object(), *epimeta = json_object();
     enum cx_err rc = CX_ERR_NOMEM;
 
-    /* The epilogue's and the helper's sources travel only to a kernel
-     * codexec just started (12 KB of JSON each server and kernel would
-     * parse on every run) and, in the epilogue's own request, to one that
-     * says it needs them (restarted behind our back, or codexec upgraded). */
-    if (!meta || !epimeta || build_metadata(st, s, req, meta, s->kernel_fresh) ||
-        build_metadata(st, s, req, epimeta, true))
+    if (!meta || !epimeta || run_metadata(st, s, req, meta, epimeta))
         goto out;
     uexpr = cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta, false); /* (sources above) */
     if (!uexpr || (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))

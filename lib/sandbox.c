@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/pidfd.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -829,6 +831,161 @@ cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg)
         for (int tries = 0; rmdir(cg->dirs[i]) != 0 && errno == EBUSY && tries < 50; tries++)
             usleep(20000); /* the sandbox's last processes are still exiting */
     cg->n = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The run's end: the sandbox's other processes                             */
+
+/* A /proc file (at most size - 1 bytes) into buf, NUL-terminated; its
+ * length or -1. */
+static ssize_t
+read_proc(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n, got = 0;
+
+    if (fd < 0)
+        return -1;
+    while ((size_t)got < size - 1 && (n = read(fd, buf + got, size - 1 - (size_t)got)) > 0)
+        got += n;
+    close(fd);
+    buf[got] = '\0';
+    return got;
+}
+
+int
+cx_sandbox_kernel_pid(int init_pid)
+{
+    char path[64], buf[256], *end;
+    long pid;
+
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", init_pid, init_pid);
+    if (read_proc(path, buf, sizeof(buf)) <= 0)
+        return -1;
+    errno = 0;
+    pid = strtol(buf, &end, 10);
+    /* exactly one: the command bwrap's init runs (a second is an orphan
+     * of the kernel's, which can't be told from it) */
+    if (errno || end == buf || pid <= 0 || pid > INT_MAX || strspn(end, " \n") != strlen(end))
+        return -1;
+    return (int)pid;
+}
+
+/* Whether pid is a live process in the pid namespace ns (as readlink gives
+ * it: "pid:[N]"). */
+static bool
+in_namespace(int pid, const char *ns)
+{
+    char path[64], link[64], stat[512], *close_paren;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", pid);
+    n = readlink(path, link, sizeof(link) - 1);
+    if (n <= 0)
+        return false;
+    link[n] = '\0';
+    if (strcmp(link, ns))
+        return false;
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    if (read_proc(path, stat, sizeof(stat)) <= 0 || !(close_paren = strrchr(stat, ')')))
+        return false;
+    return close_paren[1] == ' ' && close_paren[2] != 'Z' && close_paren[2] != 'X';
+}
+
+/* The sandbox's processes, from the cgroup's cgroup.procs, into pids. */
+static size_t
+list_cgroup(const struct cx_sandbox_cgroup *cg, int *pids, size_t max)
+{
+    char path[CX_SANDBOX_PATH_MAX + 340];
+    size_t n = 0;
+    FILE *f;
+    long pid;
+
+    snprintf(path, sizeof(path), "%s/cgroup.procs", cg->dirs[0]);
+    f = fopen(path, "re");
+    if (!f)
+        return 0;
+    while (n < max && fscanf(f, "%ld", &pid) == 1)
+        if (pid > 0 && pid <= INT_MAX)
+            pids[n++] = (int)pid;
+    fclose(f);
+    return n;
+}
+
+/* The descendants of pid (every thread's children), appended to pids. */
+static size_t
+list_descendants(int pid, int *pids, size_t n, size_t max, int depth)
+{
+    char path[64];
+    DIR *d;
+    struct dirent *e;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", pid);
+    if (depth > 64 || !(d = opendir(path)))
+        return n;
+    while (n < max && (e = readdir(d))) {
+        char file[96], buf[4096], *p, *end;
+
+        if (e->d_name[0] == '.' || strlen(e->d_name) > 10)
+            continue;
+        snprintf(file, sizeof(file), "/proc/%d/task/%s/children", pid, e->d_name);
+        if (read_proc(file, buf, sizeof(buf)) <= 0)
+            continue;
+        for (p = buf; n < max;) {
+            long child = strtol(p, &end, 10);
+            if (end == p || child <= 0 || child > INT_MAX)
+                break;
+            pids[n++] = (int)child;
+            n = list_descendants((int)child, pids, n, max, depth + 1);
+            p = end;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+#define REAP_MAX 4096
+
+enum cx_err
+cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid, int *killed)
+{
+    char path[64], ns[64];
+    int *pids = malloc(REAP_MAX * sizeof(*pids));
+    ssize_t len;
+
+    *killed = 0;
+    snprintf(path, sizeof(path), "/proc/%d/ns/pid", init_pid);
+    len = readlink(path, ns, sizeof(ns) - 1);
+    if (!pids || len <= 0 || kernel_pid <= 0) {
+        free(pids);
+        return pids ? CX_ERR_INVALID : CX_ERR_NOMEM;
+    }
+    ns[len] = '\0';
+    for (int round = 0; round < 64; round++) {
+        size_t n = cg && cg->n ? list_cgroup(cg, pids, REAP_MAX)
+                               : list_descendants(init_pid, pids, 0, REAP_MAX, 0);
+        int hit = 0;
+
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+
+            if (pids[i] == init_pid || pids[i] == kernel_pid)
+                continue;
+            /* the pidfd first: the check below is then about the process
+             * the signal goes to (a pid reused since the listing fails it) */
+            fd = pidfd_open(pids[i], 0);
+            if (fd < 0)
+                continue;
+            if (in_namespace(pids[i], ns) && pidfd_send_signal(fd, SIGKILL, NULL, 0) == 0)
+                hit++;
+            close(fd);
+        }
+        *killed += hit;
+        if (!hit)
+            break;
+    }
+    free(pids);
+    return CX_OK;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -116,6 +116,21 @@ enum cx_err cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg) CX_MUSTCH
 /* Removes the directories once the kernel's processes are gone. */
 void cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg);
 
+/* The kernel process of the sandbox whose first process is init_pid (its
+ * init's one child), as a pid of the caller's namespace; -1 when it can't
+ * be told. */
+int cx_sandbox_kernel_pid(int init_pid);
+
+/* Ends every process of the sandbox but its init and the kernel: the run's
+ * end, done from outside, so no code in the kernel can keep its children
+ * past it. The processes come from the kernel's cgroup when it has one
+ * (cg may be NULL), else from the init's descendants; each is signalled
+ * through a pidfd after checking it is in the sandbox's pid namespace, so
+ * a pid reused meanwhile is never hit. Rounds until none is left (a fork
+ * bomb), at most 64. *killed counts the processes signalled. */
+enum cx_err cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid,
+                            int *killed) CX_MUSTCHECK;
+
 /* A file descriptor holding the seccomp filter as a BPF program, for
  * bwrap --seccomp (not close-on-exec): namespace creation, mount, ptrace,
  * bpf, perf_event_open, keyctl, userfaultfd, io_uring, kernel modules,

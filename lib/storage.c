@@ -645,16 +645,14 @@ on_s3_object(void *ctx, const char *key, time_t modified, uint64_t size)
     return key_safe(key) ? w->fn(w->ctx, key, w->staging) : CX_OK;
 }
 
+/* A store's staging objects and multipart uploads older than stale_seconds. */
 static enum cx_err
-s3_walk(struct cx_storage *st, long stale_seconds, cx_storage_walk_fn fn, void *ctx)
+s3_walk_staging(struct cx_storage *st, long stale_seconds, cx_storage_walk_fn fn, void *ctx)
 {
-    struct s3_walk w = {.fn = fn, .ctx = ctx, .before = time(NULL) - stale_seconds};
-    enum cx_err rc = cx_s3_list(st->s3, "artifacts/", on_s3_object, &w);
+    struct s3_walk w = {
+        .fn = fn, .ctx = ctx, .staging = true, .before = time(NULL) - stale_seconds};
+    enum cx_err rc = cx_s3_list(st->s3, ".staging/", on_s3_object, &w);
 
-    if (rc || stale_seconds <= 0)
-        return rc;
-    w.staging = true;
-    rc = cx_s3_list(st->s3, ".staging/", on_s3_object, &w);
     if (rc == CX_OK) {
         /* an upload is dated by its start, and a big one on a slow link
          * may take hours: a day */
@@ -667,6 +665,43 @@ s3_walk(struct cx_storage *st, long stale_seconds, cx_storage_walk_fn fn, void *
             rc = CX_OK;
         }
     }
+    return rc;
+}
+
+static enum cx_err
+s3_walk(struct cx_storage *st, long stale_seconds, cx_storage_walk_fn fn, void *ctx)
+{
+    struct s3_walk w = {.fn = fn, .ctx = ctx};
+    enum cx_err rc = cx_s3_list(st->s3, "artifacts/", on_s3_object, &w);
+
+    if (rc || stale_seconds <= 0)
+        return rc;
+    return s3_walk_staging(st, stale_seconds, fn, ctx);
+}
+
+struct sweep {
+    struct cx_storage *st;
+    int removed;
+};
+
+static enum cx_err
+sweep_one(void *ctx, const char *key, bool staging)
+{
+    struct sweep *sw = ctx;
+
+    if (staging && cx_storage_remove(sw->st, key) == CX_OK)
+        sw->removed++;
+    return CX_OK; /* one that can't be removed does not stop the others */
+}
+
+enum cx_err
+cx_storage_sweep_staging(struct cx_storage *st, long stale_seconds, int *removed)
+{
+    struct sweep sw = {.st = st};
+    enum cx_err rc = st->s3 ? s3_walk_staging(st, stale_seconds, sweep_one, &sw)
+                            : walk_staging(st->root, stale_seconds, sweep_one, &sw);
+
+    *removed = sw.removed;
     return rc;
 }
 

@@ -76,6 +76,12 @@ typedef enum cx_err (*cx_storage_walk_fn)(void *ctx, const char *key, bool stagi
 enum cx_err cx_storage_walk(struct cx_storage *st, long stale_seconds, bool prune,
                             cx_storage_walk_fn fn, void *ctx) CX_MUSTCHECK;
 
+/* Removes what was staged longer ago than stale_seconds and not written
+ * since: what a process that crashed mid-write left (the reaper's sweep).
+ * *removed counts it. */
+enum cx_err cx_storage_sweep_staging(struct cx_storage *st, long stale_seconds,
+                                     int *removed) CX_MUSTCHECK;
+
 /* Reads an object through: its size and hex sha256 (65 bytes).
  * CX_ERR_NOT_FOUND when missing or not a regular file. */
 enum cx_err cx_storage_digest(struct cx_storage *st, const char *key, uint64_t *size,

@@ -65,6 +65,50 @@ def guarded_unpack(s):
     return json.loads(s)
 
 
+def parent_msg_id(session, msg_list):
+    """The parent's msg_id of a message from the kernel, or None."""
+    try:
+        _, fed = session.feed_identities(msg_list)
+        return guarded_unpack(fed[2]).get("msg_id")
+    except Exception:
+        return None
+
+
+async def end_run_processes(handler):
+    """A run's end: codexec-kernel-launcher ends every process of the
+    kernel's sandbox but the kernel (SIGUSR1), from outside it, and says it
+    is done by removing the request file. Only for kernels of codexec's
+    launcher; at most two seconds."""
+    import asyncio
+    import os
+    import signal
+
+    kernel = handler.kernel_manager.get_kernel(handler.kernel_id)
+    spec = getattr(kernel, "kernel_spec", None)
+    pid = getattr(getattr(kernel, "provisioner", None), "pid", None)
+    if not spec or not spec.argv or not spec.argv[0].endswith("codexec-kernel-launcher") or not pid:
+        return
+    where, name = os.path.split(kernel.connection_file)
+    ack = os.path.join(where, "." + name.removesuffix(".json") + ".reap")
+    try:
+        os.close(os.open(ack, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        os.unlink(ack)
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 2
+    while os.path.lexists(ack) and loop.time() < deadline:
+        await asyncio.sleep(0.0002)
+    if os.path.lexists(ack):
+        handler.log.warning("kernel %s: its launcher did not end the run's processes in 2 s",
+                            handler.kernel_id)
+        os.unlink(ack)
+
+
 def install():
     import sys
     import types
@@ -123,6 +167,59 @@ def install():
 
     base_write = handler.write_message
     handler.write_message = write_message
+
+    # The run's end: codexec marks the request that ends a run
+    # (metadata codexec_reap); its execute_reply leaves for the client only
+    # once the launcher has ended the sandbox's other processes, so the run
+    # is over, for codexec, only when they are gone. Other shell messages
+    # wait behind it, in order.
+    from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as channels
+
+    base_on_message = channels.on_message
+    base_reply = channels._on_zmq_reply
+
+    def on_message(self, ws_msg):
+        if isinstance(ws_msg, str) and '"codexec_reap"' in ws_msg:
+            try:
+                m = json.loads(ws_msg)
+                ids = self.__dict__.setdefault("_cx_reap", [])
+                if (m["metadata"].get("codexec_reap") is True and len(ids) < 16
+                        and m["header"]["msg_type"] == "execute_request"):
+                    ids.append(m["header"]["msg_id"])
+            except Exception:
+                pass
+        return base_on_message(self, ws_msg)
+
+    async def reply_after_reap(self, stream, msg_list):
+        try:
+            await end_run_processes(self)
+        except Exception:
+            self.log.exception("kernel %s: ending the run's processes failed", self.kernel_id)
+        queue, self._cx_held = [(stream, msg_list)] + self._cx_held, None
+        while queue and self.ws_connection is not None:
+            on_reply(self, *queue.pop(0))
+            if self._cx_held is not None:  # it ended another run: the rest wait again
+                self._cx_held.extend(queue)
+                return
+
+    def on_reply(self, stream, msg_list):
+        channel = getattr(stream, "channel", None)
+        if channel == "shell" and getattr(self, "_cx_held", None) is not None:
+            self._cx_held.append((stream, msg_list))
+            return None
+        ids = getattr(self, "_cx_reap", None)
+        if channel == "shell" and ids:
+            parent = parent_msg_id(self.session, msg_list)
+            if parent in ids:
+                ids.remove(parent)
+                self._cx_held = []
+                import asyncio
+                asyncio.ensure_future(reply_after_reap(self, stream, msg_list))
+                return None
+        return base_reply(self, stream, msg_list)
+
+    channels.on_message = on_message
+    channels._on_zmq_reply = on_reply
 
 
 install()
