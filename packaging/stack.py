@@ -85,7 +85,7 @@ class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
                  workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
                  test_kernel=False, sandbox_extra=None, gateway_proxy_port=None, s3_port=None,
-                 edge_links=True):
+                 edge_links=True, gateway_memory=None):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
@@ -104,6 +104,7 @@ class Stack:
         self.nginx_body = nginx_body
         self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
         self.edge_links = edge_links  # nginx checks signed links itself
+        self.gateway_memory = gateway_memory  # bytes; None: setup_cgroups decides
         # the link module, built next to codexec-fcgi (nginx/module/), and
         # where nginx loads it from: var/bin, as the programs (the build may
         # sit in a directory only its owner can enter)
@@ -370,6 +371,7 @@ class Stack:
         self.copy_exec(os.path.join(self.bindir, "codexec-admin"), "codexec-admin")
         self.copy_exec(os.path.join(self.bindir, "codexec-kernel-launcher"),
                        "codexec-kernel-launcher")
+        self.copy_exec(os.path.join(REPO, "packaging", "supervise.py"), "supervise.py")
         if os.path.exists(self.link_module_built):
             self.copy_exec(self.link_module_built, os.path.basename(self.link_module))
         self.init_secret_files()
@@ -564,6 +566,10 @@ class Stack:
             total = int(f.readline().split()[1]) * 1024
         limits = {"memory.limit_in_bytes": str(total * 3 // 4),  # all kernels together
                   "memory.max": str(total * 3 // 4), "pids.max": "16384"}
+        # The Jupyter server's own bound (its kernels have theirs): an eighth
+        # of the machine, within [512 MiB, 4 GiB]. At it the kernel's OOM
+        # killer ends the server, and supervise.py starts it again.
+        self.gateway_memory = self.gateway_memory or min(max(total // 8, 512 << 20), 4 << 30)
         try:
             for d in self.cgroup_parents():
                 if kind == "v2":
@@ -580,7 +586,17 @@ class Stack:
                         self.chown(os.path.join(d, name), self.kernel_user)
                     self.chown(server, self.kernel_user)
                     self.write_cgroup(d, "cgroup.subtree_control", "+memory +pids +cpu")
+                    # (its limit files stay root's)
+                    self.write_cgroup(server, "memory.max", str(self.gateway_memory))
+                    self.write_cgroup(server, "memory.swap.max", "0")
                     self.cgroup_server = server
+            if kind == "v1":
+                # a sibling of the kernels' parent, root's: the server's
+                # user can't move out of it or change its limit
+                server = os.path.join(mounts["memory"], self.cgroup + "-gateway")
+                os.makedirs(server, exist_ok=True)
+                self.write_cgroup(server, "memory.limit_in_bytes", str(self.gateway_memory))
+                self.cgroup_server = server
         except OSError as e:
             log(f"cannot set up the kernels' cgroups ({e}): kernels run without cgroup limits")
             return
@@ -589,6 +605,12 @@ class Stack:
     def teardown_cgroups(self):
         if os.geteuid() != 0:
             return
+        kind, mounts = self.cgroup_layout()
+        if kind == "v1":
+            try:
+                os.rmdir(os.path.join(mounts["memory"], self.cgroup + "-gateway"))
+            except OSError:
+                pass
         for d in self.cgroup_parents():
             if not os.path.isdir(d):
                 continue
@@ -758,6 +780,16 @@ http {{
             self.run([f"{PG_BIN}/createdb", "-h", self.pg_run, "-p", str(self.pg_port), "-U",
                       "codexec", "codexec"])
 
+    def gateway_pid(self, name="jupyter"):
+        """The Jupyter server's pid (supervise.py's child), or None."""
+        sup = self.pid(name)
+        try:
+            with open(f"/proc/{sup}/task/{sup}/children") as f:
+                kids = [int(p) for p in f.read().split()]
+        except (OSError, ValueError, TypeError):
+            return None
+        return kids[0] if kids and pid_alive(kids[0]) else None
+
     def gateway_ok(self, url=None):
         req = urllib.request.Request((url or self.gateway_direct_url) + "/api/kernelspecs",
                                      headers={"Authorization": f"token {self.gateway_token}"})
@@ -810,7 +842,9 @@ http {{
         server_conf = os.path.join(self.var, "jupyter_server_config.py")
         with open(os.path.join(REPO, "packaging", "jupyter_server_config.py")) as f:
             self.write_file(server_conf, f.read(), 0o644, "root")
+        # supervise.py starts it again when it dies (at its memory bound, say)
         return self.spawn(name, [
+            "/usr/bin/python3", os.path.join(self.bin, "supervise.py"),
             "/usr/bin/python3", "-m", "jupyter_server", f"--config={server_conf}",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
             "--ServerApp.port_retries=0", "--ServerApp.open_browser=False",

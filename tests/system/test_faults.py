@@ -134,7 +134,7 @@ def test_a_missed_probe_costs_no_session_its_state(ctx):
     st = ctx.st
     user, cid = "fault-probe", new_id()
     run(ctx, user, cid, "x = 41")
-    pid = st.pid("jupyter")
+    pid = st.gateway_pid()
     os.kill(pid, signal.SIGSTOP)
     try:
         # (not the reaper's probe: with the server stopped, its sweep may
