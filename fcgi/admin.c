@@ -18,6 +18,10 @@ usage(FILE *f)
         "  secret init                     create the server secret file if missing\n"
         "  nginx-link-key                  print the nginx line that gives nginx the key of\n"
         "                                  signed links (a key for links only, never the secret)\n"
+        "  web-server-key [--apache]       print the nginx (or Apache) line that sends the web\n"
+        "                                  server's key (web_server_key = true)\n"
+        "  metrics-token                   print the operators' Bearer token for /metrics\n"
+        "                                  (metrics_token = true)\n"
         "  key create --user NAME [--label L] [--require-approval]\n"
         "                                  create an API key; prints only the key\n"
         "  key revoke ID                   revoke a key by id\n"
@@ -311,6 +315,41 @@ cmd_nginx_link_key(const struct cx_config *cfg)
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
+/* What the web server sends as CODEXEC_WEB_KEY (web_server_key), as a
+ * line of its configuration: nginx's, or with --apache Apache's. */
+static int
+cmd_web_server_key(const struct cx_config *cfg, bool apache)
+{
+    struct cx_auth *auth = NULL;
+
+    if (cx_auth_new(cfg->secret_file, &auth)) {
+        fprintf(stderr, "codexec-admin: cannot read %s\n", cfg->secret_file);
+        return 1;
+    }
+    printf("# written by codexec-admin web-server-key: keep it readable by root only\n");
+    if (apache)
+        printf("SetEnv CODEXEC_WEB_KEY %s\n", cx_auth_web_key(auth));
+    else
+        printf("fastcgi_param CODEXEC_WEB_KEY \"%s\";\n", cx_auth_web_key(auth));
+    cx_auth_free(auth);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+/* The operators' Bearer token for /metrics (metrics_token), alone. */
+static int
+cmd_metrics_token(const struct cx_config *cfg)
+{
+    struct cx_auth *auth = NULL;
+
+    if (cx_auth_new(cfg->secret_file, &auth)) {
+        fprintf(stderr, "codexec-admin: cannot read %s\n", cfg->secret_file);
+        return 1;
+    }
+    printf("%s\n", cx_auth_ops_token(auth));
+    cx_auth_free(auth);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 /* The commands that need the database (and the gateway): argv[0] is the
  * command's name. */
 static int
@@ -367,6 +406,11 @@ main(int argc, char **argv)
             status = cmd_secret_init(&cfg);
         else if (!strcmp(argv[i], "nginx-link-key") && i + 1 == argc)
             status = cmd_nginx_link_key(&cfg);
+        else if (!strcmp(argv[i], "web-server-key") &&
+                 (i + 1 == argc || (i + 2 == argc && !strcmp(argv[i + 1], "--apache"))))
+            status = cmd_web_server_key(&cfg, i + 2 == argc);
+        else if (!strcmp(argv[i], "metrics-token") && i + 1 == argc)
+            status = cmd_metrics_token(&cfg);
         else if (cx_host_ctx_open(&cx, &cfg, NULL) == CX_OK)
             status = dispatch(&cx, argc - i, argv + i);
         curl_global_cleanup();

@@ -33,6 +33,10 @@ cx_h_health(struct cx_req *r)
         cx_req_send_lib_error(r, CX_ERR_NOMEM, NULL);
         return;
     }
+    /* what failed and where (gateway URLs, storage errors) for operators
+     * only; everyone else learns ok or failed */
+    if (!cx_req_operator(r))
+        cx_health_redact(body);
     if (!ok) {
         json_object_set_new(body, "error",
                             json_pack("{s:s,s:s}", "code", "unavailable", "message",
@@ -48,9 +52,11 @@ cx_h_metrics(struct cx_req *r)
 {
     struct cx_buf b;
 
-    if (!cx_addr_list_match(r->w->cfg->metrics_allow, cx_req_param(r, "REMOTE_ADDR"))) {
+    if (!cx_req_operator(r)) {
         cx_req_send_error(r, 403, "forbidden",
-                          "metrics are served only to the addresses in metrics_allow");
+                          r->w->cfg->metrics_token
+                              ? "metrics are served only with the operators' token"
+                              : "metrics are served only to the addresses in metrics_allow");
         return;
     }
     cx_buf_init(&b, 4 * 1024 * 1024);

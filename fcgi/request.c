@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/sendfile.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -368,13 +369,33 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
     return j;
 }
 
+bool
+cx_req_vouched(struct cx_req *r)
+{
+    if (!r->w->cfg->web_server_key)
+        return true;
+    return cx_auth_hex_equal(cx_req_param(r, "CODEXEC_WEB_KEY"), cx_auth_web_key(r->w->auth));
+}
+
+bool
+cx_req_operator(struct cx_req *r)
+{
+    const char *h = cx_req_param(r, "HTTP_AUTHORIZATION");
+
+    if (r->w->cfg->metrics_token)
+        return h && !strncasecmp(h, "Bearer ", 7) &&
+               cx_auth_hex_equal(h + 7 + strspn(h + 7, " "), cx_auth_ops_token(r->w->auth));
+    return cx_req_vouched(r) &&
+           cx_addr_list_match(r->w->cfg->metrics_allow, cx_req_param(r, "REMOTE_ADDR"));
+}
+
 const char *
 cx_req_remote_user(struct cx_req *r)
 {
     const char *user = NULL, *auth_type = cx_req_param(r, "AUTH_TYPE");
     int seen = 0;
 
-    if (!r->w->cfg->trust_remote_user || !auth_type || !*auth_type)
+    if (!r->w->cfg->trust_remote_user || !auth_type || !*auth_type || !cx_req_vouched(r))
         return NULL;
     for (char **e = r->fr->envp; *e; e++)
         if (!strncmp(*e, "REMOTE_USER=", 12)) {

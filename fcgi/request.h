@@ -106,11 +106,22 @@ json_t *cx_req_json_body(struct cx_req *r, uint64_t max);
 /* Reads request body bytes; ctx is r->fr->in. */
 ssize_t cx_req_read(void *ctx, void *buf, size_t n);
 
+/* Whether the FastCGI params can be trusted: always, unless
+ * web_server_key is on; then only when the web server sent its key
+ * (CODEXEC_WEB_KEY). */
+bool cx_req_vouched(struct cx_req *r);
+
+/* Whether the request may read what only operators should: /metrics and
+ * health's details. With metrics_token, the operators' Bearer token;
+ * else a (vouched) REMOTE_ADDR in metrics_allow. */
+bool cx_req_operator(struct cx_req *r);
+
 /* The user the web server authenticated, or NULL. REMOTE_USER counts only
  * with trust_remote_user, when the server also set AUTH_TYPE (Apache does
  * after authenticating; nginx only where the operator's config passes it,
  * because nginx fills $remote_user from a client's own Basic header even
- * without auth_basic), and when it was sent exactly once. */
+ * without auth_basic), when it was sent exactly once, and when the
+ * params are vouched for (cx_req_vouched). */
 const char *cx_req_remote_user(struct cx_req *r);
 
 /* Authenticates; on failure sends 401 (or 503) and returns false. A

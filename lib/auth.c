@@ -19,6 +19,8 @@ struct cx_auth {
     unsigned char key_hash_key[32];
     unsigned char link_key[32];
     char edge_key[65]; /* hex: the key is these 64 characters */
+    char web_key[65];  /* hex: the web server's proof of the FastCGI params */
+    char ops_token[65]; /* hex: /metrics and health's details */
 };
 
 enum cx_err
@@ -82,6 +84,10 @@ cx_auth_new(const char *secret_file, struct cx_auth **out)
     crypto_kdf_derive_from_key(a->link_key, sizeof(a->link_key), 2, "cx-links", master);
     crypto_kdf_derive_from_key(edge, sizeof(edge), 3, "cx-links", master);
     sodium_bin2hex(a->edge_key, sizeof(a->edge_key), edge, sizeof(edge));
+    crypto_kdf_derive_from_key(edge, sizeof(edge), 4, "cx-webkv", master);
+    sodium_bin2hex(a->web_key, sizeof(a->web_key), edge, sizeof(edge));
+    crypto_kdf_derive_from_key(edge, sizeof(edge), 5, "cx-ops__", master);
+    sodium_bin2hex(a->ops_token, sizeof(a->ops_token), edge, sizeof(edge));
     *out = a;
     a = NULL;
     rc = CX_OK;
@@ -116,6 +122,26 @@ const char *
 cx_auth_edge_key(const struct cx_auth *a)
 {
     return a->edge_key;
+}
+
+const char *
+cx_auth_web_key(const struct cx_auth *a)
+{
+    return a->web_key;
+}
+
+const char *
+cx_auth_ops_token(const struct cx_auth *a)
+{
+    return a->ops_token;
+}
+
+bool
+cx_auth_hex_equal(const char *given, const char *want)
+{
+    size_t n = strlen(want);
+
+    return given && strlen(given) == n && sodium_memcmp(given, want, n) == 0;
 }
 
 enum cx_err

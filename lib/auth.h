@@ -44,6 +44,21 @@ const unsigned char *cx_auth_link_key(const struct cx_auth *a);
  * server secret can't be had from it. */
 const char *cx_auth_edge_key(const struct cx_auth *a);
 
+/* The web server's key (web_server_key), borrowed, 64 hex characters: the
+ * web server sends it as the FastCGI param CODEXEC_WEB_KEY from a
+ * configuration only root reads, and only a request that carries it may
+ * set REMOTE_USER, AUTH_TYPE and a REMOTE_ADDR codexec trusts. Any other
+ * process that can reach the socket (a PHP app in www-data) is then an
+ * HTTP client like any other. */
+const char *cx_auth_web_key(const struct cx_auth *a);
+
+/* The operators' token (metrics_token), borrowed, 64 hex characters: a
+ * Bearer token for /metrics and health's details. */
+const char *cx_auth_ops_token(const struct cx_auth *a);
+
+/* Whether given (may be NULL) is want, compared in constant time. */
+bool cx_auth_hex_equal(const char *given, const char *want);
+
 /* Extracts the token of "Bearer <token>" (scheme case-insensitive); the token
  * points into header. CX_ERR_UNAUTHORIZED if absent or malformed. */
 enum cx_err cx_auth_parse_bearer(const char *header, const char **token, size_t *len) CX_MUSTCHECK;

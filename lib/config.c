@@ -81,11 +81,15 @@ static const struct cx_conf_key keys[] = {
     {"revoked_keys_dir", CX_CONF_PATH, O(revoked_keys_dir), "", 0, 0},
     {"download_cache_entries", CX_CONF_UINT, O(download_cache_entries), "1024", 0, 16384},
     {"reaper_interval", CX_CONF_UINT, O(reaper_interval), "30", 1, 86400},
-    {"kernel_orphan_grace", CX_CONF_UINT, O(kernel_orphan_grace), "600", 1, 86400},
+    {"kernel_orphan_grace", CX_CONF_UINT, O(kernel_orphan_grace), "60", 1, 86400},
     {"kernel_pool_size", CX_CONF_UINT, O(kernel_pool_size), "0", 0, 1024},
     {"kernel_preload", CX_CONF_MODULES, O(kernel_preload), "", 0, 0},
     /* who may read /metrics (REMOTE_ADDR, as the web server passes it) */
     {"metrics_allow", CX_CONF_ADDRS, O(metrics_allow), "127.0.0.0/8, ::1", 0, 0},
+    /* ... or only with the operators' token, whatever the address (auth.h) */
+    {"metrics_token", CX_CONF_BOOL, O(metrics_token), "false", 0, 0},
+    /* FastCGI params count only with the web server's key (auth.h) */
+    {"web_server_key", CX_CONF_BOOL, O(web_server_key), "false", 0, 0},
 };
 
 static void

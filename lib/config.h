@@ -100,6 +100,8 @@ struct cx_config {
     unsigned kernel_pool_size;
     char *kernel_preload; /* "numpy,pandas": modules pooled kernels import while warming */
     char *metrics_allow;  /* normalised address list (util.h) */
+    bool metrics_token;   /* /metrics by the operators' token only (auth.h) */
+    bool web_server_key;  /* trust params only with CODEXEC_WEB_KEY (auth.h) */
     /* derived: every gateway, the first from gateway_url */
     struct cx_gateway_conf gateways[CX_GATEWAYS_MAX];
     unsigned ngateways;

@@ -17,6 +17,10 @@
  * hammer. *out is NULL (and false returned) only when out of memory. */
 bool cx_health_check(struct cx_ctx *cx, json_t **out);
 
+/* Leaves of a health answer only what anyone may know: each check's "ok"
+ * or "failed", without the reason or the gateways' URLs. */
+void cx_health_redact(json_t *answer);
+
 /* Drops the shared result (at exit, and for tests). */
 void cx_health_forget(void);
 

@@ -51,8 +51,9 @@ id_array(struct cx_buf *b, json_t *models, PGresult *r)
 }
 
 /* The kernels of the gateway that no row has named for the grace period:
- * deleted. A kernel is recorded within milliseconds of its start (a pool
- * kernel once warmed, within two minutes), so the grace covers it. */
+ * deleted. Every kernel is recorded within milliseconds of its start (a
+ * session's, or a pooled one's while it warms), so a minute's grace covers
+ * it, and a crash's kernels go within two minutes. */
 static enum cx_err
 reconcile(struct cx_ctx *cx, int *deleted)
 {

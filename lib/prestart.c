@@ -17,16 +17,17 @@
 
 CX_SQL(q_claim, 2,
        "DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"
-       " WHERE gateway_url = $1 AND kernel_name = $2 ORDER BY created_at LIMIT 1"
+       " WHERE gateway_url = $1 AND kernel_name = $2 AND ready ORDER BY created_at LIMIT 1"
        " FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id");
 CX_SQL(q_list, 1,
-       "SELECT id, kernel_id, kernel_name FROM prestarted_kernels WHERE gateway_url = $1"
+       "SELECT id, kernel_id, kernel_name, ready FROM prestarted_kernels WHERE gateway_url = $1"
        " ORDER BY created_at");
 /* Zero rows when a claim took it first. */
 CX_SQL(q_take, 1, "DELETE FROM prestarted_kernels WHERE id = $1::uuid RETURNING kernel_id");
 CX_SQL(q_add, 4,
-       "INSERT INTO prestarted_kernels (id, gateway_url, kernel_name, kernel_id)"
-       " VALUES ($1::uuid, $2, $3, $4)");
+       "INSERT INTO prestarted_kernels (id, gateway_url, kernel_name, kernel_id, ready)"
+       " VALUES ($1::uuid, $2, $3, $4, false)");
+CX_SQL(q_ready, 1, "UPDATE prestarted_kernels SET ready = true WHERE id = $1::uuid");
 #define FILL_KEY "hashtextextended('prestart' || E'\\n' || $1, 2)"
 CX_SQL(q_fill_lock, 1, "SELECT pg_try_advisory_lock(" FILL_KEY ")");
 CX_SQL(q_fill_unlock, 1, "SELECT pg_advisory_unlock(" FILL_KEY ")");
@@ -156,7 +157,9 @@ prune(struct cx_ctx *cx)
         return -1;
     for (int i = 0; i < PQntuples(r); i++) {
         const char *id = PQgetvalue(r, i, 0), *kid = PQgetvalue(r, i, 1);
-        bool keep = (unsigned)kept < cx->cfg->kernel_pool_size &&
+        /* (one still warming under the fill lock we hold is a dead
+         * process's warm-up: it goes) */
+        bool keep = (unsigned)kept < cx->cfg->kernel_pool_size && PQgetvalue(r, i, 3)[0] == 't' &&
                     !strcmp(PQgetvalue(r, i, 2), cx->cfg->kernel_name) && alive(cx, kid);
 
         if (keep) {
@@ -226,6 +229,12 @@ start_one(struct cx_ctx *cx)
     rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, kid, msg, sizeof(msg));
     if (rc)
         return rc;
+    /* named at once (warming): never taken for an orphan */
+    rc = cx_db_exec(cx->db, &q_add, p, NULL);
+    if (rc) {
+        discard(cx, kid);
+        return rc;
+    }
     rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
                              sizeof(msg));
     if (rc == CX_OK) {
@@ -260,9 +269,10 @@ start_one(struct cx_ctx *cx)
             cx_kernel_conn_free(c);
     }
     if (rc == CX_OK)
-        rc = cx_db_exec(cx->db, &q_add, p, NULL);
+        rc = cx_db_exec(cx->db, &q_ready, p, NULL);
     if (rc) {
-        discard(cx, kid);
+        if (take(cx, id)) /* the row and the kernel */
+            discard(cx, kid);
         return rc;
     }
     cx_log_info("pooled kernel %s ready in %lldms", kid, (long long)(cx_now_us() - t0) / 1000);

@@ -259,6 +259,65 @@ cx_storage_path(const struct cx_storage *st, const char *key, char *out, size_t 
     return n < 0 || (size_t)n >= outlen ? CX_ERR_TOO_LARGE : CX_OK;
 }
 
+/* The directories a key names, opened one by one from the root without
+ * following a link (O_NOFOLLOW on each): a storage tree someone changed
+ * under a process that runs as root (fsck --repair) never leads it out. */
+#define KEY_DEPTH 16
+struct key_dirs {
+    int fd[KEY_DEPTH];           /* fd[0] the root, fd[n - 1] the last component's directory */
+    const char *name[KEY_DEPTH]; /* the component each fd[i > 0] is in its parent */
+    size_t len[KEY_DEPTH];
+    int n;
+    const char *last; /* the key's last component */
+};
+
+static void
+close_dirs(struct key_dirs *k)
+{
+    for (int i = 0; i < k->n; i++)
+        close(k->fd[i]);
+    k->n = 0;
+}
+
+/* CX_ERR_NOT_FOUND when a directory is missing, or is a link. */
+static enum cx_err
+open_dirs(const struct cx_storage *st, const char *key, struct key_dirs *k)
+{
+    const char *c = key;
+
+    k->n = 0;
+    if (!key_safe(key) || st->s3)
+        return CX_ERR_INVALID;
+    k->fd[0] = open(st->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (k->fd[0] < 0)
+        return CX_ERR_IO;
+    k->n = 1;
+    for (size_t len; c[len = strcspn(c, "/")]; c += len + 1) {
+        char comp[256];
+
+        if (k->n == KEY_DEPTH || len >= sizeof(comp)) {
+            close_dirs(k);
+            return CX_ERR_INVALID;
+        }
+        memcpy(comp, c, len);
+        comp[len] = '\0';
+        k->fd[k->n] =
+            openat(k->fd[k->n - 1], comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (k->fd[k->n] < 0) {
+            enum cx_err rc = errno == ENOENT || errno == ELOOP || errno == ENOTDIR
+                                 ? CX_ERR_NOT_FOUND
+                                 : CX_ERR_IO;
+            close_dirs(k);
+            return rc;
+        }
+        k->name[k->n] = c;
+        k->len[k->n] = len;
+        k->n++;
+    }
+    k->last = c;
+    return CX_OK;
+}
+
 static enum cx_err
 mkdirs(char *path, size_t upto)
 {
@@ -542,41 +601,54 @@ s3_remove(struct cx_storage *st, const char *key)
 enum cx_err
 cx_storage_remove(struct cx_storage *st, const char *key)
 {
-    char path[4096];
-    size_t rootlen = strlen(st->root);
+    struct key_dirs k;
     enum cx_err rc;
 
     if (st->s3)
         return s3_remove(st, key);
-    rc = cx_storage_path(st, key, path, sizeof(path));
+    rc = open_dirs(st, key, &k);
     if (rc)
-        return rc;
-    if (unlink(path) != 0 && errno != ENOENT) {
+        return rc == CX_ERR_NOT_FOUND ? CX_OK : rc; /* nothing there to remove */
+    if (unlinkat(k.fd[k.n - 1], k.last, 0) != 0 && errno != ENOENT) {
         cx_log_err(errno, "unlink() in storage failed");
+        close_dirs(&k);
         return CX_ERR_IO;
     }
     /* Empty parents go too (v<N>/, <artifact>/, <user>/), never root. */
-    for (char *slash = strrchr(path, '/'); slash && (size_t)(slash - path) > rootlen;
-         slash = strrchr(path, '/')) {
-        *slash = '\0';
-        if (rmdir(path) != 0)
+    for (int i = k.n - 1; i > 0; i--) {
+        char comp[256];
+
+        memcpy(comp, k.name[i], k.len[i]);
+        comp[k.len[i]] = '\0';
+        if (unlinkat(k.fd[i - 1], comp, AT_REMOVEDIR) != 0)
             break;
     }
+    close_dirs(&k);
     return CX_OK;
 }
 
-static enum cx_err
-walk_dir(const char *root, const char *rel, bool prune, cx_storage_walk_fn fn, void *ctx)
+/* Opens name in the directory dfd as a directory, never through a link;
+ * a DIR that owns the descriptor, or NULL. */
+static DIR *
+open_subdir(int dfd, const char *name)
 {
-    char dir[4096];
-    DIR *d;
+    int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+
+    if (!d && fd >= 0)
+        close(fd);
+    return d;
+}
+
+/* The objects under the directory d (its key rel), depth first, every
+ * directory entered through its parent's descriptor (a link is never
+ * entered, and is reported to fn like any non-directory: fsck finds it). */
+static enum cx_err
+walk_dir(DIR *d, const char *rel, bool prune, cx_storage_walk_fn fn, void *ctx, int depth)
+{
     struct dirent *e;
     enum cx_err rc = CX_OK;
 
-    snprintf(dir, sizeof(dir), "%s/%s", root, rel);
-    d = opendir(dir);
-    if (!d)
-        return errno == ENOENT ? CX_OK : CX_ERR_IO;
     while (rc == CX_OK && (e = readdir(d))) {
         char key[4096];
         struct stat st;
@@ -587,36 +659,51 @@ walk_dir(const char *root, const char *rel, bool prune, cx_storage_walk_fn fn, v
             fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
             continue;
         if (S_ISDIR(st.st_mode)) {
-            rc = walk_dir(root, key, prune, fn, ctx);
+            DIR *sub = depth < KEY_DEPTH ? open_subdir(dirfd(d), e->d_name) : NULL;
+
+            if (sub) {
+                rc = walk_dir(sub, key, prune, fn, ctx, depth + 1);
+                closedir(sub);
+            }
             if (prune)
                 (void)unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR); /* empty ones only */
         } else {
             rc = fn(ctx, key, false);
         }
     }
-    closedir(d);
     return rc;
 }
 
-static enum cx_err
-walk_staging(const char *root, long stale_seconds, cx_storage_walk_fn fn, void *ctx)
+/* The root's directory name (artifacts, .staging), or NULL (and errno). */
+static DIR *
+open_top(const struct cx_storage *st, const char *name)
 {
-    char dir[4096];
-    DIR *d;
+    int root = open(st->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = root >= 0 ? open_subdir(root, name) : NULL;
+    int saved = errno;
+
+    if (root >= 0)
+        close(root);
+    errno = saved;
+    return d;
+}
+
+static enum cx_err
+walk_staging(const struct cx_storage *st, long stale_seconds, cx_storage_walk_fn fn, void *ctx)
+{
+    DIR *d = open_top(st, ".staging");
     struct dirent *e;
     time_t now = time(NULL);
     enum cx_err rc = CX_OK;
 
-    snprintf(dir, sizeof(dir), "%s/.staging", root);
-    d = opendir(dir);
     if (!d)
         return CX_OK;
     while (rc == CX_OK && (e = readdir(d))) {
         char key[300];
-        struct stat st;
+        struct stat sb;
 
-        if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            now - st.st_mtime < stale_seconds)
+        if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+            now - sb.st_mtime < stale_seconds)
             continue; /* a write in progress */
         snprintf(key, sizeof(key), ".staging/%s", e->d_name);
         rc = fn(ctx, key, true);
@@ -699,7 +786,7 @@ cx_storage_sweep_staging(struct cx_storage *st, long stale_seconds, int *removed
 {
     struct sweep sw = {.st = st};
     enum cx_err rc = st->s3 ? s3_walk_staging(st, stale_seconds, sweep_one, &sw)
-                            : walk_staging(st->root, stale_seconds, sweep_one, &sw);
+                            : walk_staging(st, stale_seconds, sweep_one, &sw);
 
     *removed = sw.removed;
     return rc;
@@ -713,9 +800,14 @@ cx_storage_walk(struct cx_storage *st, long stale_seconds, bool prune, cx_storag
 
     if (st->s3)
         return s3_walk(st, stale_seconds, fn, ctx);
-    rc = walk_dir(st->root, "artifacts", prune, fn, ctx);
+    DIR *d = open_top(st, "artifacts");
+    if (!d && errno != ENOENT)
+        return CX_ERR_IO;
+    rc = d ? walk_dir(d, "artifacts", prune, fn, ctx, 1) : CX_OK;
+    if (d)
+        closedir(d);
     if (rc == CX_OK && stale_seconds > 0)
-        rc = walk_staging(st->root, stale_seconds, fn, ctx);
+        rc = walk_staging(st, stale_seconds, fn, ctx);
     return rc;
 }
 
@@ -757,16 +849,18 @@ cx_storage_read(struct cx_storage *st, const char *key, uint64_t first, uint64_t
                 cx_storage_sink sink, void *ctx)
 {
     unsigned char buf[65536];
-    char path[4096];
+    struct key_dirs k;
     struct stat sb;
     enum cx_err rc = CX_OK;
     int fd;
 
     if (st->s3)
         return key_safe(key) ? cx_s3_get(st->s3, key, first, last, sink, ctx) : CX_ERR_INVALID;
-    if (cx_storage_path(st, key, path, sizeof(path)))
-        return CX_ERR_INVALID;
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    rc = open_dirs(st, key, &k);
+    if (rc)
+        return rc;
+    fd = openat(k.fd[k.n - 1], k.last, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    close_dirs(&k);
     if (fd < 0)
         return errno == ENOENT || errno == ELOOP ? CX_ERR_NOT_FOUND : CX_ERR_IO;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {

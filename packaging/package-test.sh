@@ -216,9 +216,12 @@ phase_check() {
   check_kernels_user
   check_kernel_user_reads_nothing
   check_cgroups "$key"
-  say "/metrics (loopback only) shows the families operators alert on"
-  local m f
-  m=$(curl -fsS http://127.0.0.1/metrics)
+  say "/metrics (the operators' token only) shows the families operators alert on"
+  local m f code
+  code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1/metrics)
+  [ "$code" = 403 ] || fail "/metrics without the token answered $code"
+  m=$(curl -fsS -H "Authorization: Bearer $(codexec-admin --config /etc/codexec/codexec.conf metrics-token)" \
+    http://127.0.0.1/metrics)
   for f in 'codexec_runs_total{status="ok"}' codexec_run_duration_seconds_count codexec_sessions \
            codexec_kernels codexec_capture_bytes_total codexec_download_bytes_total; do
     printf '%s\n' "$m" | grep -q "^$f" || fail "no $f in /metrics"

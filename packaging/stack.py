@@ -659,6 +659,8 @@ class Stack:
             "delivery": "x-accel",
             "x_accel_prefix": "/_codexec_storage/",
             "revoked_keys_dir": self.revoked,
+            # FastCGI params count only with nginx's key (web-key.conf)
+            "web_server_key": "true",
             # a new conversation's first run finds a kernel already started
             "kernel_pool_size": "2",
             # ... with the data stack already imported (see kernel-image.list)
@@ -706,7 +708,9 @@ class Stack:
         with open(os.path.join(REPO, "nginx", "codexec-pass.conf")) as f:
             self.write_file(os.path.join(ndir, "snippets", "codexec-pass.conf"),
                             f.read().replace("client_max_body_size 64m;",
-                                             f"client_max_body_size {self.nginx_body};"), 0o644)
+                                             f"client_max_body_size {self.nginx_body};")
+                            .replace("/etc/codexec/nginx-web-key*.conf",
+                                     os.path.join(ndir, "web-key*.conf")), 0o644)
         tmp = os.path.join(ndir, "tmp")
         conf = f"""# Written by packaging/stack.py.
 {edge_module}daemon off;
@@ -956,12 +960,24 @@ http {{
         except OSError:
             return False
 
+    def web_key(self):
+        """The web server's key (web_server_key), as nginx sends it."""
+        r = self.run([self.admin, "--config", self.conf, "web-server-key"], user="root")
+        return r.stdout.split('"')[1]
+
+    def write_web_key(self):
+        """nginx's proof of its FastCGI params, for nginx alone (root's on a
+        real host; nginx runs as codexec's user here)."""
+        r = self.run([self.admin, "--config", self.conf, "web-server-key"], user="root")
+        self.write_file(os.path.join(self.var, "nginx", "web-key.conf"), r.stdout, 0o600)
+
     def write_link_key(self):
         """The key nginx checks signed links with (derived for links only,
         never the server secret), for nginx alone: it runs as codexec's
         user here, as root reading its configuration on a real host."""
         r = self.run([self.admin, "--config", self.conf, "nginx-link-key"], user="root")
         self.write_file(self.link_key_conf, r.stdout, 0o600)
+        self.write_web_key()
 
     def reload_nginx(self):
         """nginx with a configuration written again (write_nginx)."""

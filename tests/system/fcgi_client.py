@@ -25,11 +25,19 @@ def _nv(name, value):
     return ln(len(name)) + ln(len(value)) + name + value
 
 
+# The web server's key (web_server_key): what the stack's nginx sends,
+# and so what a request from this client carries unless vouched=False (a
+# process that reaches the socket but is not the web server). Set by the
+# harness.
+WEB_KEY = None
+
+
 class Request:
     """Opens a connection and sends the head of a request; the body can then
     be sent in pieces with send_body() and finished with finish()."""
 
-    def __init__(self, address, method, uri, params=None, body_length=0, keep_conn=False):
+    def __init__(self, address, method, uri, params=None, body_length=0, keep_conn=False,
+                 vouched=True):
         if isinstance(address, str):
             self.sock = socket.socket(socket.AF_UNIX)
         else:
@@ -39,6 +47,8 @@ class Request:
         p = {"REQUEST_METHOD": method, "REQUEST_URI": uri, "CONTENT_LENGTH": str(body_length),
              "QUERY_STRING": uri.split("?", 1)[1] if "?" in uri else "",
              "CONTENT_TYPE": "application/json", "SERVER_PROTOCOL": "HTTP/1.1"}
+        if vouched and WEB_KEY:
+            p["CODEXEC_WEB_KEY"] = WEB_KEY
         # params: a dict, or a list of pairs (a name may then repeat)
         pairs = list(params.items()) if isinstance(params, dict) else list(params or [])
         p = [(k, v) for k, v in p.items() if k not in {n for n, _ in pairs}] + pairs
@@ -88,7 +98,7 @@ def parse(raw):
     return status, headers, body
 
 
-def request(address, method, uri, body=b"", params=None):
-    r = Request(address, method, uri, params, len(body))
+def request(address, method, uri, body=b"", params=None, vouched=True):
+    r = Request(address, method, uri, params, len(body), vouched=vouched)
     r.send_body(body)
     return r.finish()

@@ -33,6 +33,8 @@ class Response:
 
 class Context:
     def __init__(self, st, build, flavour):
+        import fcgi_client
+        fcgi_client.WEB_KEY = st.web_key()  # what the stack's nginx sends
         self.st = st
         self.build = build
         self.flavour = flavour

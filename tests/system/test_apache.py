@@ -37,9 +37,14 @@ def start_apache(ctx):
     site = os.path.join(adir, "codexec.conf")
     shutil.copyfile(os.path.join(stack.REPO, "packaging", "apache", "codexec.conf"), site)
     os.chmod(site, 0o644)
+    # the web server's key, as the package writes it (root's there; Apache
+    # runs as the stack's user here)
+    web_key = os.path.join(adir, "web-key.conf")
+    st.write_file(web_key, st.run([st.admin, "--config", st.conf, "web-server-key", "--apache"],
+                                  user="root").stdout, 0o600)
     st.make_log("apache-error.log")
     httpd = os.path.join(adir, "httpd.conf")
-    mods = ["mpm_event", "authz_core", "proxy", "proxy_fcgi", "xsendfile"]
+    mods = ["mpm_event", "authz_core", "env", "proxy", "proxy_fcgi", "xsendfile"]
     with open(httpd, "w") as f:
         f.write("".join(f"LoadModule {m}_module {MODULES}/mod_{m}.so\n" for m in mods))
         f.write(f"""ServerName localhost
@@ -51,6 +56,7 @@ ErrorLog {st.logdir}/apache-error.log
 LogLevel warn
 Define CODEXEC_SOCKET {sock}
 Define CODEXEC_STORAGE {st.storage}
+Define CODEXEC_WEB_KEY {web_key}
 Include {site}
 """)
     wait_until(lambda: os.path.exists(sock), 20, "the second codexec-fcgi")
