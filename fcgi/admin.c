@@ -1,6 +1,7 @@
 /* codexec-admin: the operator CLI. It uses the same lib/ calls as the server. */
 #include <curl/curl.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,9 @@ usage(FILE *f)
         "  sessions list [--user NAME]     list sandbox sessions\n"
         "  sessions close --user NAME --conversation ID\n"
         "                                  close one session (kernel and workspace)\n"
-        "  pool drain                      delete the pre-started kernels (kernel_pool_size)\n");
+        "  pool drain                      delete the pre-started kernels (kernel_pool_size)\n"
+        "  revoked follow                  keep revoked_keys_dir for this host's nginx until\n"
+        "                                  SIGTERM (an edge host without codexec-fcgi)\n");
 }
 
 static int
@@ -350,6 +353,37 @@ cmd_metrics_token(const struct cx_config *cfg)
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
+static volatile int follow_stop;
+
+static void
+on_stop_signal(int sig)
+{
+    (void)sig;
+    follow_stop = 1;
+}
+
+/* Keeps revoked_keys_dir on a host whose nginx checks signed links but
+ * that runs no codexec-fcgi (codexec-revoked.service), until SIGTERM. */
+static int
+cmd_revoked_follow(struct cx_ctx *cx)
+{
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+
+    if (!cx->cfg->revoked_keys_dir[0]) {
+        fprintf(stderr, "codexec-admin: revoked follow needs revoked_keys_dir in the config\n");
+        return 2;
+    }
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    cx_log_set_request_id("revoked");
+    cx_log_info("following the revocation list in %s", cx->cfg->revoked_keys_dir);
+    if (cx_watch_follow(cx, &follow_stop, NULL)) {
+        fprintf(stderr, "codexec-admin: out of memory\n");
+        return 1;
+    }
+    return 0;
+}
+
 /* The commands that need the database (and the gateway): argv[0] is the
  * command's name. */
 static int
@@ -375,6 +409,8 @@ dispatch(struct cx_ctx *cx, int argc, char **argv)
         return cmd_sessions(cx, argc - 1, argv + 1);
     if (!strcmp(argv[0], "pool"))
         return cmd_pool(cx, argc - 1, argv + 1);
+    if (!strcmp(argv[0], "revoked") && argc == 2 && !strcmp(argv[1], "follow"))
+        return cmd_revoked_follow(cx);
     usage(stderr);
     return 2;
 }

@@ -369,65 +369,39 @@ out:
     return NULL;
 }
 
-/* A change another process made (sql/008): the download cache forgets,
- * the revocation list follows. */
+/* A change another process made (sql/008): the download cache forgets
+ * (the revocation list is the library's to follow). */
 static void
 on_change(void *arg, const char *kind, const char *id)
 {
-    struct cx_ctx *cx = arg;
-
-    if (strcmp(kind, "artifact") == 0) {
+    (void)arg;
+    if (strcmp(kind, "artifact") == 0)
         cx_dlcache_forget_artifact(id);
-        return;
-    }
-    cx_dlcache_forget_key(id);
-    if (cfg.revoked_keys_dir[0] && cx_revoked_note(cx, id))
-        cx_log_warn(0, "watcher: revoked key %s not yet listed; the next sweep will", id);
+    else
+        cx_dlcache_forget_key(id);
 }
 
-/* Listens for changes (the download cache, revoked_keys_dir): an entry of
- * a revoked key is forgotten and its file made within milliseconds of the
- * COMMIT, on every node; the list is made again on every (re)connection
- * and every reaper_interval. While the database can't be heard, the cache
- * answers nothing. */
+/* While the changes can't be heard, the cache answers nothing. */
+static void
+on_live(void *arg, bool live)
+{
+    (void)arg;
+    cx_dlcache_set_live(live);
+}
+
+/* Listens for changes (lib/watch.c): the download cache forgets a revoked
+ * key or a changed artifact, and revoked_keys_dir follows, within
+ * milliseconds of the COMMIT, on every node. */
 static void *
 watcher_main(void *arg)
 {
     struct cx_ctx cx;
-    struct cx_watch *w = NULL;
-    int64_t next_sync = 0;
-    bool down = false;
+    struct cx_watch_hooks hooks = {.on_change = on_change, .on_live = on_live};
     (void)arg;
 
     cx_log_set_request_id("watcher");
-    if (!ctx_open(&cx, "watcher") || cx_watch_new(cfg.database, &w))
-        goto out;
-    while (!stopping) {
-        bool fresh = false;
-        int added, removed;
-
-        if (cx_watch_wait(w, 1000, &fresh, on_change, &cx)) {
-            if (!down)
-                cx_log_warn(0, "watcher: the database is unreachable; retrying every second");
-            cx_dlcache_set_live(false);
-            down = true;
-            if (!nap(1))
-                break;
-            continue;
-        }
-        down = false;
-        if (fresh)
-            cx_dlcache_set_live(true); /* (forgetting what was heard before) */
-        if (!cfg.revoked_keys_dir[0] || (!fresh && cx_now_us() < next_sync))
-            continue;
-        if (cx_revoked_sync(&cx, &added, &removed))
-            cx_log_warn(0, "watcher: the revocation list could not be made; retrying");
-        else if (added || removed)
-            cx_log_info("watcher: revocation list: %d key(s) added, %d expired", added, removed);
-        next_sync = cx_now_us() + (int64_t)cfg.reaper_interval * 1000000;
-    }
-out:
-    cx_watch_free(w);
+    if (ctx_open(&cx, "watcher") && cx_watch_follow(&cx, &stopping, &hooks))
+        cx_log_err(0, "watcher: out of memory; the download cache stays off");
     ctx_close(&cx);
     return NULL;
 }

@@ -255,3 +255,74 @@ cx_revoked_note(struct cx_ctx *cx, const char *key_id)
     close(dfd);
     return rc;
 }
+
+struct follow {
+    struct cx_ctx *cx;
+    const struct cx_watch_hooks *hooks;
+};
+
+static void
+on_notice(void *arg, const char *kind, const char *id)
+{
+    struct follow *f = arg;
+
+    if (f->hooks && f->hooks->on_change)
+        f->hooks->on_change(f->hooks->ctx, kind, id);
+    if (strcmp(kind, "key") || !f->cx->cfg->revoked_keys_dir[0])
+        return;
+    if (cx_revoked_note(f->cx, id))
+        cx_log_warn(0, "watcher: revoked key %s not yet listed; the next sweep will", id);
+}
+
+static void
+live(const struct cx_watch_hooks *h, bool is_live)
+{
+    if (h && h->on_live)
+        h->on_live(h->ctx, is_live);
+}
+
+/* Up to a second, or less once *stop is set. */
+static void
+pause_a_second(const volatile int *stop)
+{
+    for (int i = 0; i < 10 && !*stop; i++)
+        usleep(100000);
+}
+
+enum cx_err
+cx_watch_follow(struct cx_ctx *cx, const volatile int *stop, const struct cx_watch_hooks *hooks)
+{
+    struct follow f = {.cx = cx, .hooks = hooks};
+    struct cx_watch *w = NULL;
+    int64_t next_sync = 0;
+    bool down = false;
+    enum cx_err rc = cx_watch_new(cx->cfg->database, &w);
+
+    if (rc)
+        return rc;
+    while (!*stop) {
+        bool fresh = false;
+        int added, removed;
+
+        if (cx_watch_wait(w, 1000, &fresh, on_notice, &f)) {
+            if (!down)
+                cx_log_warn(0, "watcher: the database is unreachable; retrying every second");
+            live(hooks, false);
+            down = true;
+            pause_a_second(stop);
+            continue;
+        }
+        down = false;
+        if (fresh)
+            live(hooks, true); /* (forgetting what was heard before) */
+        if (!cx->cfg->revoked_keys_dir[0] || (!fresh && cx_now_us() < next_sync))
+            continue;
+        if (cx_revoked_sync(cx, &added, &removed))
+            cx_log_warn(0, "watcher: the revocation list could not be made; retrying");
+        else if (added || removed)
+            cx_log_info("watcher: revocation list: %d key(s) added, %d expired", added, removed);
+        next_sync = cx_now_us() + (int64_t)cx->cfg->reaper_interval * 1000000;
+    }
+    cx_watch_free(w);
+    return CX_OK;
+}

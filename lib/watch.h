@@ -47,4 +47,24 @@ enum cx_err cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed) CX_MUST
 /* One key changed: its file exists unless the key is live. */
 enum cx_err cx_revoked_note(struct cx_ctx *cx, const char *key_id) CX_MUSTCHECK;
 
+/* What a follower is told besides keeping the list: every change (fn),
+ * and whether it can hear them now (live: false while the database can't
+ * be heard, true again after a reconnection, which may have missed some). */
+struct cx_watch_hooks {
+    cx_watch_fn on_change; /* may be NULL */
+    void (*on_live)(void *ctx, bool live); /* may be NULL */
+    void *ctx;
+};
+
+/* Follows the changes until *stop is set (checked at least once a second):
+ * LISTENs, and with revoked_keys_dir keeps the revocation list, each
+ * revoked key's file within milliseconds of its COMMIT and the whole list
+ * made again at every (re)connection and every reaper_interval. A
+ * database that can't be reached is retried every second (said once).
+ * The loop of codexec-fcgi's watcher thread and of `codexec-admin revoked
+ * follow`, which keeps the list on a host that runs nginx and no
+ * codexec-fcgi. */
+enum cx_err cx_watch_follow(struct cx_ctx *cx, const volatile int *stop,
+                            const struct cx_watch_hooks *hooks) CX_MUSTCHECK;
+
 #endif
