@@ -18,8 +18,8 @@
 struct cx_auth {
     unsigned char key_hash_key[32];
     unsigned char link_key[32];
-    char edge_key[65]; /* hex: the key is these 64 characters */
-    char web_key[65];  /* hex: the web server's proof of the FastCGI params */
+    char edge_key[65];  /* hex: the key is these 64 characters */
+    char web_key[65];   /* hex: the web server's proof of the FastCGI params */
     char ops_token[65]; /* hex: /metrics and health's details */
 };
 

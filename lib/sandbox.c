@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <linux/netlink.h>
 #include <linux/nsfs.h>
 #include <seccomp.h>
 
@@ -1050,51 +1051,424 @@ static const int denied[] = {
     SCMP_SYS(sysfs),
     SCMP_SYS(vhangup),
     SCMP_SYS(nfsservctl),
+    SCMP_SYS(modify_ldt),
+};
+
+/* What a kernel may call: everything else answers ENOSYS (the C library
+ * falls back from a call it is told is missing, as from clone3), and the
+ * refused calls above EPERM. The system calls of the data stack (Python,
+ * numpy, pandas, matplotlib, scipy, scikit-learn, subprocesses, threads,
+ * multiprocessing, ZeroMQ), as Docker's default profile allows them, less
+ * the refused ones; names this libseccomp does not know are skipped. clone,
+ * clone3, socket, socketpair and ioctl have rules of their own below. */
+static const char *const allowed[] = {
+    "accept",
+    "accept4",
+    "access",
+    "alarm",
+    "arch_prctl",
+    "bind",
+    "brk",
+    "cachestat",
+    "capget",
+    "capset",
+    "chdir",
+    "chmod",
+    "chown",
+    "clock_getres",
+    "clock_gettime",
+    "clock_nanosleep",
+    "close",
+    "close_range",
+    "connect",
+    "copy_file_range",
+    "creat",
+    "dup",
+    "dup2",
+    "dup3",
+    "epoll_create",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "epoll_wait",
+    "eventfd",
+    "eventfd2",
+    "execve",
+    "execveat",
+    "exit",
+    "exit_group",
+    "faccessat",
+    "faccessat2",
+    "fadvise64",
+    "fallocate",
+    "fchdir",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "fchown",
+    "fchownat",
+    "fcntl",
+    "fdatasync",
+    "fgetxattr",
+    "flistxattr",
+    "flock",
+    "fork",
+    "fremovexattr",
+    "fsetxattr",
+    "fstat",
+    "fstatfs",
+    "fsync",
+    "ftruncate",
+    "futex",
+    "futex_requeue",
+    "futex_wait",
+    "futex_waitv",
+    "futex_wake",
+    "futimesat",
+    "getcpu",
+    "getcwd",
+    "getdents",
+    "getdents64",
+    "getegid",
+    "geteuid",
+    "getgid",
+    "getgroups",
+    "getitimer",
+    "getpeername",
+    "getpgid",
+    "getpgrp",
+    "getpid",
+    "getppid",
+    "getpriority",
+    "getrandom",
+    "getresgid",
+    "getresuid",
+    "getrlimit",
+    "get_robust_list",
+    "getrusage",
+    "getsid",
+    "getsockname",
+    "getsockopt",
+    "gettid",
+    "gettimeofday",
+    "getuid",
+    "getxattr",
+    "inotify_add_watch",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_rm_watch",
+    "io_cancel",
+    "io_destroy",
+    "io_getevents",
+    "io_pgetevents",
+    "ioprio_get",
+    "ioprio_set",
+    "io_setup",
+    "io_submit",
+    "kill",
+    "landlock_add_rule",
+    "landlock_create_ruleset",
+    "landlock_restrict_self",
+    "lchown",
+    "lgetxattr",
+    "link",
+    "linkat",
+    "listen",
+    "listxattr",
+    "llistxattr",
+    "lremovexattr",
+    "lseek",
+    "lsetxattr",
+    "lstat",
+    "madvise",
+    "membarrier",
+    "memfd_create",
+    "mincore",
+    "mkdir",
+    "mkdirat",
+    "mknod",
+    "mknodat",
+    "mlock",
+    "mlock2",
+    "mlockall",
+    "mmap",
+    "mprotect",
+    "mq_getsetattr",
+    "mq_notify",
+    "mq_open",
+    "mq_timedreceive",
+    "mq_timedsend",
+    "mq_unlink",
+    "mremap",
+    "msgctl",
+    "msgget",
+    "msgrcv",
+    "msgsnd",
+    "msync",
+    "munlock",
+    "munlockall",
+    "munmap",
+    "nanosleep",
+    "newfstatat",
+    "open",
+    "openat",
+    "openat2",
+    "pause",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pipe",
+    "pipe2",
+    "pkey_alloc",
+    "pkey_free",
+    "pkey_mprotect",
+    "poll",
+    "ppoll",
+    "prctl",
+    "pread64",
+    "preadv",
+    "preadv2",
+    "prlimit64",
+    "process_mrelease",
+    "pselect6",
+    "pwrite64",
+    "pwritev",
+    "pwritev2",
+    "read",
+    "readahead",
+    "readlink",
+    "readlinkat",
+    "readv",
+    "recvfrom",
+    "recvmmsg",
+    "recvmsg",
+    "remap_file_pages",
+    "removexattr",
+    "rename",
+    "renameat",
+    "renameat2",
+    "restart_syscall",
+    "rmdir",
+    "rseq",
+    "rt_sigaction",
+    "rt_sigpending",
+    "rt_sigprocmask",
+    "rt_sigqueueinfo",
+    "rt_sigreturn",
+    "rt_sigsuspend",
+    "rt_sigtimedwait",
+    "rt_tgsigqueueinfo",
+    "sched_getaffinity",
+    "sched_getattr",
+    "sched_getparam",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "sched_getscheduler",
+    "sched_rr_get_interval",
+    "sched_setaffinity",
+    "sched_setattr",
+    "sched_setparam",
+    "sched_setscheduler",
+    "sched_yield",
+    "seccomp",
+    "select",
+    "semctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "sendfile",
+    "sendmmsg",
+    "sendmsg",
+    "sendto",
+    "setfsgid",
+    "setfsuid",
+    "setgid",
+    "setgroups",
+    "setitimer",
+    "setpgid",
+    "setpriority",
+    "setregid",
+    "setresgid",
+    "setresuid",
+    "setreuid",
+    "setrlimit",
+    "set_robust_list",
+    "setsid",
+    "setsockopt",
+    "set_tid_address",
+    "setuid",
+    "setxattr",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "shmget",
+    "shutdown",
+    "sigaltstack",
+    "signalfd",
+    "signalfd4",
+    "splice",
+    "stat",
+    "statfs",
+    "statx",
+    "symlink",
+    "symlinkat",
+    "sync",
+    "sync_file_range",
+    "syncfs",
+    "sysinfo",
+    "tee",
+    "tgkill",
+    "time",
+    "timer_create",
+    "timer_delete",
+    "timer_getoverrun",
+    "timer_gettime",
+    "timer_settime",
+    "timerfd_create",
+    "timerfd_gettime",
+    "timerfd_settime",
+    "times",
+    "tkill",
+    "truncate",
+    "umask",
+    "uname",
+    "unlink",
+    "unlinkat",
+    "utime",
+    "utimensat",
+    "utimes",
+    "vfork",
+    "vmsplice",
+    "wait4",
+    "waitid",
+    "write",
+    "writev",
 };
 
 /* clone() flags that make namespaces. */
 static const unsigned long ns_flags[] = {CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,   CLONE_NEWNET,
                                          CLONE_NEWUTS,  CLONE_NEWIPC, CLONE_NEWCGROUP};
 
+/* The terminal-input ioctls (TIOCSTI, TIOCLINUX) refused; every other
+ * request allowed. A filter can't say "not these two" in one rule, so the
+ * allowed requests are the union of rules on the low 32 bits the kernel
+ * reads (the high ones never count): those that differ from both in a bit
+ * where the two agree, and the six other patterns of the three bits where
+ * they differ. */
 static int
-build_filter(scmp_filter_ctx ctx)
+ioctl_rules(scmp_filter_ctx ctx)
 {
-    int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+    const uint32_t a = 0x5412u, b = 0x541cu, differ = a ^ b;
+    int rc = 0;
 
-    for (size_t i = 0; rc == 0 && i < sizeof(denied) / sizeof(denied[0]); i++)
-        if (denied[i] >= 0) /* a call this architecture lacks is negative */
-            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), denied[i], 0);
+    for (int bit = 0; rc == 0 && bit < 32; bit++)
+        if (!(differ & (1u << bit)))
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(ioctl), 1,
+                                  SCMP_A1(SCMP_CMP_MASKED_EQ, 1u << bit, ~a & (1u << bit)));
+    for (uint32_t v = 0; rc == 0 && v <= differ; v++) {
+        uint32_t x = (a & ~differ) | (v & differ);
+        if ((v & ~differ) || x == a || x == b)
+            continue;
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, x));
+    }
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, a));
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, b));
+    return rc;
+}
+
+/* clone without a namespace flag (refused with one). clone3 is not
+ * allowed, so it is told missing: its flags are in memory, out of a
+ * filter's reach, and the C library falls back to clone. */
+static int
+clone_rules(scmp_filter_ctx ctx)
+{
+    unsigned long all = 0;
+    int rc = 0;
+
+    for (size_t i = 0; i < sizeof(ns_flags) / sizeof(ns_flags[0]); i++)
+        all |= ns_flags[i];
     for (size_t i = 0; rc == 0 && i < sizeof(ns_flags) / sizeof(ns_flags[0]); i++)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                               SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
-    /* Sockets of the families a kernel may use (unix; inet, inet6 and
-     * netlink, all confined to its empty network namespace); vsock, for
-     * one, reaches the host of a virtual machine past any namespace. */
-    for (int fam = 0; rc == 0 && fam <= AF_NETLINK; fam++)
-        if (fam != AF_UNIX && fam != AF_INET && fam != AF_INET6 && fam != AF_NETLINK)
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1,
+                              SCMP_A0(SCMP_CMP_MASKED_EQ, all, 0));
+    return rc;
+}
+
+/* Sockets: unix; inet and inet6, which in the kernel's empty network
+ * namespace reach only its own loopback (ipykernel's output pipe from
+ * forked processes binds tcp://127.0.0.1: without it the kernel does not
+ * start); and netlink's route protocol alone, to list that namespace's
+ * interfaces (ZeroMQ resolves an address with getifaddrs, and aborts when
+ * it fails). Every other family and netlink protocol is refused: each is a
+ * way into the host's kernel (vsock reaches a virtual machine's host). A
+ * family with high bits set is refused too (the kernel reads an int). */
+static int
+socket_rules(scmp_filter_ctx ctx)
+{
+    static const int families[] = {AF_UNIX, AF_INET, AF_INET6};
+    int rc = 0;
+
+    for (size_t i = 0; rc == 0 && i < sizeof(families) / sizeof(families[0]); i++)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socket), 1,
+                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)families[i]));
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socket), 2,
+                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_NETLINK),
+                              SCMP_A2(SCMP_CMP_EQ, (scmp_datum_t)NETLINK_ROUTE));
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPROTONOSUPPORT), SCMP_SYS(socket), 2,
+                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_NETLINK),
+                              SCMP_A2(SCMP_CMP_NE, (scmp_datum_t)NETLINK_ROUTE));
+    for (int fam = 0; rc == 0 && fam < AF_NETLINK; fam++)
+        if (fam != AF_UNIX && fam != AF_INET && fam != AF_INET6)
             rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
                                   SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)fam));
     if (rc == 0)
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1,
                               SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)AF_NETLINK));
-    /* clone3 takes its flags in memory, out of a filter's reach: ENOSYS
-     * makes the C library fall back to clone, filtered above. */
+    /* (socketpair makes unix sockets alone) */
     if (rc == 0)
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-    /* Pushing bytes into a terminal's input (TIOCSTI, TIOCLINUX). */
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socketpair), 1,
+                              SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)AF_UNIX));
     if (rc == 0)
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, 0x5412u));
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socketpair), 1,
+                              SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)AF_UNIX));
+    return rc;
+}
+
+static int
+build_filter(scmp_filter_ctx ctx)
+{
+    int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+
+    for (size_t i = 0; rc == 0 && i < sizeof(allowed) / sizeof(allowed[0]); i++) {
+        int nr = seccomp_syscall_resolve_name(allowed[i]);
+        if (nr != __NR_SCMP_ERROR && nr >= 0) /* unknown here, or not on this architecture */
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
+    }
+    for (size_t i = 0; rc == 0 && i < sizeof(denied) / sizeof(denied[0]); i++)
+        if (denied[i] >= 0) /* a call this architecture lacks is negative */
+            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), denied[i], 0);
     if (rc == 0)
-        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, 0x541cu));
+        rc = clone_rules(ctx);
+    if (rc == 0)
+        rc = socket_rules(ctx);
+    if (rc == 0)
+        rc = ioctl_rules(ctx);
     return rc;
 }
 
 enum cx_err
 cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen)
 {
-    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(ENOSYS)); /* what is not allowed */
     int fd = -1;
 
     if (!ctx) {

@@ -51,7 +51,7 @@ enum cx_err cx_revoked_note(struct cx_ctx *cx, const char *key_id) CX_MUSTCHECK;
  * and whether it can hear them now (live: false while the database can't
  * be heard, true again after a reconnection, which may have missed some). */
 struct cx_watch_hooks {
-    cx_watch_fn on_change; /* may be NULL */
+    cx_watch_fn on_change;                 /* may be NULL */
     void (*on_live)(void *ctx, bool live); /* may be NULL */
     void *ctx;
 };

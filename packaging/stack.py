@@ -704,13 +704,13 @@ class Stack:
         # config directory, as it would under /etc/nginx.
         os.makedirs(os.path.join(ndir, "snippets"), exist_ok=True)
         with open(os.path.join(REPO, "nginx", "codexec-fastcgi.conf")) as f:
-            self.write_file(os.path.join(ndir, "snippets", "codexec-fastcgi.conf"), f.read(), 0o644)
+            self.write_file(os.path.join(ndir, "snippets", "codexec-fastcgi.conf"),
+                            f.read().replace("/etc/codexec/nginx-web-key*.conf",
+                                             os.path.join(ndir, "web-key*.conf")), 0o644)
         with open(os.path.join(REPO, "nginx", "codexec-pass.conf")) as f:
             self.write_file(os.path.join(ndir, "snippets", "codexec-pass.conf"),
                             f.read().replace("client_max_body_size 64m;",
-                                             f"client_max_body_size {self.nginx_body};")
-                            .replace("/etc/codexec/nginx-web-key*.conf",
-                                     os.path.join(ndir, "web-key*.conf")), 0o644)
+                                             f"client_max_body_size {self.nginx_body};"), 0o644)
         tmp = os.path.join(ndir, "tmp")
         conf = f"""# Written by packaging/stack.py.
 {edge_module}daemon off;

@@ -425,7 +425,9 @@ def test_nginx_auth_basic_example_from_the_readme(ctx):
     with open(os.path.join(ndir, "htpasswd"), "w") as f:
         f.write(f"iso-webuser:{pw}\n")
     with open(os.path.join(stack.REPO, "nginx", "codexec-fastcgi.conf")) as f:
-        params = f.read()
+        # the web server's key where the package puts it (/etc/codexec): here, the stack's
+        params = f.read().replace("/etc/codexec/nginx-web-key*.conf",
+                                  os.path.join(st.var, "nginx", "web-key*.conf"))
     with open(os.path.join(ndir, "snippets", "codexec-fastcgi.conf"), "w") as f:
         f.write(params)
     port = stack.free_port()

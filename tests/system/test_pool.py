@@ -20,7 +20,10 @@ cold_probe = {}
 
 
 def pool_rows(ctx):
-    out = ctx.psql("SELECT id || ' ' || kernel_id FROM prestarted_kernels ORDER BY created_at")
+    """The pooled kernels ready to be claimed (one still warming has a row
+    too: it is named from its start)."""
+    out = ctx.psql("SELECT id || ' ' || kernel_id FROM prestarted_kernels WHERE ready"
+                   " ORDER BY created_at")
     return [tuple(line.split()) for line in out.splitlines() if line.strip()]
 
 

@@ -283,6 +283,68 @@ caps(void)
     cx_config_cleanup(&small);
 }
 
+static enum cx_err
+left_20(void *ctx, const char *user, uint64_t *left)
+{
+    int *asked = ctx;
+    (*asked)++;
+    *left = !strcmp(user, "owner") ? 20 : 1000;
+    return CX_OK;
+}
+
+static enum cx_err
+left_unknown(void *ctx, const char *user, uint64_t *left)
+{
+    (void)ctx, (void)user, (void)left;
+    return CX_ERR_DB;
+}
+
+/* Captures of one user together stage at most what it has left (asked
+ * once per capture, when it first stages), and give it back when freed. */
+static void
+ledger(void)
+{
+    struct cx_config big;
+    struct cx_capture *a = NULL, *b = NULL, *other = NULL;
+    char conf[256], err[256];
+    int asked = 0;
+
+    snprintf(conf, sizeof(conf), "storage_dir = %s\nuser_quota_bytes = 100\n", root);
+    need(cx_config_parse(&big, "unit", conf, err, sizeof(err)) == CX_OK &&
+             cx_capture_new(&big, store, &a) == CX_OK && cx_capture_new(&big, store, &b) == CX_OK &&
+             cx_capture_new(&big, store, &other) == CX_OK,
+         "three captures, 100 bytes of quota");
+    cx_capture_set_owner(a, "owner", left_20, &asked);
+    cx_capture_set_owner(b, "owner", left_20, &asked);
+    cx_capture_set_owner(other, "someone", left_20, &asked);
+    is_int(asked, 0, "ledger: nothing asked before anything is staged");
+    send_file(a, 1, "a.txt", "0123456789AB", -1, NULL); /* 12 of the 20 left */
+    is_int(cx_capture_count(a), 1, "ledger: the first run's 12 bytes stage");
+    is_int((long long)cx_capture_staged_for("owner"), 12, "ledger: 12 bytes held for the owner");
+    send_file(b, 1, "b.txt", "0123456789AB", -1, NULL); /* 12 more: past 20 */
+    is_int(cx_capture_count(b), 0, "ledger: the parallel run's 12 do not");
+    is_str(skipped_reason(b, "b.txt"), "quota_exceeded", "ledger: said as quota_exceeded");
+    send_file(b, 2, "c.txt", "0123", -1, NULL);
+    is_int(cx_capture_count(b), 1, "ledger: 4 more still fit");
+    is_int((long long)cx_capture_staged_for("owner"), 16,
+           "ledger: 16 held, the dropped file's not");
+    send_file(other, 1, "o.txt", "0123456789AB0123456789AB", -1, NULL);
+    is_int(cx_capture_count(other), 1, "ledger: another user's own room");
+    is_int(asked, 3, "ledger: each capture asked once");
+    cx_capture_free(a);
+    is_int((long long)cx_capture_staged_for("owner"), 4, "ledger: a freed capture gives back");
+    cx_capture_free(b);
+    cx_capture_free(other);
+    is_int((long long)cx_capture_staged_for("owner"), 0, "ledger: all given back");
+
+    need(cx_capture_new(&big, store, &a) == CX_OK, "a capture whose owner's room can't be told");
+    cx_capture_set_owner(a, "owner", left_unknown, NULL);
+    send_file(a, 1, "a.txt", "0123456789AB0123456789AB", -1, NULL);
+    is_int(cx_capture_count(a), 1, "ledger: unknown room falls back to the quota bound");
+    cx_capture_free(a);
+    cx_config_cleanup(&big);
+}
+
 int
 main(void)
 {
@@ -307,6 +369,7 @@ main(void)
     hostile();
     outputs();
     caps();
+    ledger();
     {
         json_t *md = cx_capture_metadata(&cfg, "k", NULL, false, true);
         json_t *bare = cx_capture_metadata(&cfg, "k", NULL, false, false);

@@ -4,6 +4,7 @@
 #include <sodium.h>
 #include <unistd.h>
 
+#include "../../lib/buf.h"
 #include "../../lib/gateway.h"
 #include "../../lib/kernel.h"
 #include "../../lib/log.h"
@@ -127,6 +128,100 @@ split(void)
     }
 }
 
+/* One unmasked text frame (the server's side) of text into b. */
+static void
+frame(struct cx_buf *b, const char *text, size_t len)
+{
+    unsigned char h[10] = {0x81};
+    size_t hl = 2;
+
+    if (len < 126) {
+        h[1] = (unsigned char)len;
+    } else if (len < 65536) {
+        h[1] = 126;
+        h[2] = (unsigned char)(len >> 8);
+        h[3] = (unsigned char)len;
+        hl = 4;
+    } else {
+        h[1] = 127;
+        for (int i = 0; i < 8; i++)
+            h[2 + i] = (unsigned char)(len >> (56 - 8 * i));
+        hl = 10;
+    }
+    cx_buf_add(b, h, hl);
+    cx_buf_add(b, text, len);
+}
+
+static void
+message(struct cx_buf *b, const char *channel, const char *type, const char *content)
+{
+    struct cx_buf m;
+
+    cx_buf_init(&m, 16u << 20);
+    cx_buf_addf(&m,
+                "{\"channel\":\"%s\",\"header\":{\"msg_type\":\"%s\"},"
+                "\"parent_header\":{\"msg_id\":\"req-1\"},\"metadata\":{},\"content\":",
+                channel, type);
+    cx_buf_adds(&m, content);
+    cx_buf_adds(&m, "}");
+    frame(b, m.data, m.len);
+    cx_buf_cleanup(&m);
+}
+
+struct costly_seen {
+    int oversized, streams;
+};
+
+static enum cx_err
+on_costly(void *ctx, int index, const char *type, json_t *content,
+          const struct cx_kernel_buffers *bufs)
+{
+    struct costly_seen *s = ctx;
+    (void)index, (void)content, (void)bufs;
+    s->oversized += !strcmp(type, "oversized");
+    s->streams += !strcmp(type, "stream");
+    return CX_OK;
+}
+
+/* A message of tiny containers a kernel could send (a display of a deep
+ * list): skipped unbuilt, told as oversized output; the run's messages
+ * around it go on. */
+static void
+costly(void)
+{
+    struct cx_buf frames, deep;
+    struct cx_kernel_conn *c = NULL;
+    struct cx_exec e = {.sent = true};
+    struct costly_seen seen = {0};
+    enum cx_err rc;
+
+    cx_buf_init(&frames, 64u << 20);
+    cx_buf_init(&deep, 16u << 20);
+    cx_buf_adds(&deep, "{\"data\":{\"application/json\":[");
+    for (int i = 0; i < 200000; i++)
+        cx_buf_adds(&deep, i ? ",[]" : "[]");
+    cx_buf_adds(&deep, "]}}");
+    message(&frames, "iopub", "display_data", deep.data);
+    message(&frames, "iopub", "stream", "{\"name\":\"stdout\",\"text\":\"after\"}");
+    message(&frames, "shell", "execute_reply", "{\"status\":\"ok\"}");
+    message(&frames, "iopub", "status", "{\"execution_state\":\"idle\"}");
+    snprintf(e.msg_id, sizeof(e.msg_id), "req-1");
+    rc = cx_buf_err(&frames) ? cx_buf_err(&frames)
+                             : cx_kernel_conn_buffered(frames.data, frames.len, &c);
+    is_int(rc, CX_OK, "costly: the frames");
+    if (rc == CX_OK) {
+        rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 5000000, on_costly, &seen);
+        is_int(rc, CX_OK, "costly: the run ends");
+        is_int(seen.oversized, 1, "costly: 200,000 containers told as oversized, unbuilt");
+        is_int(seen.streams, 1, "costly: the output after it arrives");
+        ok(e.got_reply && e.got_idle, "costly: reply and idle");
+    }
+    cx_exec_cleanup(&e, 1);
+    cx_kernel_conn_free(c);
+    cx_buf_cleanup(&frames);
+    cx_buf_cleanup(&deep);
+}
+
 int
 main(void)
 {
@@ -148,6 +243,7 @@ main(void)
     if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
         return 1;
     split();
+    costly();
     need(cx_gateway_new(url, token, &gw) == CX_OK, "gateway handle");
     ok(cx_gateway_ping(gw, msg, sizeof(msg)) == CX_OK, "GET /api/kernelspecs");
     ok(cx_gateway_kernelspecs(gw, &specs) == CX_OK &&

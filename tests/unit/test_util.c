@@ -1,4 +1,6 @@
 #include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "../../lib/sha256.h"
 #include "../../lib/util.h"
@@ -122,6 +124,49 @@ sha256(void)
            "sha256: empty");
 }
 
+/* cx_json_cost: what jansson would build, counted outside strings only. */
+static const struct {
+    const char *json;
+    size_t cost;
+} costs[] = {
+    {"{}", CX_JSON_COST_CONTAINER},
+    {"[1,2,3]", CX_JSON_COST_CONTAINER + 2 * CX_JSON_COST_ELEMENT},
+    {"{\"a\":[]}", 2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT},
+    {"\"[[[,,,:::{{{\"", 0}, /* all inside a string */
+    {"[\"a\\\"[[[\", {}]",
+     2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT}, /* an escaped quote */
+    {"[\"a\\\\\",[]]",
+     2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT}, /* an escaped backslash */
+    {"\"unterminated [[[", 0},
+    {"", 0},
+};
+
+static void
+json_cost_cases(void)
+{
+    size_t n = 400000;
+    char *deep = malloc(n * 3 + 2);
+
+    for (size_t i = 0; i < sizeof(costs) / sizeof(costs[0]); i++)
+        is_int((long long)cx_json_cost(costs[i].json, strlen(costs[i].json)),
+               (long long)costs[i].cost, "json cost of %s", costs[i].json);
+    if (!deep)
+        return;
+    /* 1.2 MB of "[[],[],...]": jansson would take ~50 MB for it */
+    deep[0] = '[';
+    for (size_t i = 0; i < n; i++)
+        memcpy(deep + 1 + i * 3, "[],", 3);
+    deep[n * 3] = ']';
+    deep[n * 3 + 1] = '\0';
+    ok(cx_json_cost(deep, n * 3 + 1) > CX_JSON_COST_MAX,
+       "a small body of tiny containers is costly");
+    /* the same bytes as one string cost nothing to count */
+    deep[0] = '"';
+    deep[n * 3] = '"';
+    is_int((long long)cx_json_cost(deep, n * 3 + 1), 0, "... inside a string, nothing");
+    free(deep);
+}
+
 int
 main(void)
 {
@@ -155,6 +200,7 @@ main(void)
     ok(!cx_uuid_valid("123e4567-e89b-12d3-a456-42661417400"), "uuid: too short");
     ok(!cx_uuid_valid("' OR 1=1 --"), "uuid: SQL");
     ok(!cx_uuid_valid(NULL), "uuid: NULL");
+    json_cost_cases();
     cx_random_id(id);
     is_int(strlen(id), 32, "random id is 32 hex chars");
     ok(cx_now_ms() > 0, "monotonic clock runs");
