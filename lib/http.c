@@ -112,10 +112,10 @@ cx_http_parse_json_object(const char *body, size_t len, json_t **out, char *msg,
      * dozens of times its size to build. */
     if (cx_json_cost(body, len) > CX_JSON_COST_MAX) {
         snprintf(msg, msglen,
-                 "the request body holds too many JSON values (at most about %u containers or "
-                 "%u elements)",
-                 CX_JSON_COST_MAX / CX_JSON_COST_CONTAINER,
-                 CX_JSON_COST_MAX / CX_JSON_COST_ELEMENT);
+                 "the request body holds too many JSON values (at most about %u containers, "
+                 "%u numbers or %u strings; larger data belongs in an input artifact)",
+                 CX_JSON_COST_MAX / CX_JSON_COST_CONTAINER, CX_JSON_COST_MAX / CX_JSON_COST_ELEMENT,
+                 CX_JSON_COST_MAX / (CX_JSON_COST_STRING + CX_JSON_COST_ELEMENT));
         return CX_ERR_TOO_LARGE;
     }
     j = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);

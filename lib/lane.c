@@ -51,7 +51,9 @@ void
 cx_lane_limits(const struct cx_config *cfg, struct cx_lane_limits *out)
 {
     out->threads = cfg->run_workers ? cfg->run_workers : cfg->workers;
-    out->queue = out->threads * 2;
+    /* a burst of many users' runs waits rather than fails: each waiting
+     * one holds its connection and a few bytes, never a thread */
+    out->queue = out->threads * 8 < 64 ? 64 : out->threads * 8 > 1024 ? 1024 : out->threads * 8;
     out->per_user = cfg->max_concurrent_runs_per_user ? cfg->max_concurrent_runs_per_user
                     : cfg->workers / 4                ? cfg->workers / 4
                                                       : 1;

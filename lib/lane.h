@@ -24,7 +24,7 @@ typedef void (*cx_lane_fn)(struct cx_ctx *cx, void *arg);
 
 struct cx_lane_limits {
     unsigned threads;  /* run_workers, else workers */
-    unsigned queue;    /* jobs waiting for a thread: twice the threads */
+    unsigned queue;    /* jobs waiting for a thread: 8 per thread, 64 to 1024 */
     unsigned per_user; /* max_concurrent_runs_per_user, else a quarter of workers, at least 1 */
 };
 void cx_lane_limits(const struct cx_config *cfg, struct cx_lane_limits *out);

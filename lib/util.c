@@ -320,6 +320,7 @@ cx_json_cost(const char *s, size_t len)
         char ch = *p++;
 
         if (ch == '"') {
+            cost += CX_JSON_COST_STRING;
             /* to the closing quote: one not preceded by an odd run of
              * backslashes (memchr over the string's bulk) */
             for (;;) {

@@ -222,7 +222,8 @@ def test_staging_is_bounded_by_what_the_user_has_left(ctx):
     left (8 parallel runs staged 40 GiB). With 64 MiB of quota and 40 MiB
     kept, four parallel runs writing 20 MiB each stage at most the 24 MiB
     left, together, and say quota_exceeded for the rest."""
-    sock, proc = ctx.spawn_fcgi("staging", {"user_quota_bytes": "64M"}, workers=8)
+    sock, proc = ctx.spawn_fcgi("staging", {"user_quota_bytes": "64M",
+                                            "max_concurrent_runs_per_user": "8"}, workers=8)
     key = ctx.key("stager")
     staging = os.path.join(ctx.st.storage, ".staging")
     peak = {"bytes": 0}

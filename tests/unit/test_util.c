@@ -131,13 +131,14 @@ static const struct {
 } costs[] = {
     {"{}", CX_JSON_COST_CONTAINER},
     {"[1,2,3]", CX_JSON_COST_CONTAINER + 2 * CX_JSON_COST_ELEMENT},
-    {"{\"a\":[]}", 2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT},
-    {"\"[[[,,,:::{{{\"", 0}, /* all inside a string */
-    {"[\"a\\\"[[[\", {}]",
-     2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT}, /* an escaped quote */
-    {"[\"a\\\\\",[]]",
-     2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT}, /* an escaped backslash */
-    {"\"unterminated [[[", 0},
+    {"{\"a\":[]}", 2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT + CX_JSON_COST_STRING},
+    /* all inside a string */
+    {"\"[[[,,,:::{{{\"", CX_JSON_COST_STRING},
+    /* an escaped quote */
+    {"[\"a\\\"[[[\", {}]", 2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT + CX_JSON_COST_STRING},
+    /* an escaped backslash */
+    {"[\"a\\\\\",[]]", 2 * CX_JSON_COST_CONTAINER + CX_JSON_COST_ELEMENT + CX_JSON_COST_STRING},
+    {"\"unterminated [[[", CX_JSON_COST_STRING},
     {"", 0},
 };
 
@@ -163,7 +164,8 @@ json_cost_cases(void)
     /* the same bytes as one string cost nothing to count */
     deep[0] = '"';
     deep[n * 3] = '"';
-    is_int((long long)cx_json_cost(deep, n * 3 + 1), 0, "... inside a string, nothing");
+    is_int((long long)cx_json_cost(deep, n * 3 + 1), CX_JSON_COST_STRING,
+           "... inside a string, one string");
     free(deep);
 }
 
