@@ -9,6 +9,7 @@
  * names at it. It stays as the kernel's supervisor: signals go to bwrap,
  * and when the kernel ends its cgroup and private directory are removed and
  * its exit status is passed on. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -27,6 +29,7 @@
 
 #include <jansson.h>
 
+#include "../lib/relay.h"
 #include "../lib/sandbox.h"
 
 #define READY_TIMEOUT_MS (120 * 1000)
@@ -54,10 +57,12 @@ struct launch {
     struct cx_sandbox_cgroup cg;
     char private_dir[CX_SANDBOX_PATH_MAX + 64];
     int seccomp_fd, inotify_fd, signal_fd;
-    pid_t bwrap; /* our child */
-    int sandbox; /* the sandbox's first process (bwrap's info) */
-    int kernel;  /* the kernel process, once sealed (-1: unknown) */
-    int out_fd;  /* the read end of the kernel's stdout and stderr */
+    pid_t bwrap;            /* our child */
+    int sandbox;            /* the sandbox's first process (bwrap's info) */
+    int kernel;             /* the kernel process, once sealed (-1: unknown) */
+    int init_fd, kernel_fd; /* pidfds of the sandbox's first process and the kernel */
+    struct cx_relay *relay; /* the server's connections to the kernel (lib/relay.h) */
+    int out_fd;             /* the read end of the kernel's stdout and stderr */
     size_t out_logged;
     unsigned ready; /* bits: sockets bound (0-4), connection file written (5) */
     int status;     /* of bwrap, once reaped */
@@ -172,21 +177,55 @@ reap(struct launch *l)
  * the sandbox but its init and the kernel ends now, whatever the kernel's
  * own code does; then the server's request file goes, which tells it the
  * run's reply may leave (packaging/jupyter_server_config.py). */
+#define ACKS_MAX 64
+
+/* The server's request files (".<base>.reap.<n>") there now: the ones this
+ * reaping answers; one made later has its own signal coming. */
+static int
+pending_acks(struct launch *l, int rfd, char names[][320])
+{
+    char prefix[300];
+    DIR *d;
+    struct dirent *e;
+    int n = 0, fd = dup(rfd);
+
+    snprintf(prefix, sizeof(prefix), ".%s.reap.", l->conn.base);
+    d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    while (n < ACKS_MAX && (e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix)) && strlen(e->d_name) < 320)
+            snprintf(names[n++], 320, "%s", e->d_name);
+    closedir(d);
+    return n;
+}
+
+/* Whether the sandbox's init and the kernel are still the processes the
+ * seal saw (their pidfds answer): never a pid reused since. */
+static bool
+still_ours(const struct launch *l)
+{
+    return l->init_fd >= 0 && l->kernel_fd >= 0 && pidfd_send_signal(l->init_fd, 0, NULL, 0) == 0 &&
+           pidfd_send_signal(l->kernel_fd, 0, NULL, 0) == 0;
+}
+
 static void
 end_run_processes(struct launch *l)
 {
-    char ack[300];
-    int killed = 0, rfd;
+    char acks[ACKS_MAX][320];
+    int killed = 0, rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int n = rfd >= 0 ? pending_acks(l, rfd, acks) : 0;
 
-    if (l->kernel > 0 && !l->reaped &&
+    if (l->kernel > 0 && !l->reaped && still_ours(l) &&
         cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, &killed))
         say("could not end the run's processes", NULL);
-    snprintf(ack, sizeof(ack), ".%s.reap", l->conn.base);
-    rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (rfd >= 0) {
-        unlinkat(rfd, ack, 0);
+    for (int i = 0; i < n; i++)
+        unlinkat(rfd, acks[i], 0);
+    if (rfd >= 0)
         close(rfd);
-    }
 }
 
 /* One signal from the signalfd: a child's exit, a run's end, or one to
@@ -275,10 +314,17 @@ seal(struct launch *l)
 static void
 supervise(struct launch *l)
 {
+    static struct pollfd p[2 + CX_RELAY_POLL_MAX];
+
     while (!l->reaped) {
-        struct pollfd p[2] = {{.fd = l->signal_fd, .events = POLLIN},
-                              {.fd = l->out_fd, .events = POLLIN}};
-        int n = poll(p, l->out_fd >= 0 ? 2 : 1, 1000);
+        int timeout = 1000, wanted = -1, nr;
+
+        p[0] = (struct pollfd){.fd = l->signal_fd, .events = POLLIN};
+        p[1] = (struct pollfd){.fd = l->out_fd, .events = POLLIN}; /* (-1: ignored) */
+        nr = cx_relay_poll_fds(l->relay, p + 2, CX_RELAY_POLL_MAX, &wanted);
+        if (wanted >= 0 && wanted < timeout)
+            timeout = wanted;
+        int n = poll(p, 2 + (nfds_t)nr, timeout);
 
         if (n > 0 && p[1].revents & (POLLIN | POLLHUP))
             pump_output(l, false);
@@ -290,6 +336,8 @@ supervise(struct launch *l)
             on_signal(l);
         else
             reap(l);
+        if (n > 0)
+            cx_relay_handle(l->relay, p + 2, nr);
     }
 }
 
@@ -297,6 +345,8 @@ static void
 cleanup(struct launch *l)
 {
     int rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+    cx_relay_free(l->relay);
 
     cx_sandbox_cgroup_remove(&l->cg);
     if (rfd >= 0 && l->private_dir[0]) {
@@ -358,6 +408,8 @@ main(int argc, char **argv)
                        .signal_fd = -1,
                        .sandbox = -1,
                        .kernel = -1,
+                       .init_fd = -1,
+                       .kernel_fd = -1,
                        .out_fd = -1};
     pid_t server = getppid();
     const char *config = NULL, *conn_path;
@@ -411,8 +463,9 @@ main(int argc, char **argv)
     }
     l.sandbox = read_sandbox_pid(info[0]);
     close(info[0]);
+    /* the server's endpoints: the relay's, never the kernel's own */
     if (l.sandbox <= 0 || !wait_ready(&l) || !seal(&l) ||
-        cx_sandbox_runtime_link(&l.conn, l.private_dir, msg, sizeof(msg))) {
+        cx_relay_open(&l.conn, l.private_dir, &l.relay, msg, sizeof(msg))) {
         if (!l.reaped) {
             say("the kernel did not start in the sandbox; stopping it", NULL);
             kill(l.bwrap, SIGKILL);
@@ -422,8 +475,10 @@ main(int argc, char **argv)
         code = l.reaped && WIFEXITED(l.status) && WEXITSTATUS(l.status) ? WEXITSTATUS(l.status) : 1;
         goto out;
     }
+    l.init_fd = pidfd_open(l.sandbox, 0);
     l.kernel = cx_sandbox_kernel_pid(l.sandbox);
-    if (l.kernel < 0)
+    l.kernel_fd = l.kernel > 0 ? pidfd_open(l.kernel, 0) : -1;
+    if (l.kernel < 0 || l.init_fd < 0 || l.kernel_fd < 0)
         say("the kernel process can't be told apart: its run's processes end only from inside",
             NULL);
     supervise(&l);

@@ -39,6 +39,20 @@ struct deferred {
     void (*fn)(struct cx_req *r);
 };
 
+/* A run that waited this long for a thread is answered 503 instead: its
+ * client has likely given up or retried (nginx waits 330 s). */
+#define QUEUE_WAIT_MAX_US (60 * 1000000LL)
+
+/* Whether the web server closed the connection while the request waited
+ * (its client went away): nothing is run for it then. */
+static bool
+hung_up(const FCGX_Request *fr)
+{
+    struct pollfd p = {.fd = fr->ipcFd, .events = POLLRDHUP};
+
+    return fr->ipcFd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 static void
 run_deferred(struct cx_ctx *cx, void *arg)
 {
@@ -47,8 +61,14 @@ run_deferred(struct cx_ctx *cx, void *arg)
 
     cx_log_set_request_id(d->r.id);
     d->r.w = cx;
-    if (cx)
+    if (hung_up(fr)) {
+        cx_log_info("the client went away while its run waited for a thread; not run");
+        d->r.status = 499; /* (nginx's word for it, in the log and metrics only) */
+    } else if (cx_now_us() - d->r.t0_us > QUEUE_WAIT_MAX_US) {
+        cx_req_send_lib_error(&d->r, CX_ERR_BUSY, "the run waited too long for a run thread");
+    } else if (cx) {
         d->fn(&d->r);
+    }
     cx_req_finish(&d->r);
     FCGX_Finish_r(fr);
     FCGX_Free(fr, 1);

@@ -457,50 +457,6 @@ out:
     return rc;
 }
 
-enum cx_err
-cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir, char *msg,
-                        size_t msglen)
-{
-    const char *pname = strrchr(private_dir, '/') + 1;
-    int rfd = open(c->runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int pfd = open(private_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    enum cx_err rc = CX_OK;
-
-    if (rfd < 0 || pfd < 0) {
-        snprintf(msg, msglen, "cannot open the runtime directory");
-        if (rfd >= 0)
-            close(rfd);
-        if (pfd >= 0)
-            close(pfd);
-        return CX_ERR_IO;
-    }
-    for (int i = 0; i < c->nports && rc == CX_OK; i++) {
-        char name[300], target[600], tmp[320];
-        struct stat st;
-
-        snprintf(name, sizeof(name), "%s-%d", c->ip_name, c->ports[i]);
-        /* What the server will connect to must be the kernel's socket, not
-         * a link it made before the seal. */
-        if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISSOCK(st.st_mode)) {
-            snprintf(msg, msglen, "the kernel's endpoint %s is not a socket", name);
-            rc = CX_ERR_INVALID;
-            break;
-        }
-        snprintf(target, sizeof(target), "%s/%s", pname, name);
-        snprintf(tmp, sizeof(tmp), ".%s.link", name);
-        (void)unlinkat(rfd, tmp, 0);
-        /* Relative target, replaced atomically: the server's endpoint name
-         * never points anywhere else, even for a moment. */
-        if (symlinkat(target, rfd, tmp) != 0 || renameat(rfd, tmp, rfd, name) != 0) {
-            snprintf(msg, msglen, "cannot link the kernel's endpoint %s", name);
-            rc = CX_ERR_IO;
-        }
-    }
-    close(pfd);
-    close(rfd);
-    return rc;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Sealing: the private directory becomes read-only inside the sandbox      */
 
@@ -925,7 +881,7 @@ list_descendants(int pid, int *pids, size_t n, size_t max, int depth)
     if (depth > 64 || !(d = opendir(path)))
         return n;
     while (n < max && (e = readdir(d))) {
-        char file[96], buf[4096], *p, *end;
+        char file[96], buf[65536], *p, *end; /* a pid list of thousands */
 
         if (e->d_name[0] == '.' || strlen(e->d_name) > 10)
             continue;
@@ -950,7 +906,7 @@ list_descendants(int pid, int *pids, size_t n, size_t max, int depth)
 enum cx_err
 cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid, int *killed)
 {
-    char path[64], ns[64];
+    char path[64], ns[64], mine[64];
     int *pids = malloc(REAP_MAX * sizeof(*pids));
     ssize_t len;
 
@@ -962,6 +918,13 @@ cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid
         return pids ? CX_ERR_INVALID : CX_ERR_NOMEM;
     }
     ns[len] = '\0';
+    /* an init that died and whose pid names another process now: never
+     * the launcher's own namespace (the host's) */
+    len = readlink("/proc/self/ns/pid", mine, sizeof(mine) - 1);
+    if (len <= 0 || ((mine[len] = '\0'), !strcmp(mine, ns))) {
+        free(pids);
+        return CX_ERR_INVALID;
+    }
     for (int round = 0; round < 64; round++) {
         size_t n = cg && cg->n ? list_cgroup(cg, pids, REAP_MAX)
                                : list_descendants(init_pid, pids, 0, REAP_MAX, 0);
@@ -1146,6 +1109,7 @@ static const char *const allowed[] = {
     "getresuid",
     "getrlimit",
     "get_robust_list",
+    "get_mempolicy",
     "getrusage",
     "getsid",
     "getsockname",
@@ -1312,9 +1276,7 @@ static const char *const allowed[] = {
     "statx",
     "symlink",
     "symlinkat",
-    "sync",
     "sync_file_range",
-    "syncfs",
     "sysinfo",
     "tee",
     "tgkill",
@@ -1456,6 +1418,13 @@ build_filter(scmp_filter_ctx ctx)
     for (size_t i = 0; rc == 0 && i < sizeof(denied) / sizeof(denied[0]); i++)
         if (denied[i] >= 0) /* a call this architecture lacks is negative */
             rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), denied[i], 0);
+    /* sync and syncfs write back every file system of the host (the
+     * database's among them): they succeed and do nothing; fsync of the
+     * kernel's own files, all on tmpfs, stays */
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(0), SCMP_SYS(sync), 0);
+    if (rc == 0)
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(0), SCMP_SYS(syncfs), 0);
     if (rc == 0)
         rc = clone_rules(ctx);
     if (rc == 0)

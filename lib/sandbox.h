@@ -72,11 +72,6 @@ enum cx_err cx_sandbox_conn_read(const char *path, const char *cwd, struct cx_sa
 enum cx_err cx_sandbox_runtime_prepare(const struct cx_sandbox_conn *c, char *private_out,
                                        size_t outlen, char *msg, size_t msglen) CX_MUSTCHECK;
 
-/* Points the server's endpoint names (runtime/<ip>-<port>) at the sockets
- * in the private directory: relative symlinks, each replaced atomically. */
-enum cx_err cx_sandbox_runtime_link(const struct cx_sandbox_conn *c, const char *private_dir,
-                                    char *msg, size_t msglen) CX_MUSTCHECK;
-
 /* Makes the runtime directory read-only inside the sandbox whose first
  * process is pid: enters its mount namespace (through the user namespace
  * that owns it), checks that the directory there is the private one

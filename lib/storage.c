@@ -614,8 +614,10 @@ cx_storage_remove(struct cx_storage *st, const char *key)
         close_dirs(&k);
         return CX_ERR_IO;
     }
-    /* Empty parents go too (v<N>/, <artifact>/, <user>/), never root. */
-    for (int i = k.n - 1; i > 0; i--) {
+    /* Empty parents go too (v<N>/, <artifact>/, <user>/), never the top
+     * ones (artifacts/, .staging/: a writer makes its file there right
+     * after making sure the directory exists) nor root. */
+    for (int i = k.n - 1; i > 1; i--) {
         char comp[256];
 
         memcpy(comp, k.name[i], k.len[i]);

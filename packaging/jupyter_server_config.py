@@ -39,11 +39,12 @@ MAX_FRAME = 24 * 1024 * 1024
 # reached while a client is paused (below): then the kernel waits, and its
 # own (bounded) memory holds the rest.
 RCVHWM = 64
-# JSON the server would build objects from: a frame with more brackets than
-# this (counted in its bytes, strings included, so never fewer than the
-# containers it makes) is read as empty. A million containers is about
-# 100 MB of Python objects for an instant; 16 MiB of "[]," would be 400 MB.
-MAX_BRACKETS = 1000000
+# JSON the server would build objects from: a frame whose objects would
+# cost more than this (counted in its bytes, strings included, so never
+# less than it builds: a list or dict about 112 bytes, an element 56, a
+# string 56 with its quotes) is read as empty. 16 MiB of "[]," would be
+# 600 MB of Python objects; this is 64 MiB for an instant.
+MAX_COST = 64 * 1024 * 1024
 # What the server holds for one client that reads slowly: past the high
 # mark it stops reading that client's kernel sockets, below the low one it
 # reads again.
@@ -60,9 +61,14 @@ def guarded_unpack(s):
     copes with: the message is dropped or passed on empty)."""
     if isinstance(s, (bytes, bytearray, memoryview)):
         s = bytes(s).decode("utf8", "replace")
-    if len(s) > MAX_FRAME or (len(s) > 65536 and s.count("[") + s.count("{") > MAX_BRACKETS):
+    if len(s) > MAX_FRAME or (len(s) > 65536 and cost(s) > MAX_COST):
         return dict(REFUSED)
     return json.loads(s)
+
+
+def cost(s):
+    return (112 * (s.count("[") + s.count("{")) + 56 * (s.count(",") + s.count(":"))
+            + 28 * s.count('"'))
 
 
 def parent_msg_id(session, msg_list):
@@ -74,35 +80,43 @@ def parent_msg_id(session, msg_list):
         return None
 
 
+REAP_SEQ = [0]
+
+
 async def end_run_processes(handler):
     """A run's end: codexec-kernel-launcher ends every process of the
     kernel's sandbox but the kernel (SIGUSR1), from outside it, and says it
-    is done by removing the request file. Only for kernels of codexec's
-    launcher; at most two seconds."""
+    is done by removing this request's file (each request a name of its
+    own: a late answer to one never releases another). Only for kernels of
+    codexec's launcher; at most two seconds."""
     import asyncio
     import os
     import signal
 
     kernel = handler.kernel_manager.get_kernel(handler.kernel_id)
     spec = getattr(kernel, "kernel_spec", None)
-    pid = getattr(getattr(kernel, "provisioner", None), "pid", None)
-    if not spec or not spec.argv or not spec.argv[0].endswith("codexec-kernel-launcher") or not pid:
+    # the launcher is this server's child: until it is reaped here its pid
+    # can't name another process, so the signal never hits a stranger
+    proc = getattr(getattr(kernel, "provisioner", None), "process", None)
+    if not spec or not spec.argv or not spec.argv[0].endswith("codexec-kernel-launcher"):
+        return
+    if proc is None or proc.poll() is not None:
         return
     where, name = os.path.split(kernel.connection_file)
-    ack = os.path.join(where, "." + name.removesuffix(".json") + ".reap")
+    REAP_SEQ[0] += 1
+    ack = os.path.join(where, f".{name.removesuffix('.json')}.reap.{REAP_SEQ[0]}")
+    os.close(os.open(ack, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     try:
-        os.close(os.open(ack, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-    except FileExistsError:
-        pass
-    try:
-        os.kill(pid, signal.SIGUSR1)
-    except ProcessLookupError:
+        proc.send_signal(signal.SIGUSR1)
+    except OSError:
         os.unlink(ack)
         return
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 2
-    while os.path.lexists(ack) and loop.time() < deadline:
-        await asyncio.sleep(0.0002)
+    start = loop.time()
+    # usually gone within a fraction of a millisecond: look often at first,
+    # then seldom
+    while os.path.lexists(ack) and loop.time() < start + 2:
+        await asyncio.sleep(0.0002 if loop.time() < start + 0.005 else 0.005)
     if os.path.lexists(ack):
         handler.log.warning("kernel %s: its launcher did not end the run's processes in 2 s",
                             handler.kernel_id)
@@ -115,6 +129,12 @@ def install():
 
     import jupyter_client.connect
     from jupyter_server.base import zmqhandlers
+
+    # Session.deserialize parses every ISO-8601 string of a header into a
+    # datetime (55 us apiece: a header of dates holds the loop for
+    # seconds); nothing here needs them as more than the text they are.
+    import jupyter_client.session
+    jupyter_client.session.extract_dates = lambda obj: obj
 
     # Session's unpacker is named by module path: give it one.
     mod = types.ModuleType("codexec_gateway_guard")
@@ -135,12 +155,12 @@ def install():
     handler = zmqhandlers.ZMQStreamHandler
 
     def pause(self, paused):
-        for stream in getattr(self, "channels", {}).values():
+        for name, stream in getattr(self, "channels", {}).items():
             if stream is None or stream.closed():
                 continue
             if paused:
                 stream.stop_on_recv()
-            else:
+            elif not (name == "shell" and getattr(self, "_cx_holding", False)):
                 stream.on_recv_stream(self._on_zmq_reply)
 
     def write_message(self, message, binary=False):
@@ -171,8 +191,8 @@ def install():
     # The run's end: codexec marks the request that ends a run
     # (metadata codexec_reap); its execute_reply leaves for the client only
     # once the launcher has ended the sandbox's other processes, so the run
-    # is over, for codexec, only when they are gone. Other shell messages
-    # wait behind it, in order.
+    # is over, for codexec, only when they are gone. Meanwhile the shell
+    # channel is not read (its later messages wait in ZeroMQ, in order).
     from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as channels
 
     base_on_message = channels.on_message
@@ -182,9 +202,11 @@ def install():
         if isinstance(ws_msg, str) and '"codexec_reap"' in ws_msg:
             try:
                 m = json.loads(ws_msg)
-                ids = self.__dict__.setdefault("_cx_reap", [])
-                if (m["metadata"].get("codexec_reap") is True and len(ids) < 16
+                if (m["metadata"].get("codexec_reap") is True
                         and m["header"]["msg_type"] == "execute_request"):
+                    ids = self.__dict__.setdefault("_cx_reap", [])
+                    if len(ids) >= 16:  # replies that never came (a restart)
+                        ids.pop(0)
                     ids.append(m["header"]["msg_id"])
             except Exception:
                 pass
@@ -195,24 +217,21 @@ def install():
             await end_run_processes(self)
         except Exception:
             self.log.exception("kernel %s: ending the run's processes failed", self.kernel_id)
-        queue, self._cx_held = [(stream, msg_list)] + self._cx_held, None
-        while queue and self.ws_connection is not None:
-            on_reply(self, *queue.pop(0))
-            if self._cx_held is not None:  # it ended another run: the rest wait again
-                self._cx_held.extend(queue)
-                return
+        self._cx_holding = False
+        if self.ws_connection is None or stream.closed():
+            return
+        base_reply(self, stream, msg_list)
+        if not getattr(self, "_cx_paused", False):
+            stream.on_recv_stream(self._on_zmq_reply)
 
     def on_reply(self, stream, msg_list):
-        channel = getattr(stream, "channel", None)
-        if channel == "shell" and getattr(self, "_cx_held", None) is not None:
-            self._cx_held.append((stream, msg_list))
-            return None
         ids = getattr(self, "_cx_reap", None)
-        if channel == "shell" and ids:
+        if ids and getattr(stream, "channel", None) == "shell":
             parent = parent_msg_id(self.session, msg_list)
             if parent in ids:
                 ids.remove(parent)
-                self._cx_held = []
+                self._cx_holding = True
+                stream.stop_on_recv()
                 import asyncio
                 asyncio.ensure_future(reply_after_reap(self, stream, msg_list))
                 return None

@@ -10,6 +10,7 @@ figures: without the limits these waits were 16 s and more."""
 import json
 import os
 import re
+import subprocess
 import signal
 import threading
 import time
@@ -486,3 +487,38 @@ def _is_launcher_of(pid, server):
     except (OSError, ValueError):
         return False
     return ppid == server and _cmdline(pid).endswith("codexec-kernel-launcher")
+
+
+def test_the_revocation_list_is_kept_where_nginx_runs_alone(ctx):
+    """Found: only a codexec-fcgi on the host kept nginx's revocation list.
+    `codexec-admin revoked follow` (codexec-revoked.service) keeps one from
+    PostgreSQL's announcements on a host that runs nginx alone: a key
+    revoked anywhere is listed within seconds; SIGTERM ends it cleanly."""
+    st = ctx.st
+    edge = os.path.join(st.var, "edge-revoked")
+    os.makedirs(edge, exist_ok=True)
+    st.chown(edge)
+    conf = os.path.join(st.var, "edge.conf")
+    with open(st.conf) as f, open(conf, "w") as out:
+        out.writelines(l for l in f if not l.startswith("revoked_keys_dir"))
+        out.write(f"revoked_keys_dir = {edge}\n")
+    os.chmod(conf, 0o640)
+    st.chown(conf)
+    log = open(os.path.join(st.logdir, "codexec-edge-revoked.log"), "ab")
+    proc = subprocess.Popen(st.as_user() + [st.admin, "--config", conf, "revoked", "follow"],
+                            stdout=log, stderr=log)
+    try:
+        wait_until(lambda: os.path.exists(os.path.join(edge, ".listed")), 30,
+                   "the list made (.listed)")
+        ctx.st.create_key("edge-user")
+        kid = ctx.psql("SELECT id FROM api_keys WHERE user_id = 'edge-user' AND revoked_at IS NULL"
+                       " ORDER BY created_at DESC LIMIT 1")
+        check(not os.path.exists(os.path.join(edge, kid)), "a live key is not listed")
+        ctx.admin("key", "revoke", kid)
+        wait_until(lambda: os.path.exists(os.path.join(edge, kid)), 10,
+                   "the revoked key listed by the follower")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        log.close()
+    eq(code, 0, "revoked follow ends cleanly on SIGTERM")

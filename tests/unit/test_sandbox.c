@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
@@ -18,6 +19,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 
+#include "../../lib/relay.h"
 #include "../../lib/sandbox.h"
 #include "tap.h"
 
@@ -82,13 +84,100 @@ static const char conn_json[] =
     "{\"transport\": \"ipc\", \"ip\": \"%s/kernel-abc-ipc\", \"shell_port\": 1, "
     "\"iopub_port\": 2, \"stdin_port\": 3, \"control_port\": 4, \"hb_port\": 5, \"key\": \"k\"}";
 
+/* Pumps the relay until nothing happens for a poll's 20 ms. */
+static void
+pump(struct cx_relay *r)
+{
+    struct pollfd p[CX_RELAY_POLL_MAX];
+
+    for (int i = 0; i < 200; i++) {
+        int timeout, n = cx_relay_poll_fds(r, p, CX_RELAY_POLL_MAX, &timeout);
+        if (poll(p, (nfds_t)n, 20) <= 0)
+            return;
+        cx_relay_handle(r, p, n);
+    }
+}
+
+/* What a server connection reads, up to max bytes, after the relay ran. */
+static ssize_t
+take(int fd, unsigned char *buf, size_t max)
+{
+    ssize_t got = 0, n = -1;
+
+    while ((size_t)got < max && (n = recv(fd, buf + got, max - (size_t)got, MSG_DONTWAIT)) > 0)
+        got += n;
+    return got ? got : n; /* 0: closed; -1: nothing yet */
+}
+
+/* Appends a ZMTP frame (short form) to b. */
+static size_t
+zframe(unsigned char *b, unsigned char flags, const char *body, size_t len)
+{
+    b[0] = flags;
+    b[1] = (unsigned char)len;
+    memcpy(b + 2, body, len);
+    return len + 2;
+}
+
+/* The relay passes a kernel's well-formed traffic on byte for byte, and
+ * closes a connection whose message breaks a rule (too many frames). */
+static void
+test_relay(struct cx_relay *r, const char *endpoint, int kernel_listen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    unsigned char out[4096], in[4096];
+    size_t len = 0;
+    int srv = socket(AF_UNIX, SOCK_STREAM, 0), krn = -1;
+    ssize_t got;
+
+    memcpy(sa.sun_path, endpoint, strlen(endpoint) + 1);
+    ok(srv >= 0 && connect(srv, (struct sockaddr *)&sa, sizeof(sa)) == 0,
+       "relay: the server connects");
+    pump(r);
+    krn = accept(kernel_listen, NULL, NULL);
+    ok(krn >= 0, "relay: ... and the kernel sees a connection");
+    if (krn < 0) {
+        close(srv);
+        return;
+    }
+    memset(out, 0, 64); /* a greeting's 64 bytes */
+    out[0] = 0xff, out[9] = 0x7f, out[10] = 3, out[11] = 1;
+    memcpy(out + 12, "NULL", 4);
+    len = 64;
+    len += zframe(out + len, 0x04, "\005READY", 6);
+    len += zframe(out + len, 0x01, "", 0); /* the topic */
+    len += zframe(out + len, 0x01, "<IDS|MSG>", 9);
+    len += zframe(out + len, 0x01, "sig", 3);
+    len += zframe(out + len, 0x01, "{\"msg_type\":\"stream\"}", 21);
+    len += zframe(out + len, 0x01, "{}", 2);
+    len += zframe(out + len, 0x01, "{}", 2);
+    len += zframe(out + len, 0x00, "{\"text\":\"hi\"}", 13);
+    ok(write(krn, out, len) == (ssize_t)len, "relay: the kernel sends a message");
+    pump(r);
+    got = take(srv, in, sizeof(in));
+    ok(got == (ssize_t)len && !memcmp(in, out, len), "relay: the server gets it byte for byte");
+    ok(write(srv, "\x01\x00", 2) == 2, "relay: the server sends");
+    pump(r);
+    ok(take(krn, in, sizeof(in)) == 2, "relay: ... and the kernel gets it");
+    /* 40 frames in one message */
+    len = 0;
+    for (int i = 0; i < 40; i++)
+        len += zframe(out + len, i < 39 ? 0x01 : 0x00, "x", 1);
+    ok(write(krn, out, len) == (ssize_t)len, "relay: a message of 40 frames");
+    pump(r);
+    got = take(srv, in, sizeof(in));
+    ok(got == 0, "relay: the connection is closed, nothing of it passed (%zd)", got);
+    ok(cx_relay_refused(r) == 1, "relay: counted as refused");
+    close(srv);
+    close(krn);
+}
+
 static void
 test_conn(void)
 {
     struct cx_sandbox_conn c;
     char path[256], text[512], msg[256], private_dir[512], link[600];
     struct stat st;
-    ssize_t n;
 
     snprintf(path, sizeof(path), "%s/kernel-abc.json", dir);
     snprintf(text, sizeof(text), conn_json, dir);
@@ -142,6 +231,8 @@ test_conn(void)
     ok(symlink(text, link) == 0, "planted a symlink in the private directory");
     {
         char second[512];
+        struct cx_relay *relay = NULL;
+        int kernel_fds[5] = {-1, -1, -1, -1, -1};
         ok(cx_sandbox_runtime_prepare(&c, second, sizeof(second), msg, sizeof(msg)) == CX_OK,
            "a second launch");
         ok(strcmp(second, private_dir) != 0, "gets a new directory");
@@ -152,27 +243,30 @@ test_conn(void)
         ok((size_t)snprintf(ep, sizeof(ep), "%s/kernel-abc-ipc-1", second) < sizeof(ep) &&
                symlink(text, ep) == 0,
            "a symlink for an endpoint");
-        ok(cx_sandbox_runtime_link(&c, second, msg, sizeof(msg)) == CX_ERR_INVALID,
-           "is not linked for the server");
+        ok(cx_relay_open(&c, second, &relay, msg, sizeof(msg)) == CX_ERR_INVALID,
+           "is not relayed for the server");
         unlink(ep);
         for (int i = 1; i <= 5; i++) { /* the kernel binds its five sockets */
             struct sockaddr_un sa = {.sun_family = AF_UNIX};
-            int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+            int sfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
             snprintf(ep, sizeof(ep), "%s/kernel-abc-ipc-%d", second, i);
             if (strlen(ep) >= sizeof(sa.sun_path))
                 printf("# %s is too long for a socket\n", ep);
             memcpy(sa.sun_path, ep, strlen(ep) < sizeof(sa.sun_path) ? strlen(ep) : 0);
-            if (sfd < 0 || bind(sfd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+            if (sfd < 0 || bind(sfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(sfd, 8))
                 printf("# bind %s failed\n", ep);
-            if (sfd >= 0)
-                close(sfd);
+            kernel_fds[i - 1] = sfd;
         }
-        ok(cx_sandbox_runtime_link(&c, second, msg, sizeof(msg)) == CX_OK, "endpoints linked");
-        snprintf(path, sizeof(path), "%s/kernel-abc-ipc-3", dir);
-        n = readlink(path, link, sizeof(link) - 1);
-        link[n > 0 ? n : 0] = '\0';
-        ok(n > 0 && !strncmp(link, strrchr(second, '/') + 1, strlen(strrchr(second, '/') + 1)),
-           "an endpoint points into the new private directory (%s)", link);
+        ok(cx_relay_open(&c, second, &relay, msg, sizeof(msg)) == CX_OK, "endpoints relayed");
+        snprintf(path, sizeof(path), "%s/kernel-abc-ipc-2", dir);
+        ok(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode),
+           "the server's endpoint is the relay's socket, not a link into the sandbox");
+        if (relay)
+            test_relay(relay, path, kernel_fds[1]);
+        cx_relay_free(relay);
+        for (int i = 0; i < 5; i++)
+            if (kernel_fds[i] >= 0)
+                close(kernel_fds[i]);
     }
 }
 

@@ -1,0 +1,530 @@
+#include "relay.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define PAIRS_MAX   128
+#define UP_BUF      (256 * 1024) /* kernel -> server, per connection */
+#define DOWN_BUF    (256 * 1024) /* server -> kernel (an input's 1 MiB chunk streams through) */
+#define GREETING    64           /* ZMTP 3: signature, version, mechanism, as-server, filler */
+#define CMD_MAX     4096
+#define HB_CHANNEL  4 /* the connection file's order: shell, iopub, stdin, control, hb */
+#define HB_FRAME    1024
+#define HB_FRAMES   4
+#define MSG_FRAMES  32
+#define MSG_BYTES   (34u << 20)
+#define IDENT_MAX   256
+#define IDENTS_MAX  8
+#define DELIM       "<IDS|MSG>"
+#define CONTENT_MAX ((16u << 20) + 65536)
+
+/* The most each frame of a Jupyter message may hold, by its place after
+ * the delimiter: signature, header, parent header, metadata, content;
+ * buffers after them. ipykernel's are a few hundred bytes but content. */
+static const uint64_t role_max[] = {0, 128, 16384, 16384, 65536, CONTENT_MAX};
+
+/* What one kernel may send per second, and in a burst: messages, all
+ * bytes, and the content bytes the server parses as JSON (captured files
+ * travel as buffers, which it does not). */
+#define RATE_MSGS     4000.0
+#define BURST_MSGS    8000.0
+#define RATE_BYTES    (512.0 * 1024 * 1024)
+#define BURST_BYTES   (512.0 * 1024 * 1024)
+#define RATE_CONTENT  (64.0 * 1024 * 1024)
+#define BURST_CONTENT (128.0 * 1024 * 1024)
+
+struct bucket {
+    double tokens, rate, burst;
+};
+
+enum frame_state { F_FLAGS, F_SIZE, F_BODY };
+
+/* The kernel's side of one connection, as ZMTP frames. */
+struct zmtp {
+    uint64_t greeted; /* greeting bytes seen */
+    enum frame_state state;
+    unsigned char flags;
+    unsigned char size[8];
+    int size_got, size_len;
+    uint64_t left;          /* of the frame's body */
+    unsigned char head[16]; /* its first bytes (the delimiter test) */
+    uint64_t head_len, frame_len;
+    int frame;    /* its index in the message */
+    int delim_at; /* the delimiter's index, -1 before it */
+    uint64_t msg_bytes;
+};
+
+struct half {
+    unsigned char *buf;
+    size_t off, len, cap;
+    bool eof; /* its source ended: close once it is written */
+};
+
+struct pair {
+    int srv, krn;
+    int channel;
+    struct half up, down;
+    struct zmtp z;
+    bool dead;
+};
+
+struct listener {
+    int fd;
+    int channel;
+    char name[300];
+};
+
+enum slot_kind { S_LISTEN, S_SRV, S_KRN };
+
+struct cx_relay {
+    struct listener ls[CX_SANDBOX_PORTS];
+    int nls;
+    int pfd; /* the private directory */
+    struct pair *pairs[PAIRS_MAX];
+    int npairs;
+    struct bucket msgs, bytes, content;
+    int64_t refilled_us;
+    uint64_t refused;
+    /* what cx_relay_poll_fds() put where */
+    struct {
+        enum slot_kind kind;
+        int i;
+    } slots[CX_RELAY_POLL_MAX];
+};
+
+static void
+refill(struct cx_relay *r)
+{
+    int64_t now = cx_now_us();
+    double dt = (double)(now - r->refilled_us) / 1e6;
+    struct bucket *b[] = {&r->msgs, &r->bytes, &r->content};
+
+    for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++) {
+        b[i]->tokens += dt * b[i]->rate;
+        if (b[i]->tokens > b[i]->burst)
+            b[i]->tokens = b[i]->burst;
+    }
+    r->refilled_us = now;
+}
+
+/* Milliseconds until every bucket holds a token again (0: now). */
+static int
+wait_ms(const struct cx_relay *r)
+{
+    const struct bucket *b[] = {&r->msgs, &r->bytes, &r->content};
+    double worst = 0;
+
+    for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
+        if (b[i]->tokens <= 0 && -b[i]->tokens / b[i]->rate > worst)
+            worst = -b[i]->tokens / b[i]->rate;
+    return worst > 0 ? (int)(worst * 1000) + 1 : 0;
+}
+
+/* A frame's size is known: whether its place allows it. */
+static bool
+frame_ok(const struct pair *p, const struct zmtp *z)
+{
+    if (z->flags & 0x04) /* a command (READY, PING): never inside a message */
+        return z->frame == 0 && z->frame_len <= CMD_MAX;
+    if (z->msg_bytes + z->frame_len > MSG_BYTES || z->frame >= MSG_FRAMES)
+        return false;
+    if (p->channel == HB_CHANNEL)
+        return z->frame < HB_FRAMES && z->frame_len <= HB_FRAME;
+    if (z->delim_at < 0) /* identities, or the delimiter */
+        return z->frame < IDENTS_MAX + 1 && z->frame_len <= IDENT_MAX;
+    int role = z->frame - z->delim_at;
+    return z->frame_len <= role_max[role < 5 ? role : 5];
+}
+
+/* A frame ended. */
+static void
+frame_end(struct cx_relay *r, struct pair *p)
+{
+    struct zmtp *z = &p->z;
+
+    z->state = F_FLAGS;
+    if (z->flags & 0x04)
+        return;
+    if (p->channel != HB_CHANNEL && z->delim_at < 0 && z->frame_len == strlen(DELIM) &&
+        !memcmp(z->head, DELIM, strlen(DELIM)))
+        z->delim_at = z->frame;
+    if (p->channel != HB_CHANNEL && z->delim_at >= 0 && z->frame - z->delim_at == 5)
+        r->content.tokens -= (double)z->frame_len;
+    if (z->flags & 0x01) {
+        z->frame++;
+        return;
+    }
+    if (p->channel != HB_CHANNEL && z->delim_at < 0)
+        z->msg_bytes = MSG_BYTES + 1; /* a message without the delimiter: not Jupyter's */
+    else
+        z->frame = 0, z->delim_at = -1, z->msg_bytes = 0;
+    r->msgs.tokens -= 1;
+}
+
+/* Reads the kernel's bytes as frames; false when they break a rule. */
+static bool
+zmtp_feed(struct cx_relay *r, struct pair *p, const unsigned char *d, size_t n)
+{
+    struct zmtp *z = &p->z;
+
+    r->bytes.tokens -= (double)n;
+    while (n > 0) {
+        if (z->greeted < GREETING) {
+            size_t k = n < GREETING - z->greeted ? n : GREETING - z->greeted;
+            z->greeted += k, d += k, n -= k;
+            continue;
+        }
+        switch (z->state) {
+        case F_FLAGS:
+            z->flags = *d++, n--;
+            if (z->flags & 0xf8)
+                return false; /* reserved bits */
+            z->size_len = z->flags & 0x02 ? 8 : 1;
+            z->size_got = 0;
+            z->state = F_SIZE;
+            break;
+        case F_SIZE:
+            z->size[z->size_got++] = *d++, n--;
+            if (z->size_got < z->size_len)
+                break;
+            z->frame_len = 0;
+            for (int i = 0; i < z->size_len; i++)
+                z->frame_len = z->frame_len << 8 | z->size[i];
+            if (!frame_ok(p, z))
+                return false;
+            z->left = z->frame_len;
+            z->head_len = 0;
+            z->msg_bytes += z->frame_len;
+            z->state = F_BODY;
+            if (z->left == 0)
+                frame_end(r, p);
+            break;
+        case F_BODY: {
+            size_t k = n < z->left ? n : (size_t)z->left;
+            if (z->head_len < sizeof(z->head)) {
+                size_t h = k < sizeof(z->head) - z->head_len ? k : sizeof(z->head) - z->head_len;
+                memcpy(z->head + z->head_len, d, h);
+                z->head_len += h;
+            }
+            z->left -= k, d += k, n -= k;
+            if (z->left == 0)
+                frame_end(r, p);
+            break;
+        }
+        }
+        if (z->msg_bytes > MSG_BYTES)
+            return false;
+    }
+    return true;
+}
+
+static bool
+half_init(struct half *h, size_t cap)
+{
+    h->buf = malloc(cap);
+    h->off = h->len = 0;
+    h->cap = cap;
+    h->eof = false;
+    return h->buf != NULL;
+}
+
+static void
+pair_free(struct pair *p)
+{
+    if (!p)
+        return;
+    if (p->srv >= 0)
+        close(p->srv);
+    if (p->krn >= 0)
+        close(p->krn);
+    free(p->up.buf);
+    free(p->down.buf);
+    free(p);
+}
+
+/* Reads what fd has into h (space permitting); *got bytes arrive at
+ * *start. False at its end or on an error. */
+static bool
+fill(int fd, struct half *h, const unsigned char **start, size_t *got)
+{
+    ssize_t n;
+
+    if (h->off == h->len) {
+        h->off = h->len = 0;
+    } else if (h->off > 0 && h->len == h->cap) {
+        memmove(h->buf, h->buf + h->off, h->len - h->off);
+        h->len -= h->off;
+        h->off = 0;
+    }
+    *got = 0;
+    *start = h->buf + h->len;
+    if (h->len == h->cap)
+        return true; /* full: read once it is written */
+    n = read(fd, h->buf + h->len, h->cap - h->len);
+    if (n < 0)
+        return errno == EAGAIN || errno == EINTR;
+    if (n == 0)
+        return false;
+    *got = (size_t)n;
+    h->len += (size_t)n;
+    return true;
+}
+
+/* Writes what h holds to fd; false on error. */
+static bool
+drain(int fd, struct half *h)
+{
+    while (h->off < h->len) {
+        ssize_t n = send(fd, h->buf + h->off, h->len - h->off, MSG_NOSIGNAL);
+        if (n < 0)
+            return errno == EAGAIN || errno == EINTR;
+        h->off += (size_t)n;
+    }
+    return true;
+}
+
+static int
+unix_socket(void)
+{
+    return socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+}
+
+static bool
+set_path(struct sockaddr_un *a, const char *path)
+{
+    memset(a, 0, sizeof(*a));
+    a->sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(a->sun_path))
+        return false;
+    memcpy(a->sun_path, path, strlen(path) + 1);
+    return true;
+}
+
+/* A new connection from the server: one to the kernel's socket for it. */
+static void
+accept_one(struct cx_relay *r, const struct listener *l)
+{
+    struct sockaddr_un a;
+    char path[400];
+    struct pair *p;
+    int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+    if (fd < 0)
+        return;
+    if (r->npairs == PAIRS_MAX || !(p = calloc(1, sizeof(*p)))) {
+        close(fd);
+        return;
+    }
+    p->srv = fd;
+    p->channel = l->channel;
+    p->z.delim_at = -1;
+    p->krn = unix_socket();
+    /* through the directory's descriptor: its path is too long for a
+     * socket address, and it is the one the launcher checked */
+    snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", r->pfd, l->name);
+    if (p->krn < 0 || !half_init(&p->up, UP_BUF) || !half_init(&p->down, DOWN_BUF) ||
+        !set_path(&a, path) ||
+        (connect(p->krn, (struct sockaddr *)&a, sizeof(a)) != 0 && errno != EINPROGRESS &&
+         errno != EAGAIN)) {
+        pair_free(p);
+        return;
+    }
+    r->pairs[r->npairs++] = p;
+}
+
+/* The server's endpoint name: a socket of ours, bound under a temporary
+ * name and renamed over whatever was there (an earlier launch's). */
+static int
+listen_at(int rfd, const char *runtime, const char *name)
+{
+    struct sockaddr_un a;
+    char tmp[320], path[1400];
+    int fd = unix_socket();
+
+    snprintf(tmp, sizeof(tmp), ".%s.relay", name);
+    snprintf(path, sizeof(path), "%s/%s", runtime, tmp);
+    (void)unlinkat(rfd, tmp, 0);
+    if (fd < 0 || !set_path(&a, path) || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        listen(fd, 64) != 0 || renameat(rfd, tmp, rfd, name) != 0) {
+        if (fd >= 0)
+            close(fd);
+        (void)unlinkat(rfd, tmp, 0);
+        return -1;
+    }
+    return fd;
+}
+
+enum cx_err
+cx_relay_open(const struct cx_sandbox_conn *c, const char *private_dir, struct cx_relay **out,
+              char *msg, size_t msglen)
+{
+    struct cx_relay *r = calloc(1, sizeof(*r));
+    int rfd = open(c->runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    enum cx_err rc = CX_OK;
+
+    *out = NULL;
+    if (r)
+        r->pfd = -1;
+    if (!r || rfd < 0) {
+        snprintf(msg, msglen, "cannot open the runtime directory");
+        rc = r ? CX_ERR_IO : CX_ERR_NOMEM;
+        goto out;
+    }
+    r->pfd = open(private_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    r->msgs = (struct bucket){BURST_MSGS, RATE_MSGS, BURST_MSGS};
+    r->bytes = (struct bucket){BURST_BYTES, RATE_BYTES, BURST_BYTES};
+    r->content = (struct bucket){BURST_CONTENT, RATE_CONTENT, BURST_CONTENT};
+    r->refilled_us = cx_now_us();
+    for (int i = 0; i < c->nports && rc == CX_OK; i++) {
+        struct listener *l = &r->ls[r->nls];
+        struct stat st;
+
+        snprintf(l->name, sizeof(l->name), "%s-%d", c->ip_name, c->ports[i]);
+        l->channel = i;
+        /* what the relay connects to must be the kernel's socket, not a
+         * link it made before the seal */
+        if (r->pfd < 0 || fstatat(r->pfd, l->name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISSOCK(st.st_mode)) {
+            snprintf(msg, msglen, "the kernel's endpoint %s is not a socket", l->name);
+            rc = CX_ERR_INVALID;
+        } else if ((l->fd = listen_at(rfd, c->runtime, l->name)) < 0) {
+            snprintf(msg, msglen, "cannot listen on the endpoint %s", l->name);
+            rc = CX_ERR_IO;
+        } else {
+            r->nls++;
+        }
+    }
+out:
+    if (rfd >= 0)
+        close(rfd);
+    if (rc)
+        cx_relay_free(r);
+    else
+        *out = r;
+    return rc;
+}
+
+int
+cx_relay_poll_fds(struct cx_relay *r, struct pollfd *p, int max, int *timeout_ms)
+{
+    int n = 0, wait;
+    bool starved;
+
+    if (!r) {
+        *timeout_ms = -1;
+        return 0;
+    }
+    refill(r);
+    wait = wait_ms(r);
+    starved = wait > 0;
+    *timeout_ms = starved ? wait : -1;
+    for (int i = 0; i < r->nls && n < max; i++) {
+        p[n] = (struct pollfd){.fd = r->ls[i].fd, .events = POLLIN};
+        r->slots[n++].kind = S_LISTEN, r->slots[n - 1].i = i;
+    }
+    for (int i = 0; i < r->npairs && n + 2 <= max; i++) {
+        struct pair *q = r->pairs[i];
+        short se = 0, ke = 0;
+
+        if (!q->down.eof && q->down.len - q->down.off < q->down.cap)
+            se |= POLLIN;
+        if (q->up.off < q->up.len)
+            se |= POLLOUT;
+        /* the kernel is read only within its budget */
+        if (!q->up.eof && !starved && q->up.len - q->up.off < q->up.cap)
+            ke |= POLLIN;
+        if (q->down.off < q->down.len)
+            ke |= POLLOUT;
+        p[n] = (struct pollfd){.fd = q->srv, .events = se};
+        r->slots[n].kind = S_SRV, r->slots[n++].i = i;
+        p[n] = (struct pollfd){.fd = q->krn, .events = ke};
+        r->slots[n].kind = S_KRN, r->slots[n++].i = i;
+    }
+    return n;
+}
+
+/* One side's events on a pair. */
+static void
+pair_events(struct cx_relay *r, struct pair *q, bool kernel_side, short rev)
+{
+    const unsigned char *start;
+    size_t got = 0;
+
+    if (kernel_side) {
+        if ((rev & (POLLIN | POLLHUP | POLLERR)) && !q->up.eof) {
+            if (!fill(q->krn, &q->up, &start, &got)) {
+                q->up.eof = true;
+            } else if (got && !zmtp_feed(r, q, start, got)) {
+                r->refused++;
+                q->dead = true;
+                return;
+            }
+        }
+        if ((rev & POLLOUT) && !drain(q->krn, &q->down))
+            q->dead = true;
+    } else {
+        if ((rev & (POLLIN | POLLHUP | POLLERR)) && !q->down.eof &&
+            !fill(q->srv, &q->down, &start, &got))
+            q->down.eof = true;
+        if ((rev & POLLOUT) && !drain(q->srv, &q->up))
+            q->dead = true;
+    }
+    /* a side that ended: the pair goes once what it sent is passed on */
+    if ((q->up.eof && q->up.off == q->up.len) || (q->down.eof && q->down.off == q->down.len))
+        q->dead = true;
+}
+
+void
+cx_relay_handle(struct cx_relay *r, const struct pollfd *p, int n)
+{
+    int w = 0;
+
+    if (!r)
+        return;
+    for (int i = 0; i < n; i++) {
+        if (!p[i].revents)
+            continue;
+        if (r->slots[i].kind == S_LISTEN)
+            accept_one(r, &r->ls[r->slots[i].i]);
+        else if (!r->pairs[r->slots[i].i]->dead)
+            pair_events(r, r->pairs[r->slots[i].i], r->slots[i].kind == S_KRN, p[i].revents);
+    }
+    for (int i = 0; i < r->npairs; i++) {
+        if (r->pairs[i]->dead)
+            pair_free(r->pairs[i]);
+        else
+            r->pairs[w++] = r->pairs[i];
+    }
+    r->npairs = w;
+}
+
+uint64_t
+cx_relay_refused(const struct cx_relay *r)
+{
+    return r->refused;
+}
+
+void
+cx_relay_free(struct cx_relay *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->nls; i++)
+        close(r->ls[i].fd);
+    for (int i = 0; i < r->npairs; i++)
+        pair_free(r->pairs[i]);
+    if (r->pfd >= 0)
+        close(r->pfd);
+    free(r);
+}

@@ -1,0 +1,56 @@
+/* codexec: the kernel's sockets relayed to the Jupyter server, bounded.
+ *
+ * The kernel process owns its ZeroMQ sockets, so everything it sends is
+ * tenant-written, down to the framing. ZeroMQ bounds a frame's size but not
+ * the frames of one message (a message of a thousand 24 MiB frames, sent
+ * zero-copy from one buffer, lands whole in the server's memory), nor
+ * anything's rate. So the server never connects to the kernel: the
+ * launcher listens on the endpoints the server connects to, connects to the
+ * kernel's for each connection, and passes the bytes on, reading the
+ * kernel's side as ZMTP 3 frames:
+ *
+ *   - each message: at most 32 frames and 32 MiB, its frames within their
+ *     roles' sizes (identities, then "<IDS|MSG>", signature, header,
+ *     parent header, metadata, content, buffers; the heartbeat's small);
+ *   - each kernel: messages and bytes per second, as token buckets; past
+ *     them the kernel is not read (it waits, in its own bounded memory).
+ *
+ * A connection that breaks a rule is closed (the server's ZeroMQ drops
+ * the partial message and connects again). The server's side is passed on
+ * as it comes, within the same buffers. Used by codexec-kernel-launcher.
+ * See docs/internals/sandbox.md. */
+#ifndef CX_RELAY_H
+#define CX_RELAY_H
+
+#include <poll.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "sandbox.h"
+
+struct cx_relay;
+
+/* Listens on the server's endpoints (c's runtime directory, "<ip>-<port>",
+ * each made under a temporary name and renamed over the old one) for the
+ * kernel's sockets in private_dir (each checked to be a socket, never
+ * followed). msg says what failed. Free with cx_relay_free(). */
+enum cx_err cx_relay_open(const struct cx_sandbox_conn *c, const char *private_dir,
+                          struct cx_relay **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* The relay's descriptors to poll, into p (at most max; returns how many)
+ * and how soon it wants to be called again (ms, -1: only on events). */
+int cx_relay_poll_fds(struct cx_relay *r, struct pollfd *p, int max, int *timeout_ms);
+
+/* Handles what poll() said of the descriptors cx_relay_poll_fds() gave. */
+void cx_relay_handle(struct cx_relay *r, const struct pollfd *p, int n);
+
+/* Connections closed for a broken rule, since the start (for tests). */
+uint64_t cx_relay_refused(const struct cx_relay *r);
+
+/* Closes everything. NULL is a no-op. */
+void cx_relay_free(struct cx_relay *r);
+
+/* The most descriptors cx_relay_poll_fds() gives. */
+#define CX_RELAY_POLL_MAX (CX_SANDBOX_PORTS + 2 * 128)
+
+#endif
