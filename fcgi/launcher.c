@@ -400,6 +400,31 @@ exit_code(const struct launch *l)
     return 128 + (WIFSIGNALED(l->status) ? WTERMSIG(l->status) : 0);
 }
 
+/* The signals read from the signalfd (the child restores old). */
+static void
+block_signals(sigset_t *block, sigset_t *old)
+{
+    static const int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1};
+
+    sigemptyset(block);
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        sigaddset(block, sigs[i]);
+    sigprocmask(SIG_BLOCK, block, old);
+}
+
+/* Once sealed: the sandbox's init and the kernel, by pidfd (the run's
+ * end reaps all but them). */
+static void
+know_the_kernel(struct launch *l)
+{
+    l->init_fd = pidfd_open(l->sandbox, 0);
+    l->kernel = cx_sandbox_kernel_pid(l->sandbox);
+    l->kernel_fd = l->kernel > 0 ? pidfd_open(l->kernel, 0) : -1;
+    if (l->kernel < 0 || l->init_fd < 0 || l->kernel_fd < 0)
+        say("the kernel process can't be told apart: its run's processes end only from inside",
+            NULL);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -426,14 +451,7 @@ main(int argc, char **argv)
         return 2;
     }
     conn_path = argv[argi];
-    sigemptyset(&block);
-    sigaddset(&block, SIGCHLD);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGHUP);
-    sigaddset(&block, SIGQUIT);
-    sigaddset(&block, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &block, &old);
+    block_signals(&block, &old);
     /* A server that dies (OOM-killed, say) takes its kernels with it: the
      * one started in its place knows none of them. */
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != server)
@@ -475,12 +493,7 @@ main(int argc, char **argv)
         code = l.reaped && WIFEXITED(l.status) && WEXITSTATUS(l.status) ? WEXITSTATUS(l.status) : 1;
         goto out;
     }
-    l.init_fd = pidfd_open(l.sandbox, 0);
-    l.kernel = cx_sandbox_kernel_pid(l.sandbox);
-    l.kernel_fd = l.kernel > 0 ? pidfd_open(l.kernel, 0) : -1;
-    if (l.kernel < 0 || l.init_fd < 0 || l.kernel_fd < 0)
-        say("the kernel process can't be told apart: its run's processes end only from inside",
-            NULL);
+    know_the_kernel(&l);
     supervise(&l);
     code = exit_code(&l);
 out:

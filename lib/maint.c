@@ -1,5 +1,7 @@
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "artifact.h"
 #include "buf.h"
@@ -50,6 +52,98 @@ id_array(struct cx_buf *b, json_t *models, PGresult *r)
     cx_buf_adds(b, "}");
 }
 
+/* Kernels that talk with no run and no connection of ours to drain them
+ * (the pooled one expired): the server records each message as the
+ * kernel's last_activity. A session kernel active within the last 2 s at
+ * two sweeps in a row, with no run of its session since the first, keeps
+ * producing output while idle: it is restarted (the drain catches the
+ * ones we are connected to within a second). */
+#define ACTIVE_WITHIN 2
+#define SEEN_MAX      1024
+static struct {
+    char kernel_id[64];
+    int64_t at;
+} seen[SEEN_MAX];
+static int nseen;
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+
+CX_SQL(q_idle_sessions, 2,
+       "SELECT k FROM unnest($1::text[]) AS k JOIN sessions s ON s.kernel_id = k"
+       " WHERE s.last_used_at < now() - make_interval(secs => $2::int)");
+
+/* Whether an ISO 8601 UTC time (the server's last_activity) is within
+ * ACTIVE_WITHIN seconds of now. */
+static bool
+recent(const char *iso)
+{
+    struct tm tm = {0};
+    const char *end = iso ? strptime(iso, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+    time_t t;
+
+    if (!end)
+        return false;
+    t = timegm(&tm);
+    return t != (time_t)-1 && time(NULL) - t <= ACTIVE_WITHIN;
+}
+
+/* Notes kid as active now; true when it was at the last sweep too (within
+ * two sweeps' time). */
+static bool
+active_again(const char *kid, int64_t window_us)
+{
+    int64_t now = cx_now_us();
+    bool again = false;
+    int w = 0;
+
+    pthread_mutex_lock(&seen_lock);
+    for (int i = 0; i < nseen; i++) {
+        if (now - seen[i].at > window_us)
+            continue; /* forgotten */
+        if (!strcmp(seen[i].kernel_id, kid))
+            again = true;
+        else
+            seen[w++] = seen[i];
+    }
+    nseen = w;
+    if (!again && nseen < SEEN_MAX) {
+        snprintf(seen[nseen].kernel_id, sizeof(seen[nseen].kernel_id), "%s", kid);
+        seen[nseen++].at = now;
+    }
+    pthread_mutex_unlock(&seen_lock);
+    return again;
+}
+
+static void
+idle_talkers(struct cx_ctx *cx, json_t *models)
+{
+    struct cx_buf ids;
+    json_t *m;
+    size_t i;
+    PGresult *r = NULL;
+    char secs[16];
+    const char *p[2] = {NULL, secs};
+
+    cx_buf_init(&ids, 1 << 20);
+    cx_buf_adds(&ids, "{");
+    json_array_foreach(models, i, m)
+    {
+        const char *id = json_string_value(json_object_get(m, "id"));
+        if (id && strlen(id) < 64 && cx_name_chars(id, strlen(id), "-_.") &&
+            recent(json_string_value(json_object_get(m, "last_activity"))))
+            cx_buf_addf(&ids, "%s\"%s\"", ids.len > 1 ? "," : "", id);
+    }
+    cx_buf_adds(&ids, "}");
+    snprintf(secs, sizeof(secs), "%u", 2 * cx->cfg->reaper_interval);
+    p[0] = ids.data;
+    if (ids.len > 2 && !cx_buf_err(&ids) && cx_db_exec(cx->db, &q_idle_sessions, p, &r) == CX_OK)
+        for (int k = 0; k < PQntuples(r); k++)
+            if (active_again(PQgetvalue(r, k, 0),
+                             (int64_t)(2 * cx->cfg->reaper_interval + 5) * 1000000))
+                cx_session_restart_talker(cx, cx_gateway_url(cx->gw), PQgetvalue(r, k, 0));
+    PQclear(r);
+    cx_buf_cleanup(&ids);
+}
+
 /* The kernels of the gateway that no row has named for the grace period:
  * deleted. Every kernel is recorded within milliseconds of its start (a
  * session's, or a pooled one's while it warms), so a minute's grace covers
@@ -66,6 +160,7 @@ reconcile(struct cx_ctx *cx, int *deleted)
     *deleted = 0;
     if (rc)
         return rc;
+    idle_talkers(cx, models);
     cx_buf_init(&all, 1 << 20);
     cx_buf_init(&unnamed, 1 << 20);
     id_array(&all, models, NULL);

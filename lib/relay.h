@@ -50,6 +50,12 @@ uint64_t cx_relay_refused(const struct cx_relay *r);
 /* Closes everything. NULL is a no-op. */
 void cx_relay_free(struct cx_relay *r);
 
+#ifdef CX_TEST_HOOKS
+/* The kernel side's parser alone over d, fed in pieces of piece bytes:
+ * the messages it passed, or -1 when they broke a rule (fuzzing). */
+int cx_relay_parse(const unsigned char *d, size_t n, int channel, size_t piece);
+#endif
+
 /* The most descriptors cx_relay_poll_fds() gives. */
 #define CX_RELAY_POLL_MAX (CX_SANDBOX_PORTS + 2 * 128)
 

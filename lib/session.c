@@ -827,6 +827,16 @@ out:
     return done;
 }
 
+bool
+cx_session_restart_talker(struct cx_ctx *cx, const char *gateway_url, const char *kernel_id)
+{
+    struct cx_kernel_talker t;
+
+    snprintf(t.gateway_url, sizeof(t.gateway_url), "%s", gateway_url);
+    snprintf(t.kernel_id, sizeof(t.kernel_id), "%s", kernel_id);
+    return restart_talker(cx, &t);
+}
+
 int
 cx_session_restart_talkers(struct cx_ctx *cx)
 {

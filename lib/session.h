@@ -86,6 +86,10 @@ enum cx_err cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s) C
  * session.reset. Returns how many were restarted. */
 int cx_session_restart_talkers(struct cx_ctx *cx);
 
+/* The same for one kernel of a session (found talking otherwise: by its
+ * last_activity at the reaper's sweeps); true when it was restarted. */
+bool cx_session_restart_talker(struct cx_ctx *cx, const char *gateway_url, const char *kernel_id);
+
 /* DELETE /v1/conversations/{cid}/session: CX_ERR_NOT_FOUND if none,
  * CX_ERR_CONFLICT if a run holds it. */
 enum cx_err cx_session_close(struct cx_ctx *cx, const char *user,

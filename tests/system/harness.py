@@ -160,7 +160,10 @@ class Context:
         st = self.st
         sock = os.path.join(st.rundir, f"{name}.sock")
         conf = os.path.join(st.var, f"{name}.conf")
-        settings = dict(settings or {}, listen=f"unix:{sock}")
+        # (a few workers would allow one user a run at a time: the tests of
+        # that limit set it themselves)
+        settings = dict({"max_concurrent_runs_per_user": "64"}, **(settings or {}),
+                        listen=f"unix:{sock}")
         with open(st.conf) as f, open(conf, "w") as out:
             out.writelines(l for l in f if l.split("=")[0].strip() not in settings)
             out.writelines(f"{k} = {v}\n" for k, v in settings.items())

@@ -120,7 +120,7 @@ def test_one_key_cannot_hold_the_workers(ctx):
     max_concurrent_runs_per_user (a quarter of the workers: 2) at once and
     429 too_many_runs with Retry-After for the rest, at once; another
     user's run answers within a second and health within 100 ms."""
-    sock, proc = ctx.spawn_fcgi("fair", workers=8)
+    sock, proc = ctx.spawn_fcgi("fair", {"max_concurrent_runs_per_user": "0"}, workers=8)
     hog, other = ctx.key("fair-hog"), ctx.key("fair-other")
     results = []
 
@@ -199,6 +199,39 @@ def test_amplifying_messages_build_nothing(ctx):
     check(fc.growth_mib() < 512, f"codexec-fcgi grew by {fc.growth_mib():.0f} MiB")
     r, _ = timed_run(ctx, "amp-after", "c1", "print('fine')")
     eq(r.json()["stdout_tail"], "fine\n", "the service after it")
+
+
+MANY_FRAMES = r"""
+from IPython import get_ipython
+k = get_ipython().kernel
+idents = k._parent_ident["shell"]
+buf = bytearray(1 << 20)
+for _ in range(3):
+    k.shell_stream.socket.send_multipart(
+        list(idents) + [b"<IDS|MSG>", b"sig", b"{}", b"{}", b"{}", b"{}"] + [memoryview(buf)] * 2000,
+        copy=False)
+print("sent")
+"""
+
+
+def test_a_message_of_many_frames_never_reaches_the_server(ctx):
+    """Found by an attacker's review: ZeroMQ bounds a frame, not the frames
+    of one message, and a kernel owns its sockets: 2000 frames of 1 MiB,
+    sent zero-copy from one buffer, landed whole in the Jupyter server
+    (6 GB for three). The launcher's relay closes the connection at the
+    33rd frame: the server grows by a few MiB, the attacker's own run
+    loses its reply (and times out), and the conversation goes on."""
+    user, cid = "frames", new_id()
+    with RssWatch(ctx.st.gateway_pid) as gw:
+        r = ctx.post("/v1/runs", {"conversation_id": cid, "code": MANY_FRAMES, "timeout": 10},
+                     key=ctx.key(user), timeout=120)
+    print(f"# 3 messages of 2000 frames of 1 MiB: gateway +{gw.growth_mib():.0f} MiB")
+    check(gw.growth_mib() < 128, f"the gateway grew by {gw.growth_mib():.0f} MiB")
+    check(r.status in (200, 502), f"the attacker's run answers: {r!r}")
+    r = run(ctx, user, cid, "print('on')")
+    eq(r["stdout_tail"], "on\n", "the conversation goes on")
+    r, _ = timed_run(ctx, "frames-other", "c1", "print('fine')")
+    eq(r.json()["stdout_tail"], "fine\n", "another tenant's run")
 
 
 def test_a_run_body_is_costed_before_it_is_built(ctx):

@@ -109,8 +109,10 @@ main(void)
                CX_OK &&
            stat(path, &st) != 0,
        "removed");
-    snprintf(path, sizeof(path), "%s/artifacts", root);
+    snprintf(path, sizeof(path), "%s/artifacts/bob", root);
     ok(stat(path, &st) != 0, "empty parents removed too");
+    snprintf(path, sizeof(path), "%s/artifacts", root);
+    ok(stat(path, &st) == 0, "but not the top one (a writer makes files in it)");
     ok(stat(root, &st) == 0, "root kept");
     w = NULL;
     ok(cx_storage_writer_new(store, &w) == CX_OK && cx_storage_writer_write(w, "x", 1) == CX_OK,
