@@ -9,7 +9,6 @@
  * names at it. It stays as the kernel's supervisor: signals go to bwrap,
  * and when the kernel ends its cgroup and private directory are removed and
  * its exit status is passed on. */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -173,36 +172,6 @@ reap(struct launch *l)
     }
 }
 
-/* SIGUSR1, from codexec's Jupyter server at a run's end: every process of
- * the sandbox but its init and the kernel ends now, whatever the kernel's
- * own code does; then the server's request file goes, which tells it the
- * run's reply may leave (packaging/jupyter_server_config.py). */
-#define ACKS_MAX 64
-
-/* The server's request files (".<base>.reap.<n>") there now: the ones this
- * reaping answers; one made later has its own signal coming. */
-static int
-pending_acks(struct launch *l, int rfd, char names[][320])
-{
-    char prefix[300];
-    DIR *d;
-    struct dirent *e;
-    int n = 0, fd = dup(rfd);
-
-    snprintf(prefix, sizeof(prefix), ".%s.reap.", l->conn.base);
-    d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        if (fd >= 0)
-            close(fd);
-        return 0;
-    }
-    while (n < ACKS_MAX && (e = readdir(d)))
-        if (!strncmp(e->d_name, prefix, strlen(prefix)) && strlen(e->d_name) < 320)
-            snprintf(names[n++], 320, "%s", e->d_name);
-    closedir(d);
-    return n;
-}
-
 /* Whether the sandbox's init and the kernel are still the processes the
  * seal saw (their pidfds answer): never a pid reused since. */
 static bool
@@ -212,24 +181,21 @@ still_ours(const struct launch *l)
            pidfd_send_signal(l->kernel_fd, 0, NULL, 0) == 0;
 }
 
+/* A run's end, from the relay (lib/relay.h), before the reply that ends it
+ * passes: every process of the sandbox but its init and the kernel ends
+ * now, whatever the kernel's own code does. */
 static void
-end_run_processes(struct launch *l)
+end_run_processes(void *ctx)
 {
-    char acks[ACKS_MAX][320];
-    int killed = 0, rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int n = rfd >= 0 ? pending_acks(l, rfd, acks) : 0;
+    struct launch *l = ctx;
+    int killed = 0;
 
     if (l->kernel > 0 && !l->reaped && still_ours(l) &&
         cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, &killed))
         say("could not end the run's processes", NULL);
-    for (int i = 0; i < n; i++)
-        unlinkat(rfd, acks[i], 0);
-    if (rfd >= 0)
-        close(rfd);
 }
 
-/* One signal from the signalfd: a child's exit, a run's end, or one to
- * pass on. */
+/* One signal from the signalfd: a child's exit, or one to pass on. */
 static void
 on_signal(struct launch *l)
 {
@@ -238,8 +204,6 @@ on_signal(struct launch *l)
     while (read(l->signal_fd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD)
             reap(l);
-        else if (si.ssi_signo == SIGUSR1)
-            end_run_processes(l);
         else if (!l->reaped)
             kill(l->bwrap, (int)si.ssi_signo);
     }
@@ -404,7 +368,7 @@ exit_code(const struct launch *l)
 static void
 block_signals(sigset_t *block, sigset_t *old)
 {
-    static const int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1};
+    static const int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 
     sigemptyset(block);
     for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
@@ -494,6 +458,7 @@ main(int argc, char **argv)
         goto out;
     }
     know_the_kernel(&l);
+    cx_relay_on_run_end(l.relay, end_run_processes, &l);
     supervise(&l);
     code = exit_code(&l);
 out:

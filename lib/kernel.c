@@ -8,6 +8,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "metrics.h"
+#include "relay.h"
 #include "util.h"
 #include "ws.h"
 
@@ -482,7 +483,14 @@ cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
     json_t *m;
     enum cx_err rc;
 
-    cx_uuid_generate(e->msg_id);
+    /* the launcher's relay ends the sandbox's other processes before such
+     * a request's reply passes (lib/relay.h) */
+    if (e->ends_run) {
+        memcpy(e->msg_id, CX_RELAY_RUN_END, strlen(CX_RELAY_RUN_END));
+        cx_uuid_generate(e->msg_id + strlen(CX_RELAY_RUN_END));
+    } else {
+        cx_uuid_generate(e->msg_id);
+    }
     iso_now(date);
     m = json_pack("{s:{s:s,s:s,s:s,s:s,s:s,s:s},s:{},s:O?,s:{s:s,s:b,s:b,s:O?,s:b,s:b},s:s,s:[]}",
                   "header", "msg_id", e->msg_id, "username", "codexec", "session", c->session,

@@ -26,8 +26,9 @@ struct cx_exec {
     bool allow_stdin;
     json_t *user_expressions; /* borrowed, may be NULL */
     json_t *metadata;         /* borrowed, may be NULL */
+    bool ends_run;            /* its reply leaves the sandbox once the run's processes are gone */
     /* out */
-    char msg_id[40];
+    char msg_id[64];
     bool sent;
     bool got_reply;
     bool got_idle;

@@ -14,25 +14,27 @@
 
 #include "util.h"
 
-#define PAIRS_MAX   128
-#define UP_BUF      (256 * 1024) /* kernel -> server, per connection */
-#define DOWN_BUF    (256 * 1024) /* server -> kernel (an input's 1 MiB chunk streams through) */
-#define GREETING    64           /* ZMTP 3: signature, version, mechanism, as-server, filler */
-#define CMD_MAX     4096
-#define HB_CHANNEL  4 /* the connection file's order: shell, iopub, stdin, control, hb */
-#define HB_FRAME    1024
-#define HB_FRAMES   4
-#define MSG_FRAMES  32
-#define MSG_BYTES   (34u << 20)
-#define IDENT_MAX   256
-#define IDENTS_MAX  8
-#define DELIM       "<IDS|MSG>"
-#define CONTENT_MAX ((16u << 20) + 65536)
+#define PAIRS_MAX     128
+#define UP_BUF        (256 * 1024) /* kernel -> server, per connection */
+#define DOWN_BUF      (256 * 1024) /* server -> kernel (an input's 1 MiB chunk streams through) */
+#define GREETING      64           /* ZMTP 3: signature, version, mechanism, as-server, filler */
+#define CMD_MAX       4096
+#define SHELL_CHANNEL 0 /* the connection file's order: shell, iopub, stdin, control, hb */
+#define HB_CHANNEL    4
+#define HB_FRAME      1024
+#define HB_FRAMES     4
+#define MSG_FRAMES    32
+#define MSG_BYTES     (34u << 20)
+#define IDENT_MAX     256
+#define IDENTS_MAX    8
+#define DELIM         "<IDS|MSG>"
+#define CONTENT_MAX   ((16u << 20) + 65536)
+#define PARENT_MAX    16384
 
 /* The most each frame of a Jupyter message may hold, by its place after
  * the delimiter: signature, header, parent header, metadata, content;
  * buffers after them. ipykernel's are a few hundred bytes but content. */
-static const uint64_t role_max[] = {0, 128, 16384, 16384, 65536, CONTENT_MAX};
+static const uint64_t role_max[] = {0, 128, 16384, PARENT_MAX, 65536, CONTENT_MAX};
 
 /* What one kernel may send per second, and in a burst: messages, all
  * bytes, and the content bytes the server parses as JSON (captured files
@@ -43,6 +45,8 @@ static const uint64_t role_max[] = {0, 128, 16384, 16384, 65536, CONTENT_MAX};
 #define BURST_BYTES   (512.0 * 1024 * 1024)
 #define RATE_CONTENT  (64.0 * 1024 * 1024)
 #define BURST_CONTENT (128.0 * 1024 * 1024)
+#define RATE_ENDS     500.0 /* the run ends a kernel's replies can ask for */
+#define BURST_ENDS    500.0
 
 struct bucket {
     double tokens, rate, burst;
@@ -63,6 +67,9 @@ struct zmtp {
     int frame;    /* its index in the message */
     int delim_at; /* the delimiter's index, -1 before it */
     uint64_t msg_bytes;
+    /* the shell channel's parent header, whole (NULL on the others) */
+    unsigned char *parent;
+    size_t parent_len;
 };
 
 struct half {
@@ -93,9 +100,11 @@ struct cx_relay {
     int pfd; /* the private directory */
     struct pair *pairs[PAIRS_MAX];
     int npairs;
-    struct bucket msgs, bytes, content;
+    struct bucket msgs, bytes, content, ends;
     int64_t refilled_us;
-    uint64_t refused;
+    uint64_t refused, run_ends;
+    void (*run_end)(void *ctx);
+    void *run_end_ctx;
     /* what cx_relay_poll_fds() put where */
     struct {
         enum slot_kind kind;
@@ -108,7 +117,7 @@ refill(struct cx_relay *r)
 {
     int64_t now = cx_now_us();
     double dt = (double)(now - r->refilled_us) / 1e6;
-    struct bucket *b[] = {&r->msgs, &r->bytes, &r->content};
+    struct bucket *b[] = {&r->msgs, &r->bytes, &r->content, &r->ends};
 
     for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++) {
         b[i]->tokens += dt * b[i]->rate;
@@ -122,7 +131,7 @@ refill(struct cx_relay *r)
 static int
 wait_ms(const struct cx_relay *r)
 {
-    const struct bucket *b[] = {&r->msgs, &r->bytes, &r->content};
+    const struct bucket *b[] = {&r->msgs, &r->bytes, &r->content, &r->ends};
     double worst = 0;
 
     for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
@@ -147,15 +156,38 @@ frame_ok(const struct pair *p, const struct zmtp *z)
     return z->frame_len <= role_max[role < 5 ? role : 5];
 }
 
-/* A frame ended. */
-static void
+/* A shell message ended with this parent header: whether it may pass,
+ * and if it answers a request that ends a run (CX_RELAY_RUN_END in the id),
+ * the run's processes end first. The header is the kernel's, so no JSON
+ * parser decides: a header with an escape is refused (ipykernel copies the
+ * request's header, which has none), and without escapes every string is
+ * its bytes, so a parent id that the client will match to its request holds
+ * the prefix as it is. The prefix anywhere else (another field, a second
+ * msg_id) ends the tenant's processes early: theirs to waste. */
+static bool
+parent_check(struct cx_relay *r, const struct zmtp *z)
+{
+    if (memchr(z->parent, '\\', z->parent_len))
+        return false;
+    if (memmem(z->parent, z->parent_len, CX_RELAY_RUN_END, strlen(CX_RELAY_RUN_END))) {
+        r->ends.tokens -= 1;
+        r->run_ends++;
+        if (r->run_end)
+            r->run_end(r->run_end_ctx);
+    }
+    return true;
+}
+
+/* A frame ended; false when its message may not pass. */
+static bool
 frame_end(struct cx_relay *r, struct pair *p)
 {
     struct zmtp *z = &p->z;
+    bool ok = true;
 
     z->state = F_FLAGS;
     if (z->flags & 0x04)
-        return;
+        return true;
     if (p->channel != HB_CHANNEL && z->delim_at < 0 && z->frame_len == strlen(DELIM) &&
         !memcmp(z->head, DELIM, strlen(DELIM)))
         z->delim_at = z->frame;
@@ -163,13 +195,15 @@ frame_end(struct cx_relay *r, struct pair *p)
         r->content.tokens -= (double)z->frame_len;
     if (z->flags & 0x01) {
         z->frame++;
-        return;
+        return true;
     }
     if (p->channel != HB_CHANNEL && z->delim_at < 0)
         z->msg_bytes = MSG_BYTES + 1; /* a message without the delimiter: not Jupyter's */
-    else
-        z->frame = 0, z->delim_at = -1, z->msg_bytes = 0;
+    else if (z->parent && z->delim_at >= 0 && z->frame - z->delim_at >= 3)
+        ok = parent_check(r, z);
+    z->frame = 0, z->delim_at = -1, z->msg_bytes = 0, z->parent_len = 0;
     r->msgs.tokens -= 1;
+    return ok;
 }
 
 /* Reads the kernel's bytes as frames; false when they break a rule. */
@@ -207,8 +241,8 @@ zmtp_feed(struct cx_relay *r, struct pair *p, const unsigned char *d, size_t n)
             z->head_len = 0;
             z->msg_bytes += z->frame_len;
             z->state = F_BODY;
-            if (z->left == 0)
-                frame_end(r, p);
+            if (z->left == 0 && !frame_end(r, p))
+                return false;
             break;
         case F_BODY: {
             size_t k = n < z->left ? n : (size_t)z->left;
@@ -217,9 +251,14 @@ zmtp_feed(struct cx_relay *r, struct pair *p, const unsigned char *d, size_t n)
                 memcpy(z->head + z->head_len, d, h);
                 z->head_len += h;
             }
+            if (z->parent && z->delim_at >= 0 && z->frame - z->delim_at == 3) {
+                /* within PARENT_MAX: frame_ok() held the frame to its role */
+                memcpy(z->parent + z->parent_len, d, k);
+                z->parent_len += k;
+            }
             z->left -= k, d += k, n -= k;
-            if (z->left == 0)
-                frame_end(r, p);
+            if (z->left == 0 && !frame_end(r, p))
+                return false;
             break;
         }
         }
@@ -250,6 +289,7 @@ pair_free(struct pair *p)
         close(p->krn);
     free(p->up.buf);
     free(p->down.buf);
+    free(p->z.parent);
     free(p);
 }
 
@@ -330,6 +370,10 @@ accept_one(struct cx_relay *r, const struct listener *l)
     p->channel = l->channel;
     p->z.delim_at = -1;
     p->krn = unix_socket();
+    if (l->channel == SHELL_CHANNEL && !(p->z.parent = malloc(PARENT_MAX))) {
+        pair_free(p);
+        return;
+    }
     /* through the directory's descriptor: its path is too long for a
      * socket address, and it is the one the launcher checked */
     snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", r->pfd, l->name);
@@ -385,6 +429,7 @@ cx_relay_open(const struct cx_sandbox_conn *c, const char *private_dir, struct c
     r->msgs = (struct bucket){BURST_MSGS, RATE_MSGS, BURST_MSGS};
     r->bytes = (struct bucket){BURST_BYTES, RATE_BYTES, BURST_BYTES};
     r->content = (struct bucket){BURST_CONTENT, RATE_CONTENT, BURST_CONTENT};
+    r->ends = (struct bucket){BURST_ENDS, RATE_ENDS, BURST_ENDS};
     r->refilled_us = cx_now_us();
     for (int i = 0; i < c->nports && rc == CX_OK; i++) {
         struct listener *l = &r->ls[r->nls];
@@ -509,10 +554,23 @@ cx_relay_handle(struct cx_relay *r, const struct pollfd *p, int n)
     r->npairs = w;
 }
 
+void
+cx_relay_on_run_end(struct cx_relay *r, void (*fn)(void *ctx), void *ctx)
+{
+    r->run_end = fn;
+    r->run_end_ctx = ctx;
+}
+
 uint64_t
 cx_relay_refused(const struct cx_relay *r)
 {
     return r->refused;
+}
+
+uint64_t
+cx_relay_run_ends(const struct cx_relay *r)
+{
+    return r->run_ends;
 }
 
 void
@@ -531,16 +589,22 @@ cx_relay_free(struct cx_relay *r)
 
 #ifdef CX_TEST_HOOKS
 int
-cx_relay_parse(const unsigned char *d, size_t n, int channel, size_t piece)
+cx_relay_parse(const unsigned char *d, size_t n, int channel, size_t piece, uint64_t *ends)
 {
-    struct cx_relay r = {
-        .msgs = {1e12, 1, 1e12}, .bytes = {1e12, 1, 1e12}, .content = {1e12, 1, 1e12}};
-    struct pair p = {.channel = channel, .z = {.delim_at = -1}};
+    struct cx_relay r = {.msgs = {1e12, 1, 1e12},
+                         .bytes = {1e12, 1, 1e12},
+                         .content = {1e12, 1, 1e12},
+                         .ends = {1e12, 1, 1e12}};
+    unsigned char parent[PARENT_MAX];
+    struct pair p = {.channel = channel,
+                     .z = {.delim_at = -1, .parent = channel == SHELL_CHANNEL ? parent : NULL}};
     double before = r.msgs.tokens;
 
     for (size_t at = 0; at < n; at += piece)
         if (!zmtp_feed(&r, &p, d + at, n - at < piece ? n - at : piece))
             return -1;
+    if (ends)
+        *ends = r.run_ends;
     return (int)(before - r.msgs.tokens);
 }
 #endif

@@ -17,8 +17,14 @@
  *
  * A connection that breaks a rule is closed (the server's ZeroMQ drops
  * the partial message and connects again). The server's side is passed on
- * as it comes, within the same buffers. Used by codexec-kernel-launcher.
- * See docs/internals/sandbox.md. */
+ * as it comes, within the same buffers.
+ *
+ * The run's end: a shell message whose parent header holds
+ * CX_RELAY_RUN_END (the id codexec gives the request that ends a run) calls
+ * the run-end function before any byte of the message's end is passed on,
+ * so its client sees the reply only once the function returned (the
+ * launcher ends the sandbox's other processes there). Used by
+ * codexec-kernel-launcher. See docs/internals/sandbox.md. */
 #ifndef CX_RELAY_H
 #define CX_RELAY_H
 
@@ -29,6 +35,9 @@
 #include "sandbox.h"
 
 struct cx_relay;
+
+/* The start of the msg_id of a request that ends a run (lib/kernel.c). */
+#define CX_RELAY_RUN_END "codexec-run-end-"
 
 /* Listens on the server's endpoints (c's runtime directory, "<ip>-<port>",
  * each made under a temporary name and renamed over the old one) for the
@@ -44,16 +53,23 @@ int cx_relay_poll_fds(struct cx_relay *r, struct pollfd *p, int max, int *timeou
 /* Handles what poll() said of the descriptors cx_relay_poll_fds() gave. */
 void cx_relay_handle(struct cx_relay *r, const struct pollfd *p, int n);
 
+/* fn(ctx) is called at each run's end, as above. */
+void cx_relay_on_run_end(struct cx_relay *r, void (*fn)(void *ctx), void *ctx);
+
 /* Connections closed for a broken rule, since the start (for tests). */
 uint64_t cx_relay_refused(const struct cx_relay *r);
+
+/* Run ends seen, since the start (for tests). */
+uint64_t cx_relay_run_ends(const struct cx_relay *r);
 
 /* Closes everything. NULL is a no-op. */
 void cx_relay_free(struct cx_relay *r);
 
 #ifdef CX_TEST_HOOKS
 /* The kernel side's parser alone over d, fed in pieces of piece bytes:
- * the messages it passed, or -1 when they broke a rule (fuzzing). */
-int cx_relay_parse(const unsigned char *d, size_t n, int channel, size_t piece);
+ * the messages it passed, or -1 when they broke a rule; *ends (if not
+ * NULL) the run ends it saw (fuzzing). */
+int cx_relay_parse(const unsigned char *d, size_t n, int channel, size_t piece, uint64_t *ends);
 #endif
 
 /* The most descriptors cx_relay_poll_fds() gives. */

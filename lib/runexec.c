@@ -593,12 +593,6 @@ run_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_re
     if (build_metadata(st, s, req, meta, s->kernel_fresh) ||
         build_metadata(st, s, req, epimeta, true))
         return CX_ERR_NOMEM;
-    /* codexec's Jupyter server holds the reply of a request that ends the
-     * run until the sandbox's other processes are gone, ended from outside
-     * the kernel (packaging/jupyter_server_config.py) */
-    if (json_object_set_new(meta, "codexec_reap", json_true()) ||
-        json_object_set_new(epimeta, "codexec_reap", json_true()))
-        return CX_ERR_NOMEM;
     return CX_OK;
 }
 
@@ -630,8 +624,14 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
     reqs[CX_REQ_CALL] = (struct cx_exec){.code = call_cell};
     reqs[last].user_expressions = uexpr;
     reqs[last].metadata = meta;
-    reqs[CX_REQ_EPILOGUE] = (struct cx_exec){
-        .code = "", .silent = true, .user_expressions = uexpr, .metadata = epimeta};
+    /* the requests that may end the run: their replies pass once the
+     * sandbox's other processes are ended, from outside the kernel */
+    reqs[last].ends_run = true;
+    reqs[CX_REQ_EPILOGUE] = (struct cx_exec){.code = "",
+                                             .silent = true,
+                                             .user_expressions = uexpr,
+                                             .metadata = epimeta,
+                                             .ends_run = true};
     st->carrier = last;
     /* A kernel codexec (or the gateway, after a death) just started, on a
      * connection that has heard nothing from it yet: its output channel may

@@ -71,58 +71,6 @@ def cost(s):
             + 28 * s.count('"'))
 
 
-def parent_msg_id(session, msg_list):
-    """The parent's msg_id of a message from the kernel, or None."""
-    try:
-        _, fed = session.feed_identities(msg_list)
-        return guarded_unpack(fed[2]).get("msg_id")
-    except Exception:
-        return None
-
-
-REAP_SEQ = [0]
-
-
-async def end_run_processes(handler):
-    """A run's end: codexec-kernel-launcher ends every process of the
-    kernel's sandbox but the kernel (SIGUSR1), from outside it, and says it
-    is done by removing this request's file (each request a name of its
-    own: a late answer to one never releases another). Only for kernels of
-    codexec's launcher; at most two seconds."""
-    import asyncio
-    import os
-    import signal
-
-    kernel = handler.kernel_manager.get_kernel(handler.kernel_id)
-    spec = getattr(kernel, "kernel_spec", None)
-    # the launcher is this server's child: until it is reaped here its pid
-    # can't name another process, so the signal never hits a stranger
-    proc = getattr(getattr(kernel, "provisioner", None), "process", None)
-    if not spec or not spec.argv or not spec.argv[0].endswith("codexec-kernel-launcher"):
-        return
-    if proc is None or proc.poll() is not None:
-        return
-    where, name = os.path.split(kernel.connection_file)
-    REAP_SEQ[0] += 1
-    ack = os.path.join(where, f".{name.removesuffix('.json')}.reap.{REAP_SEQ[0]}")
-    os.close(os.open(ack, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-    try:
-        proc.send_signal(signal.SIGUSR1)
-    except OSError:
-        os.unlink(ack)
-        return
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    # usually gone within a fraction of a millisecond: look often at first,
-    # then seldom
-    while os.path.lexists(ack) and loop.time() < start + 2:
-        await asyncio.sleep(0.0002 if loop.time() < start + 0.005 else 0.005)
-    if os.path.lexists(ack):
-        handler.log.warning("kernel %s: its launcher did not end the run's processes in 2 s",
-                            handler.kernel_id)
-        os.unlink(ack)
-
-
 def install():
     import sys
     import types
@@ -155,12 +103,12 @@ def install():
     handler = zmqhandlers.ZMQStreamHandler
 
     def pause(self, paused):
-        for name, stream in getattr(self, "channels", {}).items():
+        for stream in getattr(self, "channels", {}).values():
             if stream is None or stream.closed():
                 continue
             if paused:
                 stream.stop_on_recv()
-            elif not (name == "shell" and getattr(self, "_cx_holding", False)):
+            else:
                 stream.on_recv_stream(self._on_zmq_reply)
 
     def write_message(self, message, binary=False):
@@ -187,58 +135,6 @@ def install():
 
     base_write = handler.write_message
     handler.write_message = write_message
-
-    # The run's end: codexec marks the request that ends a run
-    # (metadata codexec_reap); its execute_reply leaves for the client only
-    # once the launcher has ended the sandbox's other processes, so the run
-    # is over, for codexec, only when they are gone. Meanwhile the shell
-    # channel is not read (its later messages wait in ZeroMQ, in order).
-    from jupyter_server.services.kernels.handlers import ZMQChannelsHandler as channels
-
-    base_on_message = channels.on_message
-    base_reply = channels._on_zmq_reply
-
-    def on_message(self, ws_msg):
-        if isinstance(ws_msg, str) and '"codexec_reap"' in ws_msg:
-            try:
-                m = json.loads(ws_msg)
-                if (m["metadata"].get("codexec_reap") is True
-                        and m["header"]["msg_type"] == "execute_request"):
-                    ids = self.__dict__.setdefault("_cx_reap", [])
-                    if len(ids) >= 16:  # replies that never came (a restart)
-                        ids.pop(0)
-                    ids.append(m["header"]["msg_id"])
-            except Exception:
-                pass
-        return base_on_message(self, ws_msg)
-
-    async def reply_after_reap(self, stream, msg_list):
-        try:
-            await end_run_processes(self)
-        except Exception:
-            self.log.exception("kernel %s: ending the run's processes failed", self.kernel_id)
-        self._cx_holding = False
-        if self.ws_connection is None or stream.closed():
-            return
-        base_reply(self, stream, msg_list)
-        if not getattr(self, "_cx_paused", False):
-            stream.on_recv_stream(self._on_zmq_reply)
-
-    def on_reply(self, stream, msg_list):
-        ids = getattr(self, "_cx_reap", None)
-        if ids and getattr(stream, "channel", None) == "shell":
-            parent = parent_msg_id(self.session, msg_list)
-            if parent in ids:
-                ids.remove(parent)
-                self._cx_holding = True
-                stream.stop_on_recv()
-                import asyncio
-                asyncio.ensure_future(reply_after_reap(self, stream, msg_list))
-                return None
-        return base_reply(self, stream, msg_list)
-
-    channels.on_message = on_message
-    channels._on_zmq_reply = on_reply
 
 
 install()

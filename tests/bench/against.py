@@ -62,6 +62,8 @@ def bench(tree, build_dir, only, seconds, runs):
     p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     got = {}
     for line in p.stdout.splitlines():
+        if line.startswith("# warning"):
+            print(line, flush=True)
         m = ROW.match(line)
         if m and m.group(1) != "limits":
             got[(m.group(1), m.group(2).strip())] = float(m.group(6))

@@ -690,6 +690,21 @@ def streaming(b, n_runs):
         statistics.median(plains), "ms", "ratio to waiting for the whole answer")
 
 
+def other_stacks():
+    """Processes of another bench's or test's stack (one left by a run that
+    was killed): their kernels take CPU from every figure."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if re.search(r"/tmp/cx-(bench|test)-", cmd):
+            found.append(int(d))
+    return found
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -703,6 +718,10 @@ def main():
                              "capacity"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
+    others = other_stacks()
+    if others:
+        print(f"# warning: {len(others)} processes of another stack are running (e.g. pid "
+              f"{others[0]}): the figures compete with them", flush=True)
     read_previous(a.doc)
     if a.smoke:
         a.runs, a.seconds = 3, 1

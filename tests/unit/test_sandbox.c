@@ -119,6 +119,106 @@ zframe(unsigned char *b, unsigned char flags, const char *body, size_t len)
     return len + 2;
 }
 
+/* A ZMTP greeting and a READY command: what a kernel's socket says first. */
+static size_t
+zgreeting(unsigned char *out)
+{
+    size_t len = 64;
+
+    memset(out, 0, 64);
+    out[0] = 0xff, out[9] = 0x7f, out[10] = 3, out[11] = 1;
+    memcpy(out + 12, "NULL", 4);
+    len += zframe(out + len, 0x04, "\005READY", 6);
+    return len;
+}
+
+/* A reply whose parent header is parent. */
+static size_t
+zreply(unsigned char *out, const char *parent)
+{
+    size_t len = 0;
+
+    len += zframe(out + len, 0x01, "<IDS|MSG>", 9);
+    len += zframe(out + len, 0x01, "sig", 3);
+    len += zframe(out + len, 0x01, "{\"msg_type\":\"execute_reply\"}", 28);
+    len += zframe(out + len, 0x01, parent, strlen(parent));
+    len += zframe(out + len, 0x01, "{}", 2);
+    len += zframe(out + len, 0x00, "{\"status\":\"ok\"}", 15);
+    return len;
+}
+
+struct run_end_seen {
+    int srv;     /* the server's connection */
+    size_t sent; /* the whole reply's bytes (with what came before it) */
+    int calls;
+    ssize_t had; /* bytes the server could read at the call */
+};
+
+static void
+on_run_end(void *ctx)
+{
+    struct run_end_seen *s = ctx;
+    unsigned char b[4096];
+
+    s->calls++;
+    s->had = recv(s->srv, b, sizeof(b), MSG_PEEK | MSG_DONTWAIT);
+}
+
+/* The run's end on the shell channel: a reply to a request whose id holds
+ * CX_RELAY_RUN_END calls the launcher before its last bytes pass; any
+ * other does not; a parent header with an escape is refused. */
+static void
+test_relay_run_end(struct cx_relay *r, const char *endpoint, int kernel_listen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    unsigned char out[4096], in[4096];
+    char parent[200];
+    struct run_end_seen seen = {.srv = socket(AF_UNIX, SOCK_STREAM, 0)};
+    size_t len, half;
+    int krn;
+
+    cx_relay_on_run_end(r, on_run_end, &seen);
+    memcpy(sa.sun_path, endpoint, strlen(endpoint) + 1);
+    ok(seen.srv >= 0 && connect(seen.srv, (struct sockaddr *)&sa, sizeof(sa)) == 0,
+       "run end: the server connects to the shell endpoint");
+    pump(r);
+    krn = accept(kernel_listen, NULL, NULL);
+    ok(krn >= 0, "run end: ... and the kernel sees a connection");
+    if (krn < 0)
+        return;
+    len = zgreeting(out);
+    len += zreply(out + len, "{\"msg_id\":\"0e4c2b51\",\"msg_type\":\"execute_request\"}");
+    ok(write(krn, out, len) == (ssize_t)len, "run end: a reply to another request");
+    pump(r);
+    ok(take(seen.srv, in, sizeof(in)) == (ssize_t)len && seen.calls == 0,
+       "run end: ... passes, no run's end (%d)", seen.calls);
+    /* the reply that ends a run, in two writes */
+    snprintf(parent, sizeof(parent), "{\"msg_id\":\"%s0e4c2b51\",\"msg_type\":\"execute_request\"}",
+             CX_RELAY_RUN_END);
+    len = zreply(out, parent);
+    half = len / 2;
+    ok(write(krn, out, half) == (ssize_t)half, "run end: half the reply that ends a run");
+    pump(r);
+    ok(seen.calls == 0, "run end: ... is not its end yet");
+    ok(write(krn, out + half, len - half) == (ssize_t)(len - half), "run end: ... the rest");
+    pump(r);
+    ok(seen.calls == 1 && seen.had < (ssize_t)len,
+       "run end: the launcher is called before the reply's end passed (%d calls, %zd of %zu bytes)",
+       seen.calls, seen.had, len);
+    ok(take(seen.srv, in, sizeof(in)) == (ssize_t)len && !memcmp(in, out, len),
+       "run end: ... then the reply passes byte for byte");
+    ok(cx_relay_run_ends(r) == 1, "run end: counted");
+    /* an escape in the parent header: no parser decides, the header goes */
+    len = zreply(out, "{\"msg_id\":\"\\u0063odexec-run-end-0e4c2b51\"}");
+    ok(write(krn, out, len) == (ssize_t)len, "run end: a parent header with an escape");
+    pump(r);
+    ok(take(seen.srv, in, sizeof(in)) == 0 && cx_relay_refused(r) == 2,
+       "run end: ... closes the connection, nothing of it passed");
+    cx_relay_on_run_end(r, NULL, NULL);
+    close(seen.srv);
+    close(krn);
+}
+
 /* The relay passes a kernel's well-formed traffic on byte for byte, and
  * closes a connection whose message breaks a rule (too many frames). */
 static void
@@ -263,6 +363,9 @@ test_conn(void)
            "the server's endpoint is the relay's socket, not a link into the sandbox");
         if (relay)
             test_relay(relay, path, kernel_fds[1]);
+        snprintf(path, sizeof(path), "%s/kernel-abc-ipc-1", dir);
+        if (relay)
+            test_relay_run_end(relay, path, kernel_fds[0]);
         cx_relay_free(relay);
         for (int i = 0; i < 5; i++)
             if (kernel_fds[i] >= 0)
