@@ -45,8 +45,12 @@ static const uint64_t role_max[] = {0, 128, 16384, PARENT_MAX, 65536, CONTENT_MA
 #define BURST_BYTES   (512.0 * 1024 * 1024)
 #define RATE_CONTENT  (64.0 * 1024 * 1024)
 #define BURST_CONTENT (128.0 * 1024 * 1024)
-#define RATE_ENDS     500.0 /* the run ends a kernel's replies can ask for */
-#define BURST_ENDS    500.0
+
+/* The run-end requests the server sent whose reply has not come: a few
+ * (one a run; more only when replies never came, after a restart). */
+#define ENDS_MAX    16
+#define END_ID_MAX  64
+#define HEADER_KEEP 4096 /* the server's header frame, when kept */
 
 struct bucket {
     double tokens, rate, burst;
@@ -54,9 +58,14 @@ struct bucket {
 
 enum frame_state { F_FLAGS, F_SIZE, F_BODY };
 
-/* The kernel's side of one connection, as ZMTP frames. */
+/* One side of a connection, as ZMTP frames: the kernel's (every rule
+ * applies), or the server's on the shell channel (trusted; read only for
+ * the ids of the requests that end a run). */
 struct zmtp {
+    bool server;
+    unsigned char greeting[GREETING];
     uint64_t greeted; /* greeting bytes seen */
+    bool want_ready;  /* the greeting done, READY not yet */
     enum frame_state state;
     unsigned char flags;
     unsigned char size[8];
@@ -67,9 +76,12 @@ struct zmtp {
     int frame;    /* its index in the message */
     int delim_at; /* the delimiter's index, -1 before it */
     uint64_t msg_bytes;
-    /* the shell channel's parent header, whole (NULL on the others) */
-    unsigned char *parent;
-    size_t parent_len;
+    /* the frame kept whole on the shell channel (NULL on the others): the
+     * kernel's parent header, the server's header */
+    unsigned char *keep;
+    size_t keep_len;
+    int keep_role;
+    int end_at; /* the run-end request its message answers, -1: none */
 };
 
 struct half {
@@ -82,7 +94,7 @@ struct pair {
     int srv, krn;
     int channel;
     struct half up, down;
-    struct zmtp z;
+    struct zmtp z, zs; /* the kernel's side; the server's */
     bool dead;
 };
 
@@ -100,9 +112,11 @@ struct cx_relay {
     int pfd; /* the private directory */
     struct pair *pairs[PAIRS_MAX];
     int npairs;
-    struct bucket msgs, bytes, content, ends;
+    struct bucket msgs, bytes, content;
     int64_t refilled_us;
     uint64_t refused, run_ends;
+    char end_ids[ENDS_MAX][END_ID_MAX]; /* a ring; "" where free */
+    int end_next;
     void (*run_end)(void *ctx);
     void *run_end_ctx;
     /* what cx_relay_poll_fds() put where */
@@ -117,7 +131,7 @@ refill(struct cx_relay *r)
 {
     int64_t now = cx_now_us();
     double dt = (double)(now - r->refilled_us) / 1e6;
-    struct bucket *b[] = {&r->msgs, &r->bytes, &r->content, &r->ends};
+    struct bucket *b[] = {&r->msgs, &r->bytes, &r->content};
 
     for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++) {
         b[i]->tokens += dt * b[i]->rate;
@@ -131,7 +145,7 @@ refill(struct cx_relay *r)
 static int
 wait_ms(const struct cx_relay *r)
 {
-    const struct bucket *b[] = {&r->msgs, &r->bytes, &r->content, &r->ends};
+    const struct bucket *b[] = {&r->msgs, &r->bytes, &r->content};
     double worst = 0;
 
     for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
@@ -140,10 +154,24 @@ wait_ms(const struct cx_relay *r)
     return worst > 0 ? (int)(worst * 1000) + 1 : 0;
 }
 
+/* The kernel's greeting: ZMTP 3 or later with the NULL mechanism, as the
+ * server's ZeroMQ speaks it. An older version's greeting is shorter and
+ * its frames are framed otherwise: read as ZMTP 3, the relay would see
+ * other messages than the server, so it is refused. */
+static bool
+greeting_ok(const unsigned char *g)
+{
+    static const unsigned char null[20] = "NULL";
+
+    return g[0] == 0xff && (g[9] & 0x01) && g[10] >= 3 && !memcmp(g + 12, null, sizeof(null));
+}
+
 /* A frame's size is known: whether its place allows it. */
 static bool
 frame_ok(const struct pair *p, const struct zmtp *z)
 {
+    if (z->want_ready && !(z->flags & 0x04))
+        return false;    /* READY comes first */
     if (z->flags & 0x04) /* a command (READY, PING): never inside a message */
         return z->frame == 0 && z->frame_len <= CMD_MAX;
     if (z->msg_bytes + z->frame_len > MSG_BYTES || z->frame >= MSG_FRAMES)
@@ -156,73 +184,135 @@ frame_ok(const struct pair *p, const struct zmtp *z)
     return z->frame_len <= role_max[role < 5 ? role : 5];
 }
 
-/* A shell message ended with this parent header: whether it may pass,
- * and if it answers a request that ends a run (CX_RELAY_RUN_END in the id),
- * the run's processes end first. The header is the kernel's, so no JSON
- * parser decides: a header with an escape is refused (ipykernel copies the
- * request's header, which has none), and without escapes every string is
- * its bytes, so a parent id that the client will match to its request holds
- * the prefix as it is. The prefix anywhere else (another field, a second
- * msg_id) ends the tenant's processes early: theirs to waste. */
-static bool
-parent_check(struct cx_relay *r, const struct zmtp *z)
+/* The server sent a request with this header: if its id begins with
+ * CX_RELAY_RUN_END, its reply is awaited. */
+static void
+header_check(struct cx_relay *r, const struct zmtp *z)
 {
-    if (memchr(z->parent, '\\', z->parent_len))
+    const unsigned char *at =
+        memmem(z->keep, z->keep_len, CX_RELAY_RUN_END, strlen(CX_RELAY_RUN_END));
+    size_t n = 0, left;
+
+    if (!at)
+        return;
+    left = z->keep_len - (size_t)(at - z->keep);
+    while (n < left && n < END_ID_MAX - 1 && at[n] != '"')
+        n++;
+    if (n == left || n == END_ID_MAX - 1)
+        return;
+    memcpy(r->end_ids[r->end_next], at, n);
+    r->end_ids[r->end_next][n] = '\0';
+    r->end_next = (r->end_next + 1) % ENDS_MAX;
+}
+
+/* A shell message from the kernel has this parent header: whether it may
+ * pass, and which run-end request the server sent it answers (then, when
+ * its last frame has come and before it passes, the run's processes end:
+ * once per request). The header is the kernel's, so no JSON parser
+ * decides: a header with an escape is refused (ipykernel copies the
+ * request's header, which has none), and without escapes every string is
+ * its bytes, so a parent id that the client will match to its request
+ * holds that id as it is. Found elsewhere in the header (another field, a
+ * second msg_id), it ends the tenant's processes early: theirs to waste. */
+static bool
+parent_check(struct cx_relay *r, struct zmtp *z)
+{
+    if (memchr(z->keep, '\\', z->keep_len))
         return false;
-    if (memmem(z->parent, z->parent_len, CX_RELAY_RUN_END, strlen(CX_RELAY_RUN_END))) {
-        r->ends.tokens -= 1;
-        r->run_ends++;
-        if (r->run_end)
-            r->run_end(r->run_end_ctx);
-    }
+    for (int i = 0; i < ENDS_MAX; i++)
+        if (r->end_ids[i][0] &&
+            memmem(z->keep, z->keep_len, r->end_ids[i], strlen(r->end_ids[i]))) {
+            z->end_at = i;
+            break;
+        }
     return true;
 }
 
-/* A frame ended; false when its message may not pass. */
-static bool
-frame_end(struct cx_relay *r, struct pair *p)
+/* A message that answers a run-end request has come whole: the run's
+ * processes end before its last bytes pass. */
+static void
+run_end(struct cx_relay *r, struct zmtp *z)
 {
-    struct zmtp *z = &p->z;
+    r->end_ids[z->end_at][0] = '\0';
+    z->end_at = -1;
+    r->run_ends++;
+    if (r->run_end)
+        r->run_end(r->run_end_ctx);
+}
+
+/* A frame of z ended; false when its message may not pass. */
+static bool
+frame_end(struct cx_relay *r, struct pair *p, struct zmtp *z)
+{
     bool ok = true;
 
     z->state = F_FLAGS;
-    if (z->flags & 0x04)
+    if (z->flags & 0x04) {
+        /* the first command is READY ("\5READY", then properties) */
+        if (z->want_ready && (z->head_len < 6 || memcmp(z->head, "\5READY", 6)))
+            return z->server;
+        z->want_ready = false;
+        if (!z->server)
+            r->msgs.tokens -= 1;
         return true;
+    }
     if (p->channel != HB_CHANNEL && z->delim_at < 0 && z->frame_len == strlen(DELIM) &&
         !memcmp(z->head, DELIM, strlen(DELIM)))
         z->delim_at = z->frame;
-    if (p->channel != HB_CHANNEL && z->delim_at >= 0 && z->frame - z->delim_at == 5)
+    if (!z->server && p->channel != HB_CHANNEL && z->delim_at >= 0 && z->frame - z->delim_at == 5)
         r->content.tokens -= (double)z->frame_len;
+    if (z->keep && z->delim_at >= 0 && z->frame - z->delim_at == z->keep_role) {
+        if (z->server)
+            header_check(r, z);
+        else
+            ok = parent_check(r, z);
+    }
     if (z->flags & 0x01) {
         z->frame++;
-        return true;
+        return ok;
     }
-    if (p->channel != HB_CHANNEL && z->delim_at < 0)
+    if (!z->server && p->channel != HB_CHANNEL && z->delim_at < 0)
         z->msg_bytes = MSG_BYTES + 1; /* a message without the delimiter: not Jupyter's */
-    else if (z->parent && z->delim_at >= 0 && z->frame - z->delim_at >= 3)
-        ok = parent_check(r, z);
-    z->frame = 0, z->delim_at = -1, z->msg_bytes = 0, z->parent_len = 0;
-    r->msgs.tokens -= 1;
+    if (ok && z->end_at >= 0)
+        run_end(r, z);
+    z->frame = 0, z->delim_at = -1, z->msg_bytes = 0, z->keep_len = 0, z->end_at = -1;
+    if (!z->server)
+        r->msgs.tokens -= 1;
     return ok;
 }
 
-/* Reads the kernel's bytes as frames; false when they break a rule. */
-static bool
-zmtp_feed(struct cx_relay *r, struct pair *p, const unsigned char *d, size_t n)
+static void
+zmtp_init(struct zmtp *z, bool server, unsigned char *keep)
 {
-    struct zmtp *z = &p->z;
+    memset(z, 0, sizeof(*z));
+    z->server = server;
+    z->delim_at = -1;
+    z->end_at = -1;
+    z->keep = keep;
+    z->keep_role = server ? 2 : 3; /* the header; the parent header */
+}
 
-    r->bytes.tokens -= (double)n;
+/* Reads one side's bytes as frames; false when the kernel's break a rule
+ * (the server's are only read). */
+static bool
+zmtp_feed(struct cx_relay *r, struct pair *p, struct zmtp *z, const unsigned char *d, size_t n)
+{
+    if (!z->server)
+        r->bytes.tokens -= (double)n;
     while (n > 0) {
         if (z->greeted < GREETING) {
             size_t k = n < GREETING - z->greeted ? n : GREETING - z->greeted;
+            memcpy(z->greeting + z->greeted, d, k);
             z->greeted += k, d += k, n -= k;
+            if (z->greeted == GREETING && !z->server && !greeting_ok(z->greeting))
+                return false;
+            z->want_ready = z->greeted == GREETING;
             continue;
         }
         switch (z->state) {
         case F_FLAGS:
             z->flags = *d++, n--;
-            if (z->flags & 0xf8)
+            if ((z->flags & 0xf8) && !z->server)
                 return false; /* reserved bits */
             z->size_len = z->flags & 0x02 ? 8 : 1;
             z->size_got = 0;
@@ -235,13 +325,13 @@ zmtp_feed(struct cx_relay *r, struct pair *p, const unsigned char *d, size_t n)
             z->frame_len = 0;
             for (int i = 0; i < z->size_len; i++)
                 z->frame_len = z->frame_len << 8 | z->size[i];
-            if (!frame_ok(p, z))
+            if (!z->server && !frame_ok(p, z))
                 return false;
             z->left = z->frame_len;
             z->head_len = 0;
             z->msg_bytes += z->frame_len;
             z->state = F_BODY;
-            if (z->left == 0 && !frame_end(r, p))
+            if (z->left == 0 && !frame_end(r, p, z))
                 return false;
             break;
         case F_BODY: {
@@ -251,18 +341,20 @@ zmtp_feed(struct cx_relay *r, struct pair *p, const unsigned char *d, size_t n)
                 memcpy(z->head + z->head_len, d, h);
                 z->head_len += h;
             }
-            if (z->parent && z->delim_at >= 0 && z->frame - z->delim_at == 3) {
-                /* within PARENT_MAX: frame_ok() held the frame to its role */
-                memcpy(z->parent + z->parent_len, d, k);
-                z->parent_len += k;
+            /* the kernel's within PARENT_MAX (frame_ok() held it to its
+             * role); the server's kept when it fits */
+            if (z->keep && z->delim_at >= 0 && z->frame - z->delim_at == z->keep_role) {
+                size_t room = (z->server ? HEADER_KEEP : PARENT_MAX) - z->keep_len;
+                memcpy(z->keep + z->keep_len, d, k < room ? k : room);
+                z->keep_len += k < room ? k : room;
             }
             z->left -= k, d += k, n -= k;
-            if (z->left == 0 && !frame_end(r, p))
+            if (z->left == 0 && !frame_end(r, p, z))
                 return false;
             break;
         }
         }
-        if (z->msg_bytes > MSG_BYTES)
+        if (!z->server && z->msg_bytes > MSG_BYTES)
             return false;
     }
     return true;
@@ -289,7 +381,8 @@ pair_free(struct pair *p)
         close(p->krn);
     free(p->up.buf);
     free(p->down.buf);
-    free(p->z.parent);
+    free(p->z.keep);
+    free(p->zs.keep);
     free(p);
 }
 
@@ -368,9 +461,11 @@ accept_one(struct cx_relay *r, const struct listener *l)
     }
     p->srv = fd;
     p->channel = l->channel;
-    p->z.delim_at = -1;
     p->krn = unix_socket();
-    if (l->channel == SHELL_CHANNEL && !(p->z.parent = malloc(PARENT_MAX))) {
+    zmtp_init(&p->z, false, NULL);
+    zmtp_init(&p->zs, true, NULL);
+    if (l->channel == SHELL_CHANNEL &&
+        (!(p->z.keep = malloc(PARENT_MAX)) || !(p->zs.keep = malloc(HEADER_KEEP)))) {
         pair_free(p);
         return;
     }
@@ -429,7 +524,6 @@ cx_relay_open(const struct cx_sandbox_conn *c, const char *private_dir, struct c
     r->msgs = (struct bucket){BURST_MSGS, RATE_MSGS, BURST_MSGS};
     r->bytes = (struct bucket){BURST_BYTES, RATE_BYTES, BURST_BYTES};
     r->content = (struct bucket){BURST_CONTENT, RATE_CONTENT, BURST_CONTENT};
-    r->ends = (struct bucket){BURST_ENDS, RATE_ENDS, BURST_ENDS};
     r->refilled_us = cx_now_us();
     for (int i = 0; i < c->nports && rc == CX_OK; i++) {
         struct listener *l = &r->ls[r->nls];
@@ -510,7 +604,7 @@ pair_events(struct cx_relay *r, struct pair *q, bool kernel_side, short rev)
         if ((rev & (POLLIN | POLLHUP | POLLERR)) && !q->up.eof) {
             if (!fill(q->krn, &q->up, &start, &got)) {
                 q->up.eof = true;
-            } else if (got && !zmtp_feed(r, q, start, got)) {
+            } else if (got && !zmtp_feed(r, q, &q->z, start, got)) {
                 r->refused++;
                 q->dead = true;
                 return;
@@ -519,9 +613,12 @@ pair_events(struct cx_relay *r, struct pair *q, bool kernel_side, short rev)
         if ((rev & POLLOUT) && !drain(q->krn, &q->down))
             q->dead = true;
     } else {
-        if ((rev & (POLLIN | POLLHUP | POLLERR)) && !q->down.eof &&
-            !fill(q->srv, &q->down, &start, &got))
-            q->down.eof = true;
+        if ((rev & (POLLIN | POLLHUP | POLLERR)) && !q->down.eof) {
+            if (!fill(q->srv, &q->down, &start, &got))
+                q->down.eof = true;
+            else if (got && q->zs.keep)
+                (void)zmtp_feed(r, q, &q->zs, start, got); /* the run-end requests */
+        }
         if ((rev & POLLOUT) && !drain(q->srv, &q->up))
             q->dead = true;
     }
@@ -591,17 +688,17 @@ cx_relay_free(struct cx_relay *r)
 int
 cx_relay_parse(const unsigned char *d, size_t n, int channel, size_t piece, uint64_t *ends)
 {
-    struct cx_relay r = {.msgs = {1e12, 1, 1e12},
-                         .bytes = {1e12, 1, 1e12},
-                         .content = {1e12, 1, 1e12},
-                         .ends = {1e12, 1, 1e12}};
-    unsigned char parent[PARENT_MAX];
-    struct pair p = {.channel = channel,
-                     .z = {.delim_at = -1, .parent = channel == SHELL_CHANNEL ? parent : NULL}};
+    struct cx_relay r = {
+        .msgs = {1e12, 1, 1e12}, .bytes = {1e12, 1, 1e12}, .content = {1e12, 1, 1e12}};
+    unsigned char keep[PARENT_MAX];
+    struct pair p = {.channel = channel};
     double before = r.msgs.tokens;
 
+    zmtp_init(&p.z, false, channel == SHELL_CHANNEL ? keep : NULL);
+    /* as if the server had sent a run-end request of this id */
+    snprintf(r.end_ids[0], END_ID_MAX, "%sfuzz", CX_RELAY_RUN_END);
     for (size_t at = 0; at < n; at += piece)
-        if (!zmtp_feed(&r, &p, d + at, n - at < piece ? n - at : piece))
+        if (!zmtp_feed(&r, &p, &p.z, d + at, n - at < piece ? n - at : piece))
             return -1;
     if (ends)
         *ends = r.run_ends;

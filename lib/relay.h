@@ -19,12 +19,18 @@
  * the partial message and connects again). The server's side is passed on
  * as it comes, within the same buffers.
  *
- * The run's end: a shell message whose parent header holds
- * CX_RELAY_RUN_END (the id codexec gives the request that ends a run) calls
- * the run-end function before any byte of the message's end is passed on,
- * so its client sees the reply only once the function returned (the
- * launcher ends the sandbox's other processes there). Used by
- * codexec-kernel-launcher. See docs/internals/sandbox.md. */
+ * The kernel's greeting must be ZMTP 3 or later with the NULL mechanism,
+ * then READY (an older one frames otherwise: the relay would not see the
+ * messages the server sees).
+ *
+ * The run's end: the server's side of the shell channel is read for the
+ * requests whose id begins CX_RELAY_RUN_END (codexec's that may end a
+ * run). A kernel's shell message whose parent header holds such an id
+ * calls the run-end function once its last frame has come and before any
+ * byte of its end is passed on, so its client sees the reply only once the
+ * function returned (the launcher ends the sandbox's other processes
+ * there); once per request. Used by codexec-kernel-launcher. See
+ * docs/internals/sandbox.md. */
 #ifndef CX_RELAY_H
 #define CX_RELAY_H
 
@@ -66,7 +72,8 @@ uint64_t cx_relay_run_ends(const struct cx_relay *r);
 void cx_relay_free(struct cx_relay *r);
 
 #ifdef CX_TEST_HOOKS
-/* The kernel side's parser alone over d, fed in pieces of piece bytes:
+/* The kernel side's parser alone over d, fed in pieces of piece bytes, as
+ * if the server had sent a run-end request of id CX_RELAY_RUN_END "fuzz":
  * the messages it passed, or -1 when they broke a rule; *ends (if not
  * NULL) the run ends it saw (fuzzing). */
 int cx_relay_parse(const unsigned char *d, size_t n, int channel, size_t piece, uint64_t *ends);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -828,25 +829,50 @@ cx_sandbox_kernel_pid(int init_pid)
     return (int)pid;
 }
 
-/* Whether pid is a live process in the pid namespace ns (as readlink gives
- * it: "pid:[N]"). */
+/* Whether the process of the pidfd fd has ended (every thread of it: one
+ * whose main thread alone ended runs on). */
+static bool
+ended(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+
+    return poll(&p, 1, 0) == 1;
+}
+
+/* Whether pid's process is in the pid namespace ns (as readlink gives it:
+ * "pid:[N]"), told by any of its threads (a main thread that ended has no
+ * namespace to show). */
 static bool
 in_namespace(int pid, const char *ns)
 {
-    char path[64], link[64], stat[512], *close_paren;
+    char path[64], link[64];
     ssize_t n;
+    DIR *d;
+    struct dirent *e;
+    bool in = false;
 
     snprintf(path, sizeof(path), "/proc/%d/ns/pid", pid);
     n = readlink(path, link, sizeof(link) - 1);
-    if (n <= 0)
+    if (n > 0) {
+        link[n] = '\0';
+        return !strcmp(link, ns);
+    }
+    snprintf(path, sizeof(path), "/proc/%d/task", pid);
+    if (!(d = opendir(path)))
         return false;
-    link[n] = '\0';
-    if (strcmp(link, ns))
-        return false;
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    if (read_proc(path, stat, sizeof(stat)) <= 0 || !(close_paren = strrchr(stat, ')')))
-        return false;
-    return close_paren[1] == ' ' && close_paren[2] != 'Z' && close_paren[2] != 'X';
+    while (!in && (e = readdir(d))) {
+        if (e->d_name[0] == '.' || strlen(e->d_name) > 10)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/ns/pid", pid, e->d_name);
+        n = readlink(path, link, sizeof(link) - 1);
+        if (n > 0) {
+            link[n] = '\0';
+            in = !strcmp(link, ns);
+            break;
+        }
+    }
+    closedir(d);
+    return in;
 }
 
 /* The sandbox's processes, from the cgroup's cgroup.procs, into pids. */
@@ -869,45 +895,116 @@ list_cgroup(const struct cx_sandbox_cgroup *cg, int *pids, size_t max)
     return n;
 }
 
-/* The descendants of pid (every thread's children), appended to pids. */
+/* The children of pid (every thread's), appended to pids. */
 static size_t
-list_descendants(int pid, int *pids, size_t n, size_t max, int depth)
+list_children(int pid, int *pids, size_t n, size_t max, char *buf, size_t size)
 {
     char path[64];
     DIR *d;
     struct dirent *e;
 
     snprintf(path, sizeof(path), "/proc/%d/task", pid);
-    if (depth > 64 || !(d = opendir(path)))
+    if (!(d = opendir(path)))
         return n;
     while (n < max && (e = readdir(d))) {
-        char file[96], buf[65536], *p, *end; /* a pid list of thousands */
+        char file[96], *p, *end;
 
         if (e->d_name[0] == '.' || strlen(e->d_name) > 10)
             continue;
         snprintf(file, sizeof(file), "/proc/%d/task/%s/children", pid, e->d_name);
-        if (read_proc(file, buf, sizeof(buf)) <= 0)
+        if (read_proc(file, buf, size) <= 0)
             continue;
-        for (p = buf; n < max;) {
+        for (p = buf; n < max; p = end) {
             long child = strtol(p, &end, 10);
             if (end == p || child <= 0 || child > INT_MAX)
                 break;
             pids[n++] = (int)child;
-            n = list_descendants((int)child, pids, n, max, depth + 1);
-            p = end;
         }
     }
     closedir(d);
     return n;
 }
 
-#define REAP_MAX 4096
+/* The descendants of pid, into pids, breadth first (the list is its own
+ * queue: no recursion however deep the tree). */
+static size_t
+list_descendants(int pid, int *pids, size_t max)
+{
+    size_t n, size = 65536; /* a pid list of thousands */
+    char *buf = malloc(size);
+
+    if (!buf)
+        return 0;
+    n = list_children(pid, pids, 0, max, buf, size);
+    for (size_t i = 0; i < n && n < max; i++)
+        n = list_children(pids[i], pids, n, max, buf, size);
+    free(buf);
+    return n;
+}
+
+#define REAP_MAX      4096
+#define REAP_WAIT_FDS 256 /* the killed whose end a round waits for */
+#define REAP_ROUND_MS 20
+#define REAP_TOTAL_MS 500
+
+/* Waits until the processes of the pidfds in p have ended, or until_us;
+ * then closes the pidfds. An ended one's fd is kept as -1 - fd meanwhile
+ * (poll() skips a negative one). */
+static void
+wait_ended(struct pollfd *p, int n, int64_t until_us)
+{
+    for (int left = n; left > 0;) {
+        int64_t ms = (until_us - cx_now_us()) / 1000;
+
+        if (ms <= 0 || poll(p, (nfds_t)n, (int)ms) <= 0)
+            break;
+        for (int i = 0; i < n; i++)
+            if (p[i].fd >= 0 && p[i].revents)
+                p[i].fd = -1 - p[i].fd, left--;
+    }
+    for (int i = 0; i < n; i++)
+        close(p[i].fd >= 0 ? p[i].fd : -1 - p[i].fd);
+}
+
+/* One round: SIGKILL for every listed process but init and the kernel
+ * that is alive in ns, through a pidfd opened before the check (so the
+ * check is about the process the signal goes to: a pid reused since the
+ * listing fails it). The first REAP_WAIT_FDS pidfds are left in wait. */
+static int
+reap_round(const int *pids, size_t n, int init_pid, int kernel_pid, const char *ns,
+           struct pollfd *wait, int *nwait)
+{
+    int hit = 0;
+
+    *nwait = 0;
+    for (size_t i = 0; i < n; i++) {
+        int fd;
+
+        if (pids[i] == init_pid || pids[i] == kernel_pid)
+            continue;
+        fd = pidfd_open(pids[i], 0);
+        if (fd < 0)
+            continue;
+        if (!ended(fd) && in_namespace(pids[i], ns) &&
+            pidfd_send_signal(fd, SIGKILL, NULL, 0) == 0) {
+            hit++;
+            if (*nwait < REAP_WAIT_FDS) {
+                wait[(*nwait)++] = (struct pollfd){.fd = fd, .events = POLLIN};
+                continue;
+            }
+        }
+        close(fd);
+    }
+    return hit;
+}
 
 enum cx_err
 cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid, int *killed)
 {
     char path[64], ns[64], mine[64];
     int *pids = malloc(REAP_MAX * sizeof(*pids));
+    struct pollfd wait[REAP_WAIT_FDS];
+    int64_t until = cx_now_us() + REAP_TOTAL_MS * 1000;
     ssize_t len;
 
     *killed = 0;
@@ -925,25 +1022,16 @@ cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid
         free(pids);
         return CX_ERR_INVALID;
     }
-    for (int round = 0; round < 64; round++) {
+    /* rounds until none is left (a fork bomb), each waiting a moment for
+     * the killed to end; a process still ending when time is up has a
+     * SIGKILL pending: it runs no more code of its own, nor forks */
+    for (int round = 0; round < 64 && cx_now_us() < until; round++) {
         size_t n = cg && cg->n ? list_cgroup(cg, pids, REAP_MAX)
-                               : list_descendants(init_pid, pids, 0, REAP_MAX, 0);
-        int hit = 0;
+                               : list_descendants(init_pid, pids, REAP_MAX);
+        int nwait, hit = reap_round(pids, n, init_pid, kernel_pid, ns, wait, &nwait);
+        int64_t round_until = cx_now_us() + REAP_ROUND_MS * 1000;
 
-        for (size_t i = 0; i < n; i++) {
-            int fd;
-
-            if (pids[i] == init_pid || pids[i] == kernel_pid)
-                continue;
-            /* the pidfd first: the check below is then about the process
-             * the signal goes to (a pid reused since the listing fails it) */
-            fd = pidfd_open(pids[i], 0);
-            if (fd < 0)
-                continue;
-            if (in_namespace(pids[i], ns) && pidfd_send_signal(fd, SIGKILL, NULL, 0) == 0)
-                hit++;
-            close(fd);
-        }
+        wait_ended(wait, nwait, round_until < until ? round_until : until);
         *killed += hit;
         if (!hit)
             break;

@@ -132,24 +132,30 @@ zgreeting(unsigned char *out)
     return len;
 }
 
-/* A reply whose parent header is parent. */
+/* A message from the kernel (a reply, header hdr) or the server (a
+ * request) with this header and parent header. */
 static size_t
-zreply(unsigned char *out, const char *parent)
+zmsg(unsigned char *out, const char *hdr, const char *parent)
 {
     size_t len = 0;
 
     len += zframe(out + len, 0x01, "<IDS|MSG>", 9);
     len += zframe(out + len, 0x01, "sig", 3);
-    len += zframe(out + len, 0x01, "{\"msg_type\":\"execute_reply\"}", 28);
+    len += zframe(out + len, 0x01, hdr, strlen(hdr));
     len += zframe(out + len, 0x01, parent, strlen(parent));
     len += zframe(out + len, 0x01, "{}", 2);
     len += zframe(out + len, 0x00, "{\"status\":\"ok\"}", 15);
     return len;
 }
 
+static size_t
+zreply(unsigned char *out, const char *parent)
+{
+    return zmsg(out, "{\"msg_type\":\"execute_reply\"}", parent);
+}
+
 struct run_end_seen {
-    int srv;     /* the server's connection */
-    size_t sent; /* the whole reply's bytes (with what came before it) */
+    int srv; /* the server's connection */
     int calls;
     ssize_t had; /* bytes the server could read at the call */
 };
@@ -164,58 +170,120 @@ on_run_end(void *ctx)
     s->had = recv(s->srv, b, sizeof(b), MSG_PEEK | MSG_DONTWAIT);
 }
 
-/* The run's end on the shell channel: a reply to a request whose id holds
- * CX_RELAY_RUN_END calls the launcher before its last bytes pass; any
- * other does not; a parent header with an escape is refused. */
+/* A connection through the relay: the server's end in *srv, the kernel's
+ * in *krn. */
+static bool
+relay_connect(struct cx_relay *r, const char *endpoint, int kernel_listen, int *srv, int *krn)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+    memcpy(sa.sun_path, endpoint, strlen(endpoint) + 1);
+    *krn = -1;
+    *srv = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (*srv < 0 || connect(*srv, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+        return false;
+    pump(r);
+    *krn = accept(kernel_listen, NULL, NULL);
+    return *krn >= 0;
+}
+
+/* The run's end on the shell channel: a reply to a run-end request the
+ * server sent calls the launcher before its last bytes pass, once; a reply
+ * to any other, or a kernel's own run-end id, does not; a parent header
+ * with an escape is refused. */
 static void
 test_relay_run_end(struct cx_relay *r, const char *endpoint, int kernel_listen)
 {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
     unsigned char out[4096], in[4096];
-    char parent[200];
-    struct run_end_seen seen = {.srv = socket(AF_UNIX, SOCK_STREAM, 0)};
-    size_t len, half;
+    char hdr[200];
+    struct run_end_seen seen = {0};
+    uint64_t refused = cx_relay_refused(r);
+    size_t len, half, greet;
     int krn;
 
     cx_relay_on_run_end(r, on_run_end, &seen);
-    memcpy(sa.sun_path, endpoint, strlen(endpoint) + 1);
-    ok(seen.srv >= 0 && connect(seen.srv, (struct sockaddr *)&sa, sizeof(sa)) == 0,
+    ok(relay_connect(r, endpoint, kernel_listen, &seen.srv, &krn),
        "run end: the server connects to the shell endpoint");
+    greet = zgreeting(out);
+    ok(write(krn, out, greet) == (ssize_t)greet && write(seen.srv, out, greet) == (ssize_t)greet,
+       "run end: both greet");
+    /* the server's run-end request, on its way to the kernel */
+    snprintf(hdr, sizeof(hdr), "{\"msg_id\": \"%s0e4c2b51\", \"msg_type\": \"execute_request\"}",
+             CX_RELAY_RUN_END);
+    len = zmsg(out, hdr, "{}");
+    ok(write(seen.srv, out, len) == (ssize_t)len, "run end: the server sends a run-end request");
     pump(r);
-    krn = accept(kernel_listen, NULL, NULL);
-    ok(krn >= 0, "run end: ... and the kernel sees a connection");
-    if (krn < 0)
-        return;
-    len = zgreeting(out);
-    len += zreply(out + len, "{\"msg_id\":\"0e4c2b51\",\"msg_type\":\"execute_request\"}");
+    ok(take(krn, in, sizeof(in)) == (ssize_t)(greet + len), "run end: ... which the kernel gets");
+    pump(r);
+    take(seen.srv, in, sizeof(in)); /* the kernel's greeting */
+    len = zreply(out, "{\"msg_id\":\"0e4c2b51\",\"msg_type\":\"execute_request\"}");
     ok(write(krn, out, len) == (ssize_t)len, "run end: a reply to another request");
     pump(r);
     ok(take(seen.srv, in, sizeof(in)) == (ssize_t)len && seen.calls == 0,
        "run end: ... passes, no run's end (%d)", seen.calls);
-    /* the reply that ends a run, in two writes */
-    snprintf(parent, sizeof(parent), "{\"msg_id\":\"%s0e4c2b51\",\"msg_type\":\"execute_request\"}",
+    len = zreply(out, "{\"msg_id\":\"" CX_RELAY_RUN_END "ffff\"}");
+    ok(write(krn, out, len) == (ssize_t)len, "run end: a run-end id the server never sent");
+    pump(r);
+    ok(take(seen.srv, in, sizeof(in)) == (ssize_t)len && seen.calls == 0,
+       "run end: ... passes, no run's end (%d)", seen.calls);
+    /* the reply to the run-end request, in two writes */
+    snprintf(hdr, sizeof(hdr), "{\"msg_id\":\"%s0e4c2b51\",\"msg_type\":\"execute_request\"}",
              CX_RELAY_RUN_END);
-    len = zreply(out, parent);
-    half = len / 2;
-    ok(write(krn, out, half) == (ssize_t)half, "run end: half the reply that ends a run");
+    len = zreply(out, hdr);
+    half = len - 4; /* its parent header whole, not its last frame */
+    ok(write(krn, out, half) == (ssize_t)half, "run end: all but the end of the reply");
     pump(r);
     ok(seen.calls == 0, "run end: ... is not its end yet");
     ok(write(krn, out + half, len - half) == (ssize_t)(len - half), "run end: ... the rest");
     pump(r);
-    ok(seen.calls == 1 && seen.had < (ssize_t)len,
+    ok(seen.calls == 1 && seen.had == (ssize_t)half,
        "run end: the launcher is called before the reply's end passed (%d calls, %zd of %zu bytes)",
        seen.calls, seen.had, len);
     ok(take(seen.srv, in, sizeof(in)) == (ssize_t)len && !memcmp(in, out, len),
        "run end: ... then the reply passes byte for byte");
-    ok(cx_relay_run_ends(r) == 1, "run end: counted");
+    ok(write(krn, out, len) == (ssize_t)len, "run end: the same reply again");
+    pump(r);
+    ok(take(seen.srv, in, sizeof(in)) == (ssize_t)len && seen.calls == 1 &&
+           cx_relay_run_ends(r) == 1,
+       "run end: ... passes, once per request (%d calls)", seen.calls);
     /* an escape in the parent header: no parser decides, the header goes */
     len = zreply(out, "{\"msg_id\":\"\\u0063odexec-run-end-0e4c2b51\"}");
     ok(write(krn, out, len) == (ssize_t)len, "run end: a parent header with an escape");
     pump(r);
-    ok(take(seen.srv, in, sizeof(in)) == 0 && cx_relay_refused(r) == 2,
+    ok(take(seen.srv, in, sizeof(in)) == 0 && cx_relay_refused(r) == refused + 1,
        "run end: ... closes the connection, nothing of it passed");
     cx_relay_on_run_end(r, NULL, NULL);
     close(seen.srv);
+    close(krn);
+}
+
+/* Greetings the server's ZeroMQ would read otherwise than the relay: a
+ * ZMTP 2 one (12 bytes, other framing), a first frame that isn't READY. */
+static void
+test_relay_greetings(struct cx_relay *r, const char *endpoint, int kernel_listen)
+{
+    unsigned char out[256], in[256];
+    uint64_t refused = cx_relay_refused(r);
+    size_t len;
+    int srv, krn;
+
+    ok(relay_connect(r, endpoint, kernel_listen, &srv, &krn), "greeting: a connection");
+    len = zgreeting(out);
+    out[10] = 2; /* ZMTP 2.0 */
+    ok(write(krn, out, len) == (ssize_t)len, "greeting: a kernel greets as ZMTP 2");
+    pump(r);
+    ok(take(srv, in, sizeof(in)) == 0 && cx_relay_refused(r) == refused + 1,
+       "greeting: ... is refused");
+    close(srv);
+    close(krn);
+    ok(relay_connect(r, endpoint, kernel_listen, &srv, &krn), "greeting: another connection");
+    len = zgreeting(out) - 8; /* without READY */
+    len += zframe(out + len, 0x00, "x", 1);
+    ok(write(krn, out, len) == (ssize_t)len, "greeting: a message before READY");
+    pump(r);
+    ok(take(srv, in, sizeof(in)) == 0 && cx_relay_refused(r) == refused + 2,
+       "greeting: ... is refused");
+    close(srv);
     close(krn);
 }
 
@@ -364,8 +432,10 @@ test_conn(void)
         if (relay)
             test_relay(relay, path, kernel_fds[1]);
         snprintf(path, sizeof(path), "%s/kernel-abc-ipc-1", dir);
-        if (relay)
+        if (relay) {
             test_relay_run_end(relay, path, kernel_fds[0]);
+            test_relay_greetings(relay, path, kernel_fds[0]);
+        }
         cx_relay_free(relay);
         for (int i = 0; i < 5; i++)
             if (kernel_fds[i] >= 0)
