@@ -298,8 +298,8 @@ supervise(struct launch *l)
         }
         if (n > 0 && p[0].revents)
             on_signal(l);
-        else
-            reap(l);
+        else if (n == 0)
+            reap(l); /* a SIGCHLD the signalfd folded into another: once a second */
         if (n > 0)
             cx_relay_handle(l->relay, p + 2, nr);
     }

@@ -600,6 +600,8 @@ pair_events(struct cx_relay *r, struct pair *q, bool kernel_side, short rev)
     const unsigned char *start;
     size_t got = 0;
 
+    /* what was read is passed on at once (the other side is most often
+     * ready: one poll() a chunk, not two); POLLOUT only for the rest */
     if (kernel_side) {
         if ((rev & (POLLIN | POLLHUP | POLLERR)) && !q->up.eof) {
             if (!fill(q->krn, &q->up, &start, &got)) {
@@ -609,6 +611,8 @@ pair_events(struct cx_relay *r, struct pair *q, bool kernel_side, short rev)
                 q->dead = true;
                 return;
             }
+            if (got && !drain(q->srv, &q->up))
+                q->dead = true;
         }
         if ((rev & POLLOUT) && !drain(q->krn, &q->down))
             q->dead = true;
@@ -618,6 +622,8 @@ pair_events(struct cx_relay *r, struct pair *q, bool kernel_side, short rev)
                 q->down.eof = true;
             else if (got && q->zs.keep)
                 (void)zmtp_feed(r, q, &q->zs, start, got); /* the run-end requests */
+            if (got && !drain(q->krn, &q->down))
+                q->dead = true;
         }
         if ((rev & POLLOUT) && !drain(q->srv, &q->up))
             q->dead = true;

@@ -10,8 +10,11 @@ this checkout's, each on a stack of its own (one at a time). A figure's
 ratio to its floor (the raw execute, measured in the same bench) is what
 is compared: the machine's speed drifts from minute to minute, the ratio
 much less, and alternating rounds spread what drift is left over both.
-Prints each ratio's median per revision and today's over the other's.
-Not a test: nothing passes or fails.
+Prints each ratio's median per revision and today's over the other's,
+then the figures themselves the same way: where a change made the floor
+itself faster (the gateway, which the raw execute goes through too), the
+ratio moves although the figure did not. Not a test: nothing passes or
+fails.
 """
 
 import argparse
@@ -66,7 +69,7 @@ def bench(tree, build_dir, only, seconds, runs):
             print(line, flush=True)
         m = ROW.match(line)
         if m and m.group(1) != "limits":
-            got[(m.group(1), m.group(2).strip())] = float(m.group(6))
+            got[(m.group(1), m.group(2).strip())] = (float(m.group(6)), float(m.group(3)), m.group(4))
     return got
 
 
@@ -87,12 +90,20 @@ def main():
             print(f"# round {r + 1}/{a.rounds}: {name}", flush=True)
             for k, v in bench(t, b, only, a.seconds, a.runs).items():
                 into.setdefault(k, []).append(v)
-    print(f"\n{'what':<64} {a.rev:>10} {'today':>8} {'today/' + a.rev:>16}")
-    for k in sorted(set(old) & set(new)):
-        o, n = statistics.median(old[k]), statistics.median(new[k])
-        print(f"{k[0] + ': ' + k[1]:<64} {o:>9.2f}× {n:>7.2f}× {n / o:>15.2f}×  "
-              f"(rounds: {', '.join(f'{x:.2f}' for x in old[k])} | {', '.join(f'{x:.2f}' for x in new[k])})")
+    keys = sorted(set(old) & set(new))
+    print(f"\nratios to the floor\n{'what':<64} {a.rev:>10} {'today':>8} {'today/' + a.rev:>16}")
+    for k in keys:
+        table_row(k, [v[0] for v in old[k]], [v[0] for v in new[k]], "×")
+    print(f"\nthe figures\n{'what':<64} {a.rev:>10} {'today':>8} {'today/' + a.rev:>16}")
+    for k in keys:
+        table_row(k, [v[1] for v in old[k]], [v[1] for v in new[k]], " " + old[k][0][2])
     return 0
+
+
+def table_row(k, old, new, unit):
+    o, n = statistics.median(old), statistics.median(new)
+    print(f"{k[0] + ': ' + k[1]:<64} {o:>9.2f}{unit} {n:>7.2f}{unit} {n / o:>15.2f}×  "
+          f"(rounds: {', '.join(f'{x:.2f}' for x in old)} | {', '.join(f'{x:.2f}' for x in new)})")
 
 
 if __name__ == "__main__":
