@@ -1736,6 +1736,10 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
     add(&a, python);
     add3(&a, "-m", "ipykernel_launcher", NULL);
     add3(&a, "-f", c->path, NULL);
+    /* IPython's history in memory, not in an SQLite file of the sandbox's
+     * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
+     * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
+    add(&a, "--HistoryManager.hist_file=:memory:");
     if (a.failed) {
         cx_sandbox_argv_free(a.v);
         return CX_ERR_NOMEM;

@@ -526,6 +526,7 @@ test_argv(void)
     ok(strstr(joined, "--seccomp 7") && strstr(joined, "--info-fd 9"), "seccomp and info fds");
     ok(strstr(joined, "--ro-bind /opt/env /opt/env") != NULL, "the Python environment read-only");
     ok(strstr(joined, "/opt/env/bin/python3 -m ipykernel_launcher -f") != NULL, "its python");
+    ok(strstr(joined, " --HistoryManager.hist_file=:memory:") != NULL, "history kept in memory");
     snprintf(text, sizeof(text), "--bind /run/x/sbx-kernel-abc.123456 %s ", dir);
     ok(strstr(joined, text) != NULL, "the private directory over the runtime directory");
     ok(strstr(joined, "--setenv CODEXEC_SANDBOX 1") != NULL, "the sandbox marker");
