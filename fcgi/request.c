@@ -70,6 +70,7 @@ run_deferred(struct cx_ctx *cx, void *arg)
         d->fn(&d->r);
     }
     cx_req_finish(&d->r);
+    cx_lane_answered(); /* before the answer's last bytes go out */
     FCGX_Finish_r(fr);
     FCGX_Free(fr, 1);
     free(fr);

@@ -19,8 +19,12 @@ struct user_jobs {
 struct job {
     cx_lane_fn fn;
     void *arg;
-    unsigned user; /* its entry in users */
+    unsigned user;     /* its entry in users */
+    bool user_counted; /* until cx_lane_answered() or the job's end */
 };
+
+/* The job this run thread is calling, for cx_lane_answered(). */
+static __thread struct job *current;
 
 /* A run thread waiting for work: handed one directly (LIFO, so the
  * threads that just ran stay the warm ones, their PostgreSQL backends and
@@ -108,6 +112,7 @@ cx_lane_submit(const char *user, cx_lane_fn fn, void *arg, char *msg, size_t msg
         rc = CX_ERR_BUSY;
     } else {
         j.user = user_slot_locked(user);
+        j.user_counted = true;
         lane.users[j.user].jobs++;
         lane.jobs++;
         if (lane.nidle) {
@@ -155,11 +160,31 @@ next_job(struct idle *me, struct job *out)
     return got;
 }
 
+/* Under lock: the job no longer counts as its user's. */
 static void
-job_done(const struct job *j)
+user_done_locked(struct job *j)
+{
+    if (j->user_counted) {
+        lane.users[j->user].jobs--;
+        j->user_counted = false;
+    }
+}
+
+void
+cx_lane_answered(void)
+{
+    if (!current)
+        return;
+    pthread_mutex_lock(&lane.lock);
+    user_done_locked(current);
+    pthread_mutex_unlock(&lane.lock);
+}
+
+static void
+job_done(struct job *j)
 {
     pthread_mutex_lock(&lane.lock);
-    lane.users[j->user].jobs--;
+    user_done_locked(j);
     lane.jobs--;
     pthread_mutex_unlock(&lane.lock);
 }
@@ -180,7 +205,9 @@ run_thread(void *arg)
     while (next_job(&me, &j)) {
         /* (a thread without its context still calls the job: its answer
          * is the job's to give, an error) */
+        current = &j;
         j.fn(ok ? &cx : NULL, j.arg);
+        current = NULL;
         cx_log_set_request_id(NULL);
         job_done(&j);
     }

@@ -72,8 +72,10 @@ count_stalls(struct cx_kernel_conn *c, int n, double *median_ms)
         struct cx_exec e;
         struct seen s = {0};
         int64_t t0 = cx_now_us();
-        if (exec1(c, "x=1", cx_now_us() + 10000000, &s, &e))
+        if (exec1(c, "x=1", cx_now_us() + 10000000, &s, &e)) {
+            cx_exec_cleanup(&e, 1); /* (a reply may have come before the error) */
             return -1;
+        }
         t[i] = (double)(cx_now_us() - t0) / 1000.0;
         cx_exec_cleanup(&e, 1);
         if (t[i] >= 30.0)
@@ -201,6 +203,12 @@ costly(void)
     for (int i = 0; i < 200000; i++)
         cx_buf_adds(&deep, i ? ",[]" : "[]");
     cx_buf_adds(&deep, "]}}");
+    if (cx_buf_err(&deep)) { /* (a failed allocation: nothing to send) */
+        ok(false, "costly: the deep list is built");
+        cx_buf_cleanup(&deep);
+        cx_buf_cleanup(&frames);
+        return;
+    }
     message(&frames, "iopub", "display_data", deep.data);
     message(&frames, "iopub", "stream", "{\"name\":\"stdout\",\"text\":\"after\"}");
     message(&frames, "shell", "execute_reply", "{\"status\":\"ok\"}");
