@@ -6,6 +6,7 @@
 
 #include "capture.h"
 #include "config.h"
+#include "digest.h"
 #include "log.h"
 #include "metrics.h"
 #include "mime.h"
@@ -189,14 +190,7 @@ cx_capture_free(struct cx_capture *c)
     free(c);
 }
 
-static pthread_once_t helper_once = PTHREAD_ONCE_INIT;
-static char helper_sha256[65];
-
-static void
-hash_helper(void)
-{
-    cx_sha256_hex(cx_capture_helper_py, strlen(cx_capture_helper_py), helper_sha256);
-}
+static struct cx_sha256_kept helper_sha = CX_SHA256_KEPT_INIT;
 
 void
 cx_capture_on_result(struct cx_capture *c, json_t *done)
@@ -211,17 +205,19 @@ json_t *
 cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
                     bool rescan, bool with_source)
 {
+    const char *sha = cx_sha256_kept(&helper_sha, cx_capture_helper_py);
     char state[128];
     json_t *m;
 
     /* /tmp is private to the sandbox; the kernel id keeps unsandboxed
      * kernels that share a /tmp apart. */
     snprintf(state, sizeof(state), "/tmp/.codexec/%s.json", kernel_id);
-    pthread_once(&helper_once, hash_helper);
+    if (!sha)
+        return NULL;
     m = json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s}}", "codexec_capture", "state", state, "rescan",
                   rescan, "max_files", (json_int_t)cfg->max_captured_files, "max_bytes",
                   (json_int_t)cfg->max_artifact_bytes, "chunk", (json_int_t)CHUNK, "outputs",
-                  outputs, "sha256", helper_sha256);
+                  outputs, "sha256", sha);
     if (m && with_source &&
         json_object_set_new(json_object_get(m, "codexec_capture"), "src",
                             json_string(cx_capture_helper_py))) {

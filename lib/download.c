@@ -12,6 +12,7 @@
 #include "buf.h"
 #include "config.h"
 #include "db.h"
+#include "digest.h"
 #include "dlcache.h"
 #include "download.h"
 #include "http.h"
@@ -144,16 +145,12 @@ link_message(struct cx_buf *m, const char *user, const char *id, long version, l
 }
 
 /* v2's MAC: HMAC-SHA-256 keyed with the edge key's 64 characters. */
-static void
-edge_mac(struct cx_ctx *cx, const struct cx_buf *m, unsigned char out[crypto_auth_hmacsha256_BYTES])
+static enum cx_err
+edge_mac(struct cx_ctx *cx, const struct cx_buf *m, unsigned char out[CX_MAC_BYTES])
 {
     const char *key = cx_auth_edge_key(cx->auth);
-    crypto_auth_hmacsha256_state st;
 
-    crypto_auth_hmacsha256_init(&st, (const unsigned char *)key, strlen(key));
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)m->data, m->len);
-    crypto_auth_hmacsha256_final(&st, out);
-    sodium_memzero(&st, sizeof(st));
+    return cx_hmac_sha256(key, strlen(key), m->data, m->len, out);
 }
 
 /* A v2 link's m: the storage key, MIME type, sha256 and Content-Disposition
@@ -223,7 +220,7 @@ json_t *
 cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const struct cx_download *d,
              long long expires_in)
 {
-    unsigned char tag[crypto_auth_hmacsha256_BYTES];
+    unsigned char tag[CX_MAC_BYTES];
     char sig[64], when[32], path[CX_CONTENT_URL_MAX], *meta = malloc(LINK_META_B64_MAX);
     long long exp = (long long)time(NULL) + expires_in;
     struct cx_buf m, url;
@@ -235,12 +232,11 @@ cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const struct cx_
         return NULL;
     link_meta(d, meta, LINK_META_B64_MAX);
     link_message(&m, who->user, d->artifact_id, d->version, exp, who->key_id, meta);
-    if (cx_buf_err(&m)) {
+    if (cx_buf_err(&m) || edge_mac(cx, &m, tag)) {
         cx_buf_cleanup(&m);
         free(meta);
         return NULL;
     }
-    edge_mac(cx, &m, tag);
     cx_buf_cleanup(&m);
     sodium_bin2base64(sig, sizeof(sig), tag, sizeof(tag), sodium_base64_VARIANT_URLSAFE_NO_PADDING);
     cx_buf_init(&url, 16384);
@@ -266,14 +262,14 @@ signature_ok(struct cx_ctx *cx, const unsigned char *tag, size_t taglen, const c
     struct cx_buf m;
     bool good = false;
 
+    unsigned char want[CX_MAC_BYTES];
+
     link_message(&m, user, id, version, exp, key_id, meta);
-    if (!cx_buf_err(&m) && meta && taglen == crypto_auth_hmacsha256_BYTES) {
-        unsigned char want[crypto_auth_hmacsha256_BYTES];
-        edge_mac(cx, &m, want);
-        good = sodium_memcmp(want, tag, sizeof(want)) == 0;
-    } else if (!cx_buf_err(&m) && !meta && taglen == crypto_auth_BYTES)
-        good = crypto_auth_verify(tag, (const unsigned char *)m.data, m.len,
-                                  cx_auth_link_key(cx->auth)) == 0;
+    if (!cx_buf_err(&m) && meta && taglen == CX_MAC_BYTES)
+        good = edge_mac(cx, &m, want) == CX_OK && sodium_memcmp(want, tag, sizeof(want)) == 0;
+    else if (!cx_buf_err(&m) && !meta && taglen == CX_MAC_BYTES)
+        good = cx_hmac_sha512_256(cx_auth_link_key(cx->auth), 32, m.data, m.len, want) == CX_OK &&
+               sodium_memcmp(want, tag, sizeof(want)) == 0;
     cx_buf_cleanup(&m);
     return good;
 }
@@ -285,7 +281,7 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
                int *version)
 {
     char sig[128], ver[16], exps[32], key_id[64] = "", *meta = NULL;
-    unsigned char tag[crypto_auth_BYTES + 8];
+    unsigned char tag[CX_MAC_BYTES + 8];
     size_t taglen = 0;
     long long exp;
     char *end;

@@ -8,6 +8,7 @@
 #include "capture.h"
 #include "config.h"
 #include "db.h"
+#include "digest.h"
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
@@ -580,7 +581,9 @@ cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct c
         return rc;
     cx_uuid_generate(run_id);
     snprintf(len_s, sizeof(len_s), "%zu", req->code_len);
-    cx_sha256_hex(req->code, req->code_len, sha);
+    rc = cx_sha256_hex(req->code, req->code_len, sha);
+    if (rc)
+        return rc;
     cx_log_info("run %s requested: code_len=%zu code_sha256=%s", run_id, req->code_len, sha);
     if (cx->cfg->require_approval || who->require_approval) {
         rc = submit_pending(cx, req, p, msg, msglen);

@@ -8,6 +8,7 @@
 #include "capture.h"
 #include "config.h"
 #include "db.h"
+#include "digest.h"
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
@@ -35,17 +36,8 @@ extern const char cx_epilogue_py[];
     " d['epilogue'])[3])({'__name__': '__codexec__'})) or (lambda *a: 'need'))(__import__('sys')," \
     " __import__('IPython').get_ipython().kernel.get_parent('shell')['metadata'])(%s, %s)"
 
-static pthread_once_t epilogue_once = PTHREAD_ONCE_INIT;
-static char epilogue_version[17];
-
-static void
-hash_epilogue(void)
-{
-    char v[65];
-
-    cx_sha256_hex(cx_epilogue_py, strlen(cx_epilogue_py), v);
-    memcpy(epilogue_version, v, 16);
-}
+/* The epilogue's version: its source's SHA-256, the first 16 digits. */
+static struct cx_sha256_kept epilogue_sha = CX_SHA256_KEPT_INIT;
 
 /* The epilogue's source, for a kernel that has not kept it. */
 static bool
@@ -59,11 +51,13 @@ cx_runexec_epilogue(const char *token, bool capture, json_t *meta, bool with_sou
 {
     json_t *t = json_string(token), *out = NULL;
     char *lit = t ? json_dumps(t, JSON_ENCODE_ANY) : NULL;
-    char expr[2048];
+    const char *sha = cx_sha256_kept(&epilogue_sha, cx_epilogue_py);
+    char expr[2048], version[17];
 
-    pthread_once(&epilogue_once, hash_epilogue);
-    if (lit &&
-        (size_t)snprintf(expr, sizeof(expr), EPILOGUE_FMT, epilogue_version, epilogue_version, lit,
+    if (sha)
+        snprintf(version, sizeof(version), "%.16s", sha);
+    if (lit && sha &&
+        (size_t)snprintf(expr, sizeof(expr), EPILOGUE_FMT, version, version, lit,
                          capture ? "True" : "False") < sizeof(expr) &&
         (!with_source || add_epilogue_source(meta)))
         out = json_pack("{s:s}", "cx", expr);

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "buf.h"
+#include "digest.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -49,6 +50,8 @@ struct req {
     const char *query;  /* canonical: sorted, encoded; "" for none */
     const void *body;
     size_t len;
+    const char *sha;    /* the body's sha256 if known (hex), else NULL */
+    bool bulk;          /* the body is an object's bytes (see cx_s3_payload_sha) */
     const char *header; /* one more header, or NULL */
     const char *range;  /* "bytes=a-b" or NULL */
     uint64_t first;     /* with range: where the answer must start */
@@ -451,13 +454,32 @@ set_method(CURL *c, const struct req *q)
     }
 }
 
-/* Sends q; CX_OK on a 2xx. The body's sha256 goes into the signature. */
+enum cx_err
+cx_s3_payload_sha(const struct cx_s3 *s3, const void *body, size_t len, bool bulk,
+                  const char *known, char out[65])
+{
+    if (!body) {
+        snprintf(out, 65, "%s", EMPTY_SHA);
+        return CX_OK;
+    }
+    if (known) {
+        snprintf(out, 65, "%s", known);
+        return CX_OK;
+    }
+    if (bulk && !strncmp(s3->origin, "https://", 8)) {
+        snprintf(out, 65, "UNSIGNED-PAYLOAD");
+        return CX_OK;
+    }
+    return cx_sha256_hex(body, len, out);
+}
+
+/* Sends q; CX_OK on a 2xx. The body's sha256 (or UNSIGNED-PAYLOAD) goes
+ * into the signature. */
 static enum cx_err
 perform(struct cx_s3 *s3, struct req *q)
 {
     struct cx_buf url;
     struct curl_slist *h = NULL;
-    unsigned char d[crypto_hash_sha256_BYTES];
     char sha[65], code[64];
     CURLcode cc;
     enum cx_err rc = CX_OK;
@@ -471,13 +493,8 @@ perform(struct cx_s3 *s3, struct req *q)
         cx_buf_addf(&url, "%s/", s3->bucket_path);
     if (q->query[0])
         cx_buf_addf(&url, "?%s", q->query);
-    if (q->body) {
-        crypto_hash_sha256(d, q->body, q->len);
-        sodium_bin2hex(sha, sizeof(sha), d, sizeof(d));
-    } else {
-        snprintf(sha, sizeof(sha), "%s", EMPTY_SHA);
-    }
-    h = req_headers(s3, q, sha);
+    rc = cx_s3_payload_sha(s3, q->body, q->len, q->bulk, q->sha, sha);
+    h = rc ? NULL : req_headers(s3, q, sha);
     if (cx_buf_err(&url) || !h) {
         rc = CX_ERR_NOMEM;
         goto out;
@@ -554,14 +571,16 @@ check_document(struct req *q)
 }
 
 enum cx_err
-cx_s3_put(struct cx_s3 *s3, const char *key, const void *data, size_t len)
+cx_s3_put(struct cx_s3 *s3, const char *key, const void *data, size_t len, const char *sha256)
 {
     struct req q = {.op = "put",
                     .method = "PUT",
                     .name = key,
                     .query = "",
                     .body = data ? data : "",
-                    .len = len};
+                    .len = len,
+                    .sha = sha256,
+                    .bulk = true};
     enum cx_err rc = perform(s3, &q);
 
     cx_buf_cleanup(&q.resp);
@@ -711,8 +730,12 @@ enum cx_err
 cx_s3_upload_part(struct cx_s3 *s3, struct cx_s3_upload *up, const void *data, size_t len)
 {
     struct cx_buf qs;
-    struct req q = {
-        .op = "upload_part", .method = "PUT", .name = up->key, .body = data, .len = len};
+    struct req q = {.op = "upload_part",
+                    .method = "PUT",
+                    .name = up->key,
+                    .body = data,
+                    .len = len,
+                    .bulk = true};
     enum cx_err rc;
 
     if (up->nparts >= PARTS_MAX)
@@ -1018,15 +1041,10 @@ cx_s3_abort_uploads(struct cx_s3 *s3, const char *key)
     return each_upload(s3, key, on_abort, &a);
 }
 
-static void
+static bool
 hmac(unsigned char out[32], const unsigned char *key, size_t keylen, const char *msg)
 {
-    crypto_auth_hmacsha256_state st;
-
-    crypto_auth_hmacsha256_init(&st, key, keylen);
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)msg, strlen(msg));
-    crypto_auth_hmacsha256_final(&st, out);
-    sodium_memzero(&st, sizeof(st));
+    return cx_hmac_sha256(key, keylen, msg, strlen(msg), out) == CX_OK;
 }
 
 /* SigV4's signing key for the day, region and service s3. */
@@ -1035,17 +1053,19 @@ signing_key(const struct cx_s3 *s3, const char *day, unsigned char k[32])
 {
     size_t n = strlen(s3->secret) + 5;
     char *first = malloc(n);
+    bool good;
 
     if (!first)
         return false;
     snprintf(first, n, "AWS4%s", s3->secret);
-    hmac(k, (const unsigned char *)first, n - 1, day);
+    good = hmac(k, (const unsigned char *)first, n - 1, day);
     sodium_memzero(first, n);
     free(first);
-    hmac(k, k, 32, s3->region);
-    hmac(k, k, 32, "s3");
-    hmac(k, k, 32, "aws4_request");
-    return true;
+    good = good && hmac(k, k, 32, s3->region) && hmac(k, k, 32, "s3") &&
+           hmac(k, k, 32, "aws4_request");
+    if (!good)
+        sodium_memzero(k, 32);
+    return good;
 }
 
 enum cx_err
@@ -1086,17 +1106,18 @@ cx_s3_presign(const struct cx_s3 *s3, const char *key, time_t now, unsigned expi
     rc = cx_buf_err(&path) ? cx_buf_err(&path)
          : cx_buf_err(&qs) ? cx_buf_err(&qs)
                            : cx_buf_err(&creq);
+    if (rc == CX_OK)
+        rc = cx_sha256_hex(creq.data, creq.len, hex);
     if (rc == CX_OK) {
-        crypto_hash_sha256(d, (const unsigned char *)creq.data, creq.len);
-        sodium_bin2hex(hex, sizeof(hex), d, sizeof(d));
         cx_buf_addf(&sts, "AWS4-HMAC-SHA256\n%s\n%s\n%s", stamp, scope, hex);
         rc = cx_buf_err(&sts);
     }
     if (rc == CX_OK && !signing_key(s3, day, k))
         rc = CX_ERR_NOMEM;
+    if (rc == CX_OK && !hmac(d, k, sizeof(k), sts.data))
+        rc = CX_ERR_NOMEM;
+    sodium_memzero(k, sizeof(k));
     if (rc == CX_OK) {
-        hmac(d, k, sizeof(k), sts.data);
-        sodium_memzero(k, sizeof(k));
         sodium_bin2hex(hex, sizeof(hex), d, sizeof(d));
         n = snprintf(out, outlen, "%s%s?%s&X-Amz-Signature=%s", path_only ? "" : s3->origin,
                      path.data, qs.data, hex);

@@ -41,7 +41,18 @@ void cx_s3_free(struct cx_s3 *s3);
  * CX_ERR_IO when the store is unreachable or refuses (logged with the S3
  * error code, never with the key). Keys are relative to the prefix. */
 
-enum cx_err cx_s3_put(struct cx_s3 *s3, const char *key, const void *data, size_t len) CX_MUSTCHECK;
+/* sha256: the data's, in hex, if the caller has it (else NULL: hashed
+ * here when the signature needs it). */
+enum cx_err cx_s3_put(struct cx_s3 *s3, const char *key, const void *data, size_t len,
+                      const char *sha256) CX_MUSTCHECK;
+/* What a request's x-amz-content-sha256 (and its signature) carries for
+ * body: EMPTY's hash without one; known if given; for an object's bytes
+ * (bulk) over https, UNSIGNED-PAYLOAD, as the AWS SDKs send them (TLS
+ * keeps them whole, and the server hashes each byte once, for the
+ * artifact's sha256); else the body's SHA-256. */
+enum cx_err cx_s3_payload_sha(const struct cx_s3 *s3, const void *body, size_t len, bool bulk,
+                              const char *known, char out[65]) CX_MUSTCHECK;
+
 /* A server-side copy (objects up to 5 GiB). */
 enum cx_err cx_s3_copy(struct cx_s3 *s3, const char *from, const char *to) CX_MUSTCHECK;
 /* Missing is fine. */

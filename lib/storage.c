@@ -12,7 +12,7 @@
 #include "config.h"
 #include "log.h"
 #include "s3.h"
-#include "sha256.h"
+#include "digest.h"
 #include "storage.h"
 #include "util.h"
 
@@ -116,7 +116,7 @@ s3_check_writable(struct cx_storage *st, char *msg, size_t msglen)
     enum cx_err rc;
 
     random_key(".health", "probe", key, sizeof(key));
-    rc = cx_s3_put(st->s3, key, "ok\n", 3);
+    rc = cx_s3_put(st->s3, key, "ok\n", 3, NULL);
     if (rc == CX_OK)
         rc = cx_s3_delete(st->s3, key);
     if (rc)
@@ -334,6 +334,14 @@ mkdirs(char *path, size_t upto)
     return CX_OK;
 }
 
+/* A writer's memory, its hash's state with it. */
+static void
+writer_free(struct cx_storage_writer *w)
+{
+    cx_sha256_cleanup(&w->sha);
+    free(w);
+}
+
 enum cx_err
 cx_storage_writer_new(struct cx_storage *st, struct cx_storage_writer **out)
 {
@@ -344,7 +352,10 @@ cx_storage_writer_new(struct cx_storage *st, struct cx_storage_writer **out)
         return CX_ERR_NOMEM;
     w->fd = -1;
     w->st = st;
-    cx_sha256_init(&w->sha);
+    if (cx_sha256_init(&w->sha)) {
+        free(w);
+        return CX_ERR_NOMEM;
+    }
     if (st->s3) {
         /* the buffer grows as bytes come: most files are small */
         random_key(".staging", "w", w->tmp, sizeof(w->tmp));
@@ -355,19 +366,19 @@ cx_storage_writer_new(struct cx_storage *st, struct cx_storage_writer **out)
      * atomic; fsck removes staging files left by a crash. */
     n = snprintf(w->tmp, sizeof(w->tmp), "%s/.staging/", st->root);
     if (n < 0 || (size_t)n >= sizeof(w->tmp) - 16) {
-        free(w);
+        writer_free(w);
         return CX_ERR_TOO_LARGE;
     }
     if (mkdir(w->tmp, 0750) != 0 && errno != EEXIST) {
         cx_log_err(errno, "mkdir() of the staging directory failed");
-        free(w);
+        writer_free(w);
         return CX_ERR_IO;
     }
     snprintf(w->tmp + n, sizeof(w->tmp) - (size_t)n, "w-XXXXXX");
     w->fd = mkostemp(w->tmp, O_CLOEXEC);
     if (w->fd < 0) {
         cx_log_err(errno, "mkostemp() in storage failed");
-        free(w);
+        writer_free(w);
         return CX_ERR_IO;
     }
     fchmod(w->fd, 0640);
@@ -452,9 +463,10 @@ cx_storage_writer_size(const struct cx_storage_writer *w)
     return w->size;
 }
 
-/* A store: the staging object, in one PUT or as the last part. */
+/* A store: the staging object, in one PUT (signed with the object's
+ * sha256, hashed already) or as the last part. */
 static enum cx_err
-s3_finish(struct cx_storage_writer *w)
+s3_finish(struct cx_storage_writer *w, const char *sha256)
 {
     enum cx_err rc;
 
@@ -465,7 +477,7 @@ s3_finish(struct cx_storage_writer *w)
             w->up = NULL;
         }
     } else {
-        rc = cx_s3_put(w->st->s3, w->tmp, w->buf, w->blen);
+        rc = cx_s3_put(w->st->s3, w->tmp, w->buf, w->blen, sha256);
     }
     /* A finished writer holds no buffer: a run may finish many before they
      * commit. */
@@ -481,8 +493,11 @@ cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha25
 {
     unsigned char h[CX_SHA256_BYTES];
 
+    if (cx_sha256_final(&w->sha, h))
+        return CX_ERR_NOMEM;
+    sodium_bin2hex(sha256, 65, h, sizeof(h));
     if (w->st->s3) {
-        enum cx_err rc = s3_finish(w);
+        enum cx_err rc = s3_finish(w, sha256);
         if (rc)
             return rc;
     } else if (fsync(w->fd) != 0) {
@@ -494,8 +509,6 @@ cx_storage_writer_finish(struct cx_storage_writer *w, uint64_t *size, char sha25
     if (w->fd >= 0)
         close(w->fd);
     w->fd = -1;
-    cx_sha256_final(&w->sha, h);
-    sodium_bin2hex(sha256, 65, h, sizeof(h));
     *size = w->size;
     w->finished = true;
     return CX_OK;
@@ -512,7 +525,7 @@ s3_commit(struct cx_storage_writer *w, const char *key)
         rc = CX_ERR_IO; /* the staging object went (a lifecycle rule, fsck) */
     if (cx_s3_delete(w->st->s3, w->tmp))
         cx_log_warn(0, "a staging object stays behind (fsck removes it)");
-    free(w);
+    writer_free(w);
     return rc;
 }
 
@@ -559,7 +572,7 @@ cx_storage_writer_commit(struct cx_storage_writer *w, const char *key)
     }
     if (dfd >= 0)
         close(dfd);
-    free(w);
+    writer_free(w);
     return rc;
 }
 
@@ -573,13 +586,13 @@ cx_storage_writer_abort(struct cx_storage_writer *w)
         if (w->stored && cx_s3_delete(w->st->s3, w->tmp))
             cx_log_warn(0, "a staging object stays behind (fsck removes it)");
         free(w->buf);
-        free(w);
+        writer_free(w);
         return;
     }
     if (w->fd >= 0)
         close(w->fd);
     unlink(w->tmp);
-    free(w);
+    writer_free(w);
 }
 
 static enum cx_err
@@ -834,13 +847,16 @@ cx_storage_digest(struct cx_storage *st, const char *key, uint64_t *size, char s
 {
     unsigned char h[CX_SHA256_BYTES];
     struct hashing hs = {0};
-    enum cx_err rc;
+    enum cx_err rc = cx_sha256_init(&hs.s);
 
-    cx_sha256_init(&hs.s);
-    rc = cx_storage_read(st, key, 0, UINT64_MAX, on_hash, &hs);
     if (rc)
         return rc;
-    cx_sha256_final(&hs.s, h);
+    rc = cx_storage_read(st, key, 0, UINT64_MAX, on_hash, &hs);
+    if (rc == CX_OK)
+        rc = cx_sha256_final(&hs.s, h);
+    cx_sha256_cleanup(&hs.s);
+    if (rc)
+        return rc;
     sodium_bin2hex(sha256, 65, h, sizeof(h));
     *size = hs.size;
     return CX_OK;

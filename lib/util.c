@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "buf.h"
-#include "sha256.h"
 #include "util.h"
 
 bool
@@ -128,18 +127,6 @@ cx_uuid_generate(char out[37])
     b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
     sodium_bin2hex(hex, sizeof(hex), b, sizeof(b));
     snprintf(out, 37, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
-}
-
-void
-cx_sha256_hex(const void *data, size_t len, char out[65])
-{
-    unsigned char h[CX_SHA256_BYTES];
-    struct cx_sha256 s;
-
-    cx_sha256_init(&s);
-    cx_sha256_update(&s, data, len);
-    cx_sha256_final(&s, h);
-    sodium_bin2hex(out, 65, h, sizeof(h));
 }
 
 bool

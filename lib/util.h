@@ -36,9 +36,6 @@ void cx_random_id(char out[33]);
 /* A random (version 4) UUID, lower case. out: 37 bytes. */
 void cx_uuid_generate(char out[37]);
 
-/* SHA-256 of data as 64 lower-case hex characters. out: 65 bytes. */
-void cx_sha256_hex(const void *data, size_t len, char out[65]);
-
 /* What jansson would build from JSON text, estimated without building it:
  * bytes for each container ('[' or '{', counted outside strings), each
  * element (a ',' or ':' outside strings) and each string, as jansson 2.14

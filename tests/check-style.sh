@@ -34,7 +34,7 @@ long=$(awk -v max=80 -f tools/funclen.awk lib/*.c fcgi/*.c 2>/dev/null | grep -v
 layer() {
   case "$1" in
     err.h|ctx.h) echo 0 ;;
-    buf.h|sha256.h) echo 1 ;;
+    buf.h|digest.h) echo 1 ;;
     util.h|log.h|conf.h|config.h|mime.h|storage.h|s3.h|http.h|metrics.h|sandbox.h|health.h) echo 2 ;;
     db.h|ws.h|gateway.h|relay.h) echo 3 ;;
     auth.h|kernel.h|run.h|capture.h) echo 4 ;;

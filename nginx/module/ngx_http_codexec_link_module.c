@@ -23,16 +23,13 @@
  * always has: 403, 410, 401, 404.
  */
 
-/* SHA256_Init and its kin: deprecated in OpenSSL 3, and the fastest way to
- * keep a key's inner and outer states between requests. */
-#define OPENSSL_SUPPRESS_DEPRECATED
-
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
+#include <openssl/evp.h>
 
 #define CODEXEC_LINK_KEY_LEN  64
 #define CODEXEC_LINK_DIR_MAX  1024
@@ -264,77 +261,81 @@ ngx_http_codexec_link_revoked(ngx_http_codexec_link_conf_t *lcf, ngx_str_t *k)
 }
 
 
-static void
-ngx_http_codexec_link_update(SHA256_CTX *c, ngx_str_t *s, ngx_flag_t nl)
+static ngx_flag_t
+ngx_http_codexec_link_update(EVP_MAC_CTX *c, ngx_str_t *s, ngx_flag_t nl)
 {
-    SHA256_Update(c, s->data, s->len);
-
-    if (nl) {
-        SHA256_Update(c, "\n", 1);
-    }
+    return EVP_MAC_update(c, s->data, s->len)
+           && (!nl || EVP_MAC_update(c, (u_char *) "\n", 1));
 }
 
 
-/* The link's MAC against sig, in time that depends on lengths only. The
- * key's inner and outer states are kept for the next request (a worker
- * serves one request at a time). */
+/* The link's MAC against sig, in time that depends on lengths only.
+ * HMAC-SHA-256 through libcrypto's EVP API; the keyed context is kept for
+ * the next request (a worker serves one request at a time), and
+ * EVP_MAC_init without a key starts it again from the key's inner and
+ * outer states, hashed once. Any failure of libcrypto (out of memory) is
+ * "not ok": codexec answers then. */
 static ngx_flag_t
 ngx_http_codexec_link_mac_ok(ngx_str_t *key, ngx_http_codexec_link_t *l)
 {
-    static u_char      have[CODEXEC_LINK_KEY_LEN];
-    static ngx_flag_t  cached;
-    static SHA256_CTX  inner, outer;
+    static u_char        have[CODEXEC_LINK_KEY_LEN];
+    static EVP_MAC_CTX  *ctx;
 
-    u_char             pad[CODEXEC_LINK_KEY_LEN], d[SHA256_DIGEST_LENGTH];
-    u_char             enc[64];
-    ngx_str_t          src, dst;
-    ngx_uint_t         i;
-    SHA256_CTX         c;
+    u_char               d[EVP_MAX_MD_SIZE], enc[64];
+    size_t               dlen;
+    ngx_str_t            src, dst;
+    EVP_MAC             *mac;
+    ngx_flag_t           ok;
+    OSSL_PARAM           params[2];
 
     if (key->len != CODEXEC_LINK_KEY_LEN) {
         return 0;
     }
 
-    if (!cached || CRYPTO_memcmp(have, key->data, CODEXEC_LINK_KEY_LEN)) {
-        /* a key of the hash's block size is used as it is */
-        for (i = 0; i < CODEXEC_LINK_KEY_LEN; i++) {
-            pad[i] = key->data[i] ^ 0x36;
+    if (ctx == NULL || CRYPTO_memcmp(have, key->data, CODEXEC_LINK_KEY_LEN)) {
+        EVP_MAC_CTX_free(ctx);
+        mac = EVP_MAC_fetch(NULL, OSSL_MAC_NAME_HMAC, NULL);
+        ctx = mac ? EVP_MAC_CTX_new(mac) : NULL;
+        EVP_MAC_free(mac); /* (the context holds its own reference) */
+
+        params[0] = OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST,
+                                                     (char *) "SHA2-256", 0);
+        params[1] = OSSL_PARAM_construct_end();
+
+        if (ctx == NULL
+            || !EVP_MAC_init(ctx, key->data, CODEXEC_LINK_KEY_LEN, params))
+        {
+            EVP_MAC_CTX_free(ctx);
+            ctx = NULL;
+            return 0;
         }
-
-        SHA256_Init(&inner);
-        SHA256_Update(&inner, pad, sizeof(pad));
-
-        for (i = 0; i < CODEXEC_LINK_KEY_LEN; i++) {
-            pad[i] = key->data[i] ^ 0x5c;
-        }
-
-        SHA256_Init(&outer);
-        SHA256_Update(&outer, pad, sizeof(pad));
-        OPENSSL_cleanse(pad, sizeof(pad));
 
         ngx_memcpy(have, key->data, CODEXEC_LINK_KEY_LEN);
-        cached = 1;
+
+    } else if (!EVP_MAC_init(ctx, NULL, 0, NULL)) {
+        return 0;
     }
 
-    c = inner;
-    SHA256_Update(&c, "codexec-link-v2\n", sizeof("codexec-link-v2\n") - 1);
-    ngx_http_codexec_link_update(&c, &l->u, 1);
-    ngx_http_codexec_link_update(&c, &l->id, 1);
-    ngx_http_codexec_link_update(&c, &l->version, 1);
-    ngx_http_codexec_link_update(&c, &l->exp, 1);
-    ngx_http_codexec_link_update(&c, &l->k, 1);
-    ngx_http_codexec_link_update(&c, &l->m, 0);
-    SHA256_Final(d, &c);
+    ok = EVP_MAC_update(ctx, (u_char *) "codexec-link-v2\n",
+                        sizeof("codexec-link-v2\n") - 1)
+         && ngx_http_codexec_link_update(ctx, &l->u, 1)
+         && ngx_http_codexec_link_update(ctx, &l->id, 1)
+         && ngx_http_codexec_link_update(ctx, &l->version, 1)
+         && ngx_http_codexec_link_update(ctx, &l->exp, 1)
+         && ngx_http_codexec_link_update(ctx, &l->k, 1)
+         && ngx_http_codexec_link_update(ctx, &l->m, 0)
+         && EVP_MAC_final(ctx, d, &dlen, sizeof(d))
+         && dlen == 32;
 
-    c = outer;
-    SHA256_Update(&c, d, sizeof(d));
-    SHA256_Final(d, &c);
-    OPENSSL_cleanse(&c, sizeof(c));
+    if (!ok) {
+        return 0;
+    }
 
     src.data = d;
-    src.len = sizeof(d);
+    src.len = dlen;
     dst.data = enc;
     ngx_encode_base64url(&dst, &src);
+    OPENSSL_cleanse(d, sizeof(d));
 
     return l->sig.len == dst.len
            && CRYPTO_memcmp(enc, l->sig.data, dst.len) == 0;

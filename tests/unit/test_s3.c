@@ -80,6 +80,30 @@ main(void)
            strstr(url,
                   "&X-Amz-SignedHeaders=host&response-content-type=text%2Fplain&X-Amz-Signature="),
        "keys encoded as SigV4 wants, overrides signed after X-Amz-*: %s", url);
+
+    /* what x-amz-content-sha256 carries: an object's bytes over https go
+     * unsigned (hashed once, by the storage writer), a known hash as it is,
+     * anything else hashed */
+    {
+        char sha[65];
+        ok(cx_s3_payload_sha(s3, "abc", 3, true, NULL, sha) == CX_OK &&
+               !strcmp(sha, "UNSIGNED-PAYLOAD"),
+           "an object's bytes over https: UNSIGNED-PAYLOAD");
+        ok(cx_s3_payload_sha(s3, "abc", 3, false, NULL, sha) == CX_OK &&
+               !strcmp(sha, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+           "a request's own body (XML) over https: hashed");
+        ok(cx_s3_payload_sha(s3, "abc", 3, true, "00ff", sha) == CX_OK && !strcmp(sha, "00ff"),
+           "a hash the caller has: as it is");
+        ok(cx_s3_payload_sha(s3, NULL, 0, false, NULL, sha) == CX_OK &&
+               !strcmp(sha, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+           "no body: the empty string's hash");
+        cx_s3_free(s3);
+        c = conf("http://127.0.0.1:9000", "b", false);
+        need(cx_s3_new(&c, &s3) == CX_OK, "a store over http");
+        ok(cx_s3_payload_sha(s3, "abc", 3, true, NULL, sha) == CX_OK &&
+               !strcmp(sha, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+           "an object's bytes over http: hashed and signed (nothing else keeps them whole)");
+    }
     cx_s3_free(s3);
     cx_s3_free(NULL);
     return tap_done();

@@ -1,8 +1,9 @@
 #include <sodium.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../lib/sha256.h"
+#include "../../lib/digest.h"
 #include "../../lib/util.h"
 #include "tap.h"
 
@@ -69,59 +70,106 @@ static const struct {
     {"0.0.0.0/0", "2001:db8::1", false},
 };
 
-/* The accelerated SHA-256 against libsodium's: every length to 300 bytes
- * (the padding's edges at 55, 56, 63, 64, 119, 120...), each fed whole
- * and in pieces split at random, then 1 MiB and 3 MiB + 7 in uneven
- * writes; and the test vectors of FIPS 180-2. */
+/* SHA-256 and HMAC through libcrypto, against libsodium's (an
+ * implementation of its own): every length to 300 bytes (the padding's
+ * edges at 55, 56, 63, 64, 119, 120...), each fed whole and in pieces
+ * split at random, then 1 MiB and 3 MiB + 7 in uneven writes; the test
+ * vectors of FIPS 180-2 and RFC 4231. */
+static bool
+sha256_pieces(const unsigned char *data, size_t len, size_t most, unsigned char got[32])
+{
+    struct cx_sha256 s;
+
+    if (cx_sha256_init(&s))
+        return false;
+    for (size_t at = 0; at < len;) {
+        size_t n = 1 + randombytes_uniform((uint32_t)most);
+        n = n < len - at ? n : len - at;
+        cx_sha256_update(&s, data + at, n);
+        at += n;
+    }
+    return cx_sha256_final(&s, got) == CX_OK;
+}
+
 static void
 sha256(void)
 {
     static unsigned char data[(3 << 20) + 7];
     unsigned char want[32], got[32];
-    struct cx_sha256 s;
     int bad = 0;
     char hex[65];
 
-    printf("# SHA-256 with the SHA extensions: %s\n", cx_sha256_accelerated() ? "yes" : "no");
     randombytes_buf(data, sizeof(data));
     for (size_t len = 0; len <= 300; len++) {
         crypto_hash_sha256(want, data, len);
-        cx_sha256_init(&s);
-        cx_sha256_update(&s, data, len);
-        cx_sha256_final(&s, got);
-        bad += memcmp(want, got, 32) != 0;
-        cx_sha256_init(&s);
-        for (size_t at = 0; at < len;) {
-            size_t n = 1 + randombytes_uniform((uint32_t)(len - at < 70 ? len - at : 70));
-            cx_sha256_update(&s, data + at, n);
-            at += n;
-        }
-        cx_sha256_final(&s, got);
-        bad += memcmp(want, got, 32) != 0;
+        bad += cx_sha256(data, len, got) != CX_OK || memcmp(want, got, 32) != 0;
+        bad += !sha256_pieces(data, len, 70, got) || memcmp(want, got, 32) != 0;
     }
     is_int(bad, 0, "sha256: every length to 300, whole and split, as libsodium's");
     bad = 0;
     for (size_t len = 1 << 20; len <= sizeof(data); len += (2 << 20) + 7) {
         crypto_hash_sha256(want, data, len);
-        cx_sha256_init(&s);
-        for (size_t at = 0; at < len;) {
-            size_t n = 1 + randombytes_uniform(200000);
-            n = n < len - at ? n : len - at;
-            cx_sha256_update(&s, data + at, n);
-            at += n;
-        }
-        cx_sha256_final(&s, got);
-        bad += memcmp(want, got, 32) != 0;
+        bad += !sha256_pieces(data, len, 200000, got) || memcmp(want, got, 32) != 0;
     }
     is_int(bad, 0, "sha256: 1 MiB and 3 MiB + 7 in uneven writes, as libsodium's");
-    cx_sha256_hex("abc", 3, hex);
-    is_str(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", "sha256: abc");
-    cx_sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", 56, hex);
-    is_str(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
-           "sha256: the two-block vector");
-    cx_sha256_hex("", 0, hex);
-    is_str(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-           "sha256: empty");
+    ok(cx_sha256_hex("abc", 3, hex) == CX_OK &&
+           !strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+       "sha256: abc");
+    ok(cx_sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", 56, hex) ==
+               CX_OK &&
+           !strcmp(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"),
+       "sha256: the two-block vector");
+    ok(cx_sha256_hex("", 0, hex) == CX_OK &&
+           !strcmp(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+       "sha256: empty");
+    {
+        static struct cx_sha256_kept k = CX_SHA256_KEPT_INIT;
+        const char *a = cx_sha256_kept(&k, "abc"), *b = cx_sha256_kept(&k, "abc");
+        ok(a && a == b && !strcmp(a, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+           "sha256: a kept digest, computed once");
+    }
+    {
+        struct cx_sha256 s;
+        ok(cx_sha256_init(&s) == CX_OK, "sha256: a state");
+        cx_sha256_update(&s, "abc", 3);
+        cx_sha256_cleanup(&s);
+        cx_sha256_cleanup(&s);
+        ok(s.ctx == NULL, "sha256: cleaned up without a digest, twice");
+    }
+}
+
+static void
+hmac(void)
+{
+    unsigned char key[200], msg[300], want[64], got[32];
+    crypto_auth_hmacsha256_state st;
+    int bad = 0;
+    char hex[65];
+
+    ok(cx_hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, got) == CX_OK,
+       "hmac-sha256: RFC 4231 case 2");
+    sodium_bin2hex(hex, sizeof(hex), got, 32);
+    is_str(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+           "hmac-sha256: its MAC");
+    randombytes_buf(key, sizeof(key));
+    randombytes_buf(msg, sizeof(msg));
+    /* keys shorter and longer than the block (64), messages to 300 */
+    for (size_t kl = 0; kl <= sizeof(key); kl += 13)
+        for (size_t ml = 0; ml <= sizeof(msg); ml += 37) {
+            crypto_auth_hmacsha256_init(&st, key, kl);
+            crypto_auth_hmacsha256_update(&st, msg, ml);
+            crypto_auth_hmacsha256_final(&st, want);
+            bad += cx_hmac_sha256(key, kl, msg, ml, got) != CX_OK || memcmp(want, got, 32) != 0;
+        }
+    is_int(bad, 0, "hmac-sha256: keys 0 to 200 bytes, messages to 300, as libsodium's");
+    bad = 0;
+    /* v1 links: libsodium's crypto_auth, HMAC-SHA-512 cut to 256 bits */
+    for (size_t ml = 0; ml <= sizeof(msg); ml += 11) {
+        crypto_auth(want, msg, ml, key);
+        bad += cx_hmac_sha512_256(key, crypto_auth_KEYBYTES, msg, ml, got) != CX_OK ||
+               memcmp(want, got, 32) != 0;
+    }
+    is_int(bad, 0, "hmac-sha512-256: as libsodium's crypto_auth (v1 links)");
 }
 
 /* cx_json_cost: what jansson would build, counted outside strings only. */
@@ -177,6 +225,7 @@ main(void)
     if (sodium_init() < 0)
         return 1;
     sha256();
+    hmac();
 
     for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
         char *norm = NULL;
