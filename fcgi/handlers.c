@@ -213,11 +213,7 @@ cx_h_artifacts_list(struct cx_req *r)
     if (cx_http_query_get(r->query, "conversation_id", cid, sizeof(cid)))
         cid[0] = '\0'; /* missing or malformed: the library says so */
     rc = cx_artifact_list(r->w, r->who.user, cid, &out);
-    answer(r, rc, 200, out,
-           rc == CX_ERR_INVALID
-               ? "conversation_id is required: 1 to 128 characters of A-Z a-z 0-9 . _ : -"
-               : NULL,
-           NULL);
+    answer(r, rc, 200, out, rc == CX_ERR_INVALID ? CX_CONVERSATION_RULE : NULL, NULL);
 }
 
 void
@@ -313,11 +309,11 @@ send_from_store(struct cx_req *r, const struct cx_download *d, int status, uint6
     if (rc == CX_ERR_NOT_FOUND)
         cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
     else
-        cx_req_send_error(r, 503, "unavailable",
-                          "the artifact storage is unavailable; retry later");
+        cx_req_send_lib_error(r, CX_ERR_TIMEOUT,
+                              "the artifact storage is unavailable; retry later");
 }
 
-/* The request's Range against the version (SPEC §6): CX_RANGE_ONE with
+/* The request's Range against the version (README: Downloads): CX_RANGE_ONE with
  * first..last, or the whole; an unsatisfiable one is answered here (416),
  * and false returned. */
 static bool
@@ -397,7 +393,7 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     }
     /* The exact path and query that were signed, for proxy_pass to use as
      * they are (nginx would decode an X-Accel-Redirect URI and encode it
-     * again its own way), and the range as SPEC §6 reads the request's
+     * again its own way), and the range as README: Downloads reads the request's
      * (several ranges: the whole; unsatisfiable: 416 from here), not as
      * the store would: nginx/codexec-storage-s3.conf. */
     if (!want_range(r, d, &range, &first, &last))
@@ -413,7 +409,7 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     cx_req_send_head(r, 200, d->mime, -1);
 }
 
-/* SPEC §6's headers. proxied: nginx fetches the bytes from the store and
+/* The headers the README's Downloads promises. proxied: nginx fetches the bytes from the store and
  * puts the disposition on a success only (codexec-storage-s3.conf), as
  * the store's failure must not come as an attachment. */
 static void

@@ -262,38 +262,44 @@ cx_req_send_error(struct cx_req *r, int status, const char *code, const char *me
 {
     json_t *j = cx_http_error_json(code, message);
 
-    if (status == 503 && (!r->headers.data || !strstr(r->headers.data, "Retry-After:")))
-        cx_req_header(r, "Retry-After", "5");
     cx_req_send_json(r, status, j);
     json_decref(j);
 }
 
-/* The one table from a library error to an answer (SPEC §3). */
+/* The one table from a library error to an answer (docs/openapi.yaml):
+ * its status and code, the message when the library said nothing more
+ * precise, the Retry-After a client is told (a run slot frees up within
+ * a second, a sandbox in a few, a service takes longer), and whether it
+ * is a refusal for a limit (codexec_refusals_total). */
 static const struct answer {
     int status;
     const char *code;
-    const char *message; /* when the library said nothing more precise */
+    const char *message;
+    const char *retry_after;
+    bool refusal;
 } answers[CX_ERR__COUNT] = {
-    [CX_ERR_NOMEM] = {500, "internal_error", "internal error"},
-    [CX_ERR_INVALID] = {400, "invalid_request", "the request is invalid"},
-    [CX_ERR_TOO_LARGE] = {413, "payload_too_large", "the request is too large"},
-    [CX_ERR_NOT_FOUND] = {404, "not_found", "no such resource"},
-    [CX_ERR_INPUT_NOT_FOUND] = {404, "input_not_found", "an input artifact was not found"},
-    [CX_ERR_UNAUTHORIZED] = {401, "unauthorized", "a valid API key is required"},
-    [CX_ERR_FORBIDDEN] = {403, "forbidden", "this is not allowed"},
-    [CX_ERR_EXPIRED] = {410, "expired", "this has expired"},
-    [CX_ERR_CONFLICT] = {409, "conversation_busy", "a run holds this conversation"},
-    [CX_ERR_QUOTA] = {429, "quota_exceeded", "a quota was exceeded"},
-    [CX_ERR_CAPACITY] = {503, "capacity_exhausted", "no sandbox is free; retry later"},
-    [CX_ERR_TOO_MANY_RUNS] = {429, "too_many_runs", "too many runs in progress; retry later"},
-    [CX_ERR_BUSY] = {503, "unavailable", "the server is busy; retry shortly"},
-    [CX_ERR_IO] = {500, "internal_error", "a storage operation failed"},
-    [CX_ERR_DB] = {503, "unavailable", "the database is unavailable; retry later"},
-    [CX_ERR_GATEWAY] = {502, "gateway_error", "the Jupyter gateway failed"},
-    [CX_ERR_TIMEOUT] = {503, "unavailable", "a backing service timed out; retry later"},
-    [CX_ERR_PROTOCOL] = {502, "gateway_error", "the gateway broke its protocol"},
-    [CX_ERR_KERNEL_DIED] = {502, "gateway_error", "the kernel died"},
-    [CX_ERR_INTERNAL] = {500, "internal_error", "internal error"},
+    [CX_ERR_NOMEM] = {500, "internal_error", "internal error", NULL, false},
+    [CX_ERR_INVALID] = {400, "invalid_request", "the request is invalid", NULL, false},
+    [CX_ERR_TOO_LARGE] = {413, "payload_too_large", "the request is too large", NULL, true},
+    [CX_ERR_NOT_FOUND] = {404, "not_found", "no such resource", NULL, false},
+    [CX_ERR_INPUT_NOT_FOUND] = {404, "input_not_found", "an input artifact was not found", NULL,
+                                false},
+    [CX_ERR_UNAUTHORIZED] = {401, "unauthorized", "a valid API key is required", NULL, false},
+    [CX_ERR_FORBIDDEN] = {403, "forbidden", "this is not allowed", NULL, false},
+    [CX_ERR_EXPIRED] = {410, "expired", "this has expired", NULL, false},
+    [CX_ERR_CONFLICT] = {409, "conversation_busy", "a run holds this conversation", NULL, true},
+    [CX_ERR_QUOTA] = {429, "quota_exceeded", "a quota was exceeded", NULL, true},
+    [CX_ERR_CAPACITY] = {503, "capacity_exhausted", "no sandbox is free; retry later", "2", true},
+    [CX_ERR_TOO_MANY_RUNS] = {429, "too_many_runs", "too many runs in progress; retry later", "1",
+                              true},
+    [CX_ERR_BUSY] = {503, "unavailable", "the server is busy; retry shortly", "1", true},
+    [CX_ERR_IO] = {500, "internal_error", "a storage operation failed", NULL, false},
+    [CX_ERR_DB] = {503, "unavailable", "the database is unavailable; retry later", "5", false},
+    [CX_ERR_GATEWAY] = {502, "gateway_error", "the Jupyter gateway failed", NULL, false},
+    [CX_ERR_TIMEOUT] = {503, "unavailable", "a backing service timed out; retry later", "5", false},
+    [CX_ERR_PROTOCOL] = {502, "gateway_error", "the gateway broke its protocol", NULL, false},
+    [CX_ERR_KERNEL_DIED] = {502, "gateway_error", "the kernel died", NULL, false},
+    [CX_ERR_INTERNAL] = {500, "internal_error", "internal error", NULL, false},
 };
 
 static const struct answer *
@@ -311,14 +317,9 @@ cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
 
     if (a->status == 401)
         cx_req_header(r, "WWW-Authenticate", "Bearer");
-    /* a run slot frees up within seconds, a sandbox quickly; a service
-     * takes longer */
-    if (err == CX_ERR_TOO_MANY_RUNS || err == CX_ERR_BUSY)
-        cx_req_header(r, "Retry-After", "1");
-    else if (a->status == 503)
-        cx_req_header(r, "Retry-After", err == CX_ERR_CAPACITY ? "2" : "5");
-    if (err == CX_ERR_QUOTA || err == CX_ERR_CAPACITY || err == CX_ERR_CONFLICT ||
-        err == CX_ERR_TOO_LARGE || err == CX_ERR_TOO_MANY_RUNS || err == CX_ERR_BUSY)
+    if (a->retry_after)
+        cx_req_header(r, "Retry-After", a->retry_after);
+    if (a->refusal)
         cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code); /* a static string */
     cx_req_send_error(r, a->status, a->code, msg && *msg ? msg : a->message);
 }
@@ -656,7 +657,7 @@ cx_req_sse_end(struct cx_sse *sse, enum cx_err rc, int status, json_t *out, cons
         return;
     }
     error = cx_http_error_json(a->code, msg && *msg ? msg : a->message);
-    if (rc == CX_ERR_QUOTA || rc == CX_ERR_CAPACITY || rc == CX_ERR_CONFLICT)
+    if (a->refusal)
         cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code);
     if (error)
         sse_event(sse, "result", error);

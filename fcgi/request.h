@@ -69,9 +69,10 @@ void cx_req_forget_headers(struct cx_req *r);
 /* 204 or another status without a body. */
 void cx_req_send_empty(struct cx_req *r, int status);
 
-/* Answers a library error: the one table of status, error code and default
- * message (SPEC §3); msg (NULL or "" for the default) is the library's
- * sentence for the client. */
+/* Answers a library error: the one table of status, error code, default
+ * message, Retry-After and refusal count (docs/openapi.yaml); msg (NULL or
+ * "" for the default) is the library's sentence for the client. Every 503
+ * and 429 goes through it. */
 void cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg);
 
 /* A response of Server-Sent Events (a streaming run): it begins, 200

@@ -145,7 +145,7 @@ release(struct cx_capture *c, uint64_t len)
 }
 
 /* Entries of the skipped list beyond max_captured_files: enough for a
- * workspace of thousands of files to be listed whole (SPEC: nothing is
+ * workspace of thousands of files to be listed whole (nothing is
  * dropped silently), bounded (at most a few MiB) against forged records. */
 #define SKIPPED_EXTRA 4096
 

@@ -1,6 +1,6 @@
 /* codexec: codexec.conf, "key = value" lines, '#' comment lines.
  *
- * Every key has a default (SPEC §5); unknown keys and bad values are refused
+ * Every key has a default (README: Configuration); unknown keys and bad values are refused
  * with the line number. The struct is plain data so handlers can read it. */
 #ifndef CX_CONFIG_H
 #define CX_CONFIG_H
@@ -72,7 +72,7 @@ struct cx_config {
     bool require_approval;
     int delivery; /* enum cx_delivery */
     char *x_accel_prefix;
-    /* limits (SPEC §5) */
+    /* limits (README: Configuration) */
     unsigned default_timeout, max_timeout;
     unsigned default_ttl, max_ttl;
     unsigned interrupt_grace;

@@ -450,8 +450,9 @@ cx_download_presign(struct cx_ctx *cx, const struct cx_download *d, bool for_bro
         return CX_ERR_INTERNAL;
     cx_buf_init(&extra, 8192);
     if (for_browser) {
-        /* the store answers with the headers a download has (the rest of
-         * SPEC §6 it can't send: docs/operations.md says so) */
+        /* the store answers with the headers a download has (what else
+         * the README's "Downloads" promises it can't send is said in its
+         * "Object storage (S3)") */
         cx_http_content_disposition(d->filename, disp, sizeof(disp));
         cx_buf_adds(&extra, "response-cache-control=private&response-content-disposition=");
         cx_http_pct_encode(&extra, disp, "-_.~");

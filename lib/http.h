@@ -1,6 +1,6 @@
 /* codexec: HTTP helpers that know nothing of FastCGI.
  *
- * Error bodies per SPEC §3, request bodies read through a callback with a
+ * Error bodies per docs/openapi.yaml, request bodies read through a callback with a
  * hard cap, JSON parsing with UTF-8 validation, query strings. */
 #ifndef CX_HTTP_H
 #define CX_HTTP_H

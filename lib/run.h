@@ -27,7 +27,7 @@ struct cx_run_request {
     json_t *arguments; /* object, or NULL */
 };
 
-/* Validates body (a JSON object) against SPEC §3 and the limits in cfg.
+/* Validates body (a JSON object) against docs/openapi.yaml and the limits in cfg.
  * On failure returns CX_ERR_INVALID or CX_ERR_TOO_LARGE and msg holds a
  * sentence for the client naming the field. On success *req takes a new
  * reference to body. */

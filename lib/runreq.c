@@ -1,4 +1,4 @@
-/* POST /v1/runs: the request body, field by field (SPEC §3). */
+/* POST /v1/runs: the request body, field by field (docs/openapi.yaml). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,8 +38,7 @@ f_conversation(const struct cx_config *cfg, json_t *v, struct cx_run_request *re
                size_t msglen)
 {
     if (!json_is_string(v) || !cx_conversation_id_valid(json_string_value(v)))
-        return fail(msg, msglen, CX_ERR_INVALID,
-                    "conversation_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+        return fail(msg, msglen, CX_ERR_INVALID, CX_CONVERSATION_RULE);
     snprintf(req->conversation_id, sizeof(req->conversation_id), "%s", json_string_value(v));
     return CX_OK;
 }

@@ -168,7 +168,7 @@ upload_stream(struct upload *u, ssize_t (*read_fn)(void *, void *, size_t), void
         return CX_ERR_INVALID;
     }
     if (!cx_conversation_id_valid(u->cid)) {
-        snprintf(msg, msglen, "conversation_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -");
+        snprintf(msg, msglen, "%s", CX_CONVERSATION_RULE);
         return CX_ERR_INVALID;
     }
     return CX_OK;

@@ -22,6 +22,8 @@ bool cx_name_chars(const char *s, size_t n, const char *extra);
  * CX_CONVERSATION_MAX of [A-Za-z0-9._:-]. */
 #define CX_CONVERSATION_MAX 128
 bool cx_conversation_id_valid(const char *s);
+/* What a client is told when it is not (every place that checks one). */
+#define CX_CONVERSATION_RULE "conversation_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -"
 
 /* write(2) until done, retrying EINTR. */
 enum cx_err cx_write_all(int fd, const void *buf, size_t len) CX_MUSTCHECK;

@@ -3,7 +3,7 @@
 Every process tenants share (the Jupyter server, codexec-fcgi's workers,
 the staging disk) attacked as a hostile tenant would, against the real
 stack: each attack is refused or bounded while another tenant's runs and
-health go on. The latency bounds are the contract's (SPEC §10.5: health
+health go on. The latency bounds are the contract's (docs/reliability.md: health
 never waits behind runs; another user's run is not starved), not speed
 figures: without the limits these waits were 16 s and more."""
 
