@@ -10,6 +10,11 @@
 #define CX_MSG_MAX 256
 
 enum cx_err {
+    /* Not failures: what a callback tells the loop that called it, as
+     * nginx's NGX_AGAIN and NGX_DONE. The loop acts on them; they never
+     * reach a client (the error table has no row for them). */
+    CX_AGAIN = -2, /* pause: return to the caller, which calls again */
+    CX_DONE = -4,  /* stop: nothing more is of use */
     CX_OK = 0,
     CX_ERR_NOMEM,           /* allocation failed or a buffer hit its cap */
     CX_ERR_INVALID,         /* bad input from a caller or a file */

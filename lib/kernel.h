@@ -53,8 +53,10 @@ struct cx_kernel_buffers {
 
 /* Called for each iopub/shell message whose parent is one of the requests:
  * index is the request's position, msg_type e.g. "stream", content the
- * message content, bufs its buffers (n = 0 for most; all borrowed). A
- * non-zero return stops the wait with that error. A message too large to
+ * message content, bufs its buffers (n = 0 for most; all borrowed). Any
+ * other return than CX_OK stops the wait with it: an error, or CX_AGAIN
+ * (the caller has work to do before it waits on) or CX_DONE (no more
+ * messages are wanted), passed back as they are. A message too large to
  * keep (over CX_KERNEL_MAX_MESSAGE) is skipped and reported as index -1, msg_type
  * "oversized", content and bufs NULL. */
 typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, json_t *content,

@@ -347,7 +347,7 @@ on_message(void *ctx, int index, const char *type, json_t *content,
     /* Past the output limit, once every reply is in, the rest of the output
      * is of no use: stop here rather than wait for it to drain. */
     if (st->truncated && all_replied(st->reqs, CX_REQ_MAX))
-        return CX_ERR_TOO_LARGE;
+        return CX_DONE;
 
     if (index < 0) {
         count_output(st, st->cx->cfg->max_output_bytes + 1); /* "oversized" */
@@ -379,7 +379,7 @@ on_message(void *ctx, int index, const char *type, json_t *content,
             return CX_OK;
         tail_add(err ? &st->err : &st->out, json_string_value(text), n);
         if (pend_add(st, err, json_string_value(text), n))
-            return CX_ERR_TIMEOUT; /* resumable: wait_windows() comes back in time */
+            return CX_AGAIN; /* wait_windows() ticks the sink and comes back */
     } else if (!strcmp(type, "error")) {
         json_decref(st->error);
         st->error = json_incref(content);
@@ -479,14 +479,14 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
             int64_t due = sink_due(st);
 
             rc = cx_kernel_wait(st->conn, reqs, n, n, due < until ? due : until, on_message, st);
-            if (rc == CX_ERR_TIMEOUT)
+            if (rc == CX_ERR_TIMEOUT || rc == CX_AGAIN)
                 sink_tick(st);
-        } while (rc == CX_ERR_TIMEOUT && cx_now_us() < until);
-        if (rc == CX_ERR_TOO_LARGE) {
+        } while ((rc == CX_ERR_TIMEOUT || rc == CX_AGAIN) && cx_now_us() < until);
+        if (rc == CX_DONE) {
             st->abandoned = true; /* output left unread: do not pool */
             return CX_OK;
         }
-        if (rc != CX_ERR_TIMEOUT)
+        if (rc != CX_ERR_TIMEOUT && rc != CX_AGAIN)
             return rc;
         if (!cx_db_connection_ok(st->cx->db)) {
             /* The conversation's lock went with the connection: another run
