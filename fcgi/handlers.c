@@ -27,7 +27,7 @@ void
 cx_h_health(struct cx_req *r)
 {
     json_t *body = NULL;
-    bool ok = cx_health_check(r->w, &body);
+    bool ok = cx_health_check(r->cx, &body);
 
     if (!body) {
         cx_req_send_lib_error(r, CX_ERR_NOMEM, NULL);
@@ -54,14 +54,14 @@ cx_h_metrics(struct cx_req *r)
 
     if (!cx_req_operator(r)) {
         cx_req_send_error(r, 403, "forbidden",
-                          r->w->cfg->metrics_token
+                          r->cx->cfg->metrics_token
                               ? "metrics are served only with the operators' token"
                               : "metrics are served only to the addresses in metrics_allow");
         return;
     }
     cx_buf_init(&b, 4 * 1024 * 1024);
     cx_metrics_render(&b);
-    cx_session_metrics(r->w, &b);
+    cx_session_metrics(r->cx, &b);
     if (cx_buf_err(&b))
         cx_req_send_lib_error(r, cx_buf_err(&b), NULL);
     else
@@ -78,7 +78,7 @@ get_named(struct cx_req *r,
     json_t *out = NULL;
 
     if (cx_req_authenticate(r)) {
-        enum cx_err rc = fn(r->w, r->who.user, r->captures[0], &out); /* before out is read */
+        enum cx_err rc = fn(r->cx, r->who.user, r->captures[0], &out); /* before out is read */
         answer(r, rc, 200, out, NULL, what);
     }
 }
@@ -99,12 +99,12 @@ runs_create_run(struct cx_req *r)
     bool pending = false;
     enum cx_err rc;
 
-    body = cx_req_json_body(r, r->w->cfg->max_run_body_bytes < r->w->cfg->max_body_bytes
-                                   ? r->w->cfg->max_run_body_bytes
-                                   : r->w->cfg->max_body_bytes);
+    body = cx_req_json_body(r, r->cx->cfg->max_run_body_bytes < r->cx->cfg->max_body_bytes
+                                   ? r->cx->cfg->max_run_body_bytes
+                                   : r->cx->cfg->max_body_bytes);
     if (!body)
         return;
-    rc = cx_run_request_parse(r->w->cfg, body, &req, msg, sizeof(msg));
+    rc = cx_run_request_parse(r->cx->cfg, body, &req, msg, sizeof(msg));
     json_decref(body);
     if (rc == CX_OK && cx_req_wants_events(r)) {
         struct cx_sse sse;
@@ -113,14 +113,14 @@ runs_create_run(struct cx_req *r)
         /* one worker thread per stream, as for any run: it writes the
          * events itself while it waits for the kernel */
         cx_req_sse_sink(r, &sse, &sink);
-        rc = cx_run_submit_stream(r->w, &r->who, &req, &sink, &out, &pending, msg, sizeof(msg));
+        rc = cx_run_submit_stream(r->cx, &r->who, &req, &sink, &out, &pending, msg, sizeof(msg));
         cx_run_request_cleanup(&req);
         cx_req_sse_end(&sse, rc, pending ? 202 : 200, out, msg);
         json_decref(out);
         return;
     }
     if (rc == CX_OK) {
-        rc = cx_run_submit(r->w, &r->who, &req, &out, &pending, msg, sizeof(msg));
+        rc = cx_run_submit(r->cx, &r->who, &req, &out, &pending, msg, sizeof(msg));
         cx_run_request_cleanup(&req);
     }
     answer(r, rc, pending ? 202 : 200, out, msg, NULL);
@@ -147,7 +147,7 @@ decide(struct cx_req *r, decision_fn fn)
     json_t *out = NULL;
 
     if (cx_req_authenticate(r)) {
-        enum cx_err rc = fn(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
+        enum cx_err rc = fn(r->cx, &r->who, r->captures[0], &out, msg, sizeof(msg));
         answer(r, rc, 200, out, msg, NULL);
     }
 }
@@ -163,12 +163,12 @@ runs_approve_run(struct cx_req *r)
     enum cx_err rc;
 
     if (!cx_req_wants_events(r)) {
-        rc = cx_run_approve(r->w, &r->who, r->captures[0], &out, msg, sizeof(msg));
+        rc = cx_run_approve(r->cx, &r->who, r->captures[0], &out, msg, sizeof(msg));
         answer(r, rc, 200, out, msg, NULL);
         return;
     }
     cx_req_sse_sink(r, &sse, &sink);
-    rc = cx_run_approve_stream(r->w, &r->who, r->captures[0], &sink, &out, msg, sizeof(msg));
+    rc = cx_run_approve_stream(r->cx, &r->who, r->captures[0], &sink, &out, msg, sizeof(msg));
     cx_req_sse_end(&sse, rc, 200, out, msg);
     json_decref(out);
 }
@@ -192,7 +192,7 @@ delete_named(struct cx_req *r, enum cx_err (*fn)(struct cx_ctx *, const char *, 
              const char *what)
 {
     if (cx_req_authenticate(r))
-        answer(r, fn(r->w, r->who.user, r->captures[0]), 204, NULL, NULL, what);
+        answer(r, fn(r->cx, r->who.user, r->captures[0]), 204, NULL, NULL, what);
 }
 
 void
@@ -212,7 +212,7 @@ cx_h_artifacts_list(struct cx_req *r)
         return;
     if (cx_http_query_get(r->query, "conversation_id", cid, sizeof(cid)))
         cid[0] = '\0'; /* missing or malformed: the library says so */
-    rc = cx_artifact_list(r->w, r->who.user, cid, &out);
+    rc = cx_artifact_list(r->cx, r->who.user, cid, &out);
     answer(r, rc, 200, out, rc == CX_ERR_INVALID ? CX_CONVERSATION_RULE : NULL, NULL);
 }
 
@@ -237,7 +237,7 @@ cx_h_artifacts_upload(struct cx_req *r)
 
     if (!cx_req_authenticate(r))
         return;
-    rc = cx_artifact_upload(r->w, r->who.user, r->query, cx_req_param(r, "CONTENT_TYPE"),
+    rc = cx_artifact_upload(r->cx, r->who.user, r->query, cx_req_param(r, "CONTENT_TYPE"),
                             cx_req_param(r, "CONTENT_LENGTH"), cx_req_read, r->fr->in, &out, msg,
                             sizeof(msg));
     answer(r, rc, 201, out, msg, NULL);
@@ -299,7 +299,7 @@ send_from_store(struct cx_req *r, const struct cx_download *d, int status, uint6
     }
     /* the whole object without a Range (a store may ignore one that
      * covers everything), a part with one */
-    rc = cx_download_read(r->w, d, first, status == 206 ? last : UINT64_MAX, on_store_bytes, &f);
+    rc = cx_download_read(r->cx, d, first, status == 206 ? last : UINT64_MAX, on_store_bytes, &f);
     cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, f.sent);
     if (f.sent_head && (rc || f.sent != f.len))
         cx_req_cut(r); /* the head promised bytes that will not come */
@@ -350,11 +350,11 @@ send_direct(struct cx_req *r, const struct cx_download *d)
                  (unsigned long long)last, (unsigned long long)d->size);
         cx_req_header(r, "Content-Range", cr);
     }
-    if (cx_download_from_store(r->w)) {
+    if (cx_download_from_store(r->cx)) {
         send_from_store(r, d, range == CX_RANGE_ONE ? 206 : 200, first, last);
         return;
     }
-    if (cx_download_open(r->w, d, &fd)) {
+    if (cx_download_open(r->cx, d, &fd)) {
         cx_req_forget_headers(r);
         cx_req_send_lib_error(r, CX_ERR_IO, "the artifact's bytes are missing");
         return;
@@ -379,9 +379,9 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     uint64_t first, last;
     enum cx_range range;
     char url[16384];
-    const char *prefix = r->w->cfg->x_accel_prefix;
+    const char *prefix = r->cx->cfg->x_accel_prefix;
 
-    if (cx_download_presign(r->w, d, for_browser, url, sizeof(url))) {
+    if (cx_download_presign(r->cx, d, for_browser, url, sizeof(url))) {
         cx_req_forget_headers(r);
         cx_req_send_lib_error(r, CX_ERR_INTERNAL, NULL);
         return;
@@ -422,7 +422,7 @@ download_headers(struct cx_req *r, const struct cx_download *d, bool proxied)
     cx_http_content_disposition(d->filename, disp, sizeof(disp));
     cx_req_header(r, "ETag", etag);
     cx_req_header(r, "Last-Modified", date);
-    if (r->w->cfg->delivery != CX_DELIVERY_X_ACCEL || cx_download_from_store(r->w))
+    if (r->cx->cfg->delivery != CX_DELIVERY_X_ACCEL || cx_download_from_store(r->cx))
         cx_req_header(r, "Accept-Ranges", "bytes"); /* nginx adds its own to a file */
     cx_req_header(r, proxied ? "X-Codexec-S3-Disposition" : "Content-Disposition", disp);
     cx_req_header(r, "Content-Security-Policy", "sandbox; default-src 'none'");
@@ -432,7 +432,7 @@ download_headers(struct cx_req *r, const struct cx_download *d, bool proxied)
 void
 cx_h_artifacts_content(struct cx_req *r)
 {
-    const struct cx_config *cfg = r->w->cfg;
+    const struct cx_config *cfg = r->cx->cfg;
     struct cx_download_request q = {.id = r->captures[0],
                                     .query = r->query,
                                     .remote_user = cx_req_remote_user(r),
@@ -440,7 +440,7 @@ cx_h_artifacts_content(struct cx_req *r)
     struct cx_download d;
     char msg[CX_MSG_MAX] = "", path[4096];
     bool hit;
-    enum cx_err rc = cx_download_authorize(r->w, &q, &r->who, &d, msg, sizeof(msg));
+    enum cx_err rc = cx_download_authorize(r->cx, &q, &r->who, &d, msg, sizeof(msg));
 
     if (rc) {
         cx_req_send_lib_error(r, rc, msg);
@@ -452,13 +452,13 @@ cx_h_artifacts_content(struct cx_req *r)
     }
     hit = cx_http_etag_matches(cx_req_param(r, "HTTP_IF_NONE_MATCH"), d.sha256);
     download_headers(r, &d,
-                     !hit && cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w) &&
-                         strcmp(r->method, "HEAD") != 0);
+                     !hit && cfg->delivery == CX_DELIVERY_X_ACCEL &&
+                         cx_download_from_store(r->cx) && strcmp(r->method, "HEAD") != 0);
     if (hit)
         cx_req_send_empty(r, 304);
-    else if (cx_download_from_store(r->w) && !strcmp(r->method, "HEAD"))
+    else if (cx_download_from_store(r->cx) && !strcmp(r->method, "HEAD"))
         send_direct(r, &d); /* headers only (a presigned GET can't be a HEAD) */
-    else if (cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->w)) {
+    else if (cfg->delivery == CX_DELIVERY_X_ACCEL && cx_download_from_store(r->cx)) {
         send_presigned(r, &d, false); /* nginx fetches it from the store */
         cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
     } else if (cfg->delivery == CX_DELIVERY_X_ACCEL) {
@@ -467,7 +467,7 @@ cx_h_artifacts_content(struct cx_req *r)
             cx_metrics_add(CX_COUNT_DOWNLOAD_BYTES, d.size);
     } else if (cfg->delivery == CX_DELIVERY_DIRECT)
         send_direct(r, &d);
-    else if (cx_storage_path(r->w->store, d.key, path, sizeof(path)))
+    else if (cx_storage_path(r->cx->store, d.key, path, sizeof(path)))
         cx_req_send_lib_error(r, CX_ERR_INTERNAL, NULL);
     else {
         cx_req_header(r, "X-Sendfile", path); /* Apache mod_xsendfile, lighttpd */
@@ -494,7 +494,7 @@ cx_h_artifacts_links(struct cx_req *r)
     } else if (!cx_req_json_type(r)) {
         return; /* an empty body too: the endpoint takes JSON */
     }
-    rc = cx_link_create(r->w, &r->who, r->captures[0], body, &out, msg, sizeof(msg));
+    rc = cx_link_create(r->cx, &r->who, r->captures[0], body, &out, msg, sizeof(msg));
     json_decref(body);
     answer(r, rc, 201, out, msg, "no such artifact");
 }
@@ -508,7 +508,7 @@ cx_h_artifacts_page(struct cx_req *r)
     if (!cx_req_authenticate(r))
         return;
     cx_buf_init(&b, 16u << 20);
-    rc = cx_page_artifacts(r->w, &r->who, r->captures[0], &b);
+    rc = cx_page_artifacts(r->cx, &r->who, r->captures[0], &b);
     if (rc) {
         cx_req_send_lib_error(r, rc, rc == CX_ERR_NOT_FOUND ? "no such conversation" : NULL);
     } else {

@@ -145,14 +145,14 @@ set_request_context(struct cx_req *r)
 /* Serves one request; false when a run thread took it over (the request
  * and its connection are then that thread's to end). */
 static bool
-serve(struct cx_ctx *w, FCGX_Request *fr)
+serve(struct cx_ctx *cx, FCGX_Request *fr)
 {
     struct cx_req r;
 
     memset(&r, 0, sizeof(r));
     r.t0_us = cx_now_us();
     r.fr = fr;
-    r.w = w;
+    r.cx = cx;
     cx_buf_init(&r.headers, 64 * 1024);
     set_request_context(&r);
     cx_router_dispatch(&r);
@@ -241,14 +241,14 @@ wait_for_connection(void)
 static void *
 worker_main(void *arg)
 {
-    struct cx_ctx w;
+    struct cx_ctx cx;
     struct idle_worker me = {.go = false};
     FCGX_Request *fr = NULL;
     unsigned backoff_ms = 0;
     (void)arg;
 
     pthread_cond_init(&me.cond, NULL);
-    if (!ctx_open(&w, "worker") || !(fr = new_request()))
+    if (!ctx_open(&cx, "worker") || !(fr = new_request()))
         goto out;
     cx_metrics_gauge_add(CX_GAUGE_WORKERS, 1);
     while (take_role(&me)) {
@@ -264,7 +264,7 @@ worker_main(void *arg)
             continue;
         }
         backoff_ms = 0;
-        if (!serve(&w, fr)) {
+        if (!serve(&cx, fr)) {
             /* a run thread has it now */
             while (!(fr = new_request()) && !stopping)
                 accept_failed(&backoff_ms);
@@ -284,7 +284,7 @@ worker_main(void *arg)
     free(fr);
     cx_metrics_gauge_add(CX_GAUGE_WORKERS, -1);
 out:
-    ctx_close(&w);
+    ctx_close(&cx);
     pthread_cond_destroy(&me.cond);
     return NULL;
 }

@@ -60,7 +60,7 @@ run_deferred(struct cx_ctx *cx, void *arg)
     FCGX_Request *fr = d->r.fr;
 
     cx_log_set_request_id(d->r.id);
-    d->r.w = cx;
+    d->r.cx = cx;
     if (hung_up(fr)) {
         cx_log_info("the client went away while its run waited for a thread; not run");
         d->r.status = 499; /* (nginx's word for it, in the log and metrics only) */
@@ -394,9 +394,9 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
 bool
 cx_req_vouched(struct cx_req *r)
 {
-    if (!r->w->cfg->web_server_key)
+    if (!r->cx->cfg->web_server_key)
         return true;
-    return cx_auth_hex_equal(cx_req_param(r, "CODEXEC_WEB_KEY"), cx_auth_web_key(r->w->auth));
+    return cx_auth_hex_equal(cx_req_param(r, "CODEXEC_WEB_KEY"), cx_auth_web_key(r->cx->auth));
 }
 
 bool
@@ -404,11 +404,11 @@ cx_req_operator(struct cx_req *r)
 {
     const char *h = cx_req_param(r, "HTTP_AUTHORIZATION");
 
-    if (r->w->cfg->metrics_token)
+    if (r->cx->cfg->metrics_token)
         return h && !strncasecmp(h, "Bearer ", 7) &&
-               cx_auth_hex_equal(h + 7 + strspn(h + 7, " "), cx_auth_ops_token(r->w->auth));
+               cx_auth_hex_equal(h + 7 + strspn(h + 7, " "), cx_auth_ops_token(r->cx->auth));
     return cx_req_vouched(r) &&
-           cx_addr_list_match(r->w->cfg->metrics_allow, cx_req_param(r, "REMOTE_ADDR"));
+           cx_addr_list_match(r->cx->cfg->metrics_allow, cx_req_param(r, "REMOTE_ADDR"));
 }
 
 const char *
@@ -417,7 +417,7 @@ cx_req_remote_user(struct cx_req *r)
     const char *user = NULL, *auth_type = cx_req_param(r, "AUTH_TYPE");
     int seen = 0;
 
-    if (!r->w->cfg->trust_remote_user || !auth_type || !*auth_type || !cx_req_vouched(r))
+    if (!r->cx->cfg->trust_remote_user || !auth_type || !*auth_type || !cx_req_vouched(r))
         return NULL;
     for (char **e = r->fr->envp; *e; e++)
         if (!strncmp(*e, "REMOTE_USER=", 12)) {
@@ -470,7 +470,7 @@ cx_req_authenticate(struct cx_req *r)
     const char *remote = cx_req_remote_user(r);
     enum cx_err rc;
 
-    rc = cx_auth_request(r->w->auth, r->w->db, remote != NULL, remote,
+    rc = cx_auth_request(r->cx->auth, r->cx->db, remote != NULL, remote,
                          cx_req_param(r, "HTTP_AUTHORIZATION"), &r->who);
     if (!cx_req_auth_result(r, rc))
         return false;

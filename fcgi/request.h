@@ -13,7 +13,7 @@
 
 struct cx_req {
     FCGX_Request *fr;
-    struct cx_ctx *w; /* the worker thread's library context */
+    struct cx_ctx *cx; /* the worker thread's library context */
     const char *method;
     char path[1024];
     const char *query; /* "" when absent */
@@ -28,7 +28,7 @@ struct cx_req {
 };
 
 /* Hands the rest of the request to the run lane (lib/lane.h): fn(r) runs on
- * a run thread, with r->w that thread's context, and the request ends
+ * a run thread, with r->cx that thread's context, and the request ends
  * there (cx_req_finish, then the connection is given back). False when
  * the lane refused it: the answer (429 too_many_runs, 503) is sent and the
  * request is still the caller's. On true, r is no longer the caller's:
