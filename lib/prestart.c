@@ -11,7 +11,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "prestart.h"
-#include "runexec.h"
+#include "runend.h"
 #include "session.h"
 #include "util.h"
 
@@ -243,7 +243,7 @@ start_one(struct cx_ctx *cx)
          * record written, as after any run, so the first real run pays none
          * of it. */
         meta = cx_capture_metadata(cx->cfg, kid, NULL, false, true);
-        uexpr = meta ? cx_runexec_epilogue(kid, true, meta, true) : NULL;
+        uexpr = meta ? cx_runend_expr(kid, true, meta, true) : NULL;
         code = preload_cell(cx->cfg->kernel_preload);
         e.code = code;
         e.user_expressions = uexpr;

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "db.h"
 #include "digest.h"
+#include "runend.h"
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
@@ -316,8 +317,7 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
     if (st->interrupted && st->error)
         st->events |= CX_EVENT(CX_OUTCOME_OUTPUT_LIMIT);
     bool died = st->events & CX_EVENT(CX_OUTCOME_DIED);
-    if (!died && cx_runexec_carried(carrier) && cx_runexec_says_fresh(carrier) &&
-        !r->s.kernel_fresh)
+    if (!died && cx_runend_carried(carrier) && cx_runend_says_fresh(carrier) && !r->s.kernel_fresh)
         r->s.reset = true; /* restarted behind our back since the last run */
     if (!died && !(st->events & CX_EVENT(CX_OUTCOME_TIMEOUT)))
         r->s.kernel_fresh = false;

@@ -8,7 +8,7 @@
 #include "capture.h"
 #include "config.h"
 #include "db.h"
-#include "digest.h"
+#include "runend.h"
 #include "gateway.h"
 #include "kernel.h"
 #include "log.h"
@@ -18,53 +18,6 @@
 #include "session.h"
 #include "stage.h"
 #include "util.h"
-
-extern const char cx_epilogue_py[];
-
-/* The run's epilogue, one user expression: the first time a kernel process
- * meets this version of lib/epilogue.py, its source (in the request's
- * metadata, not in the expression: the kernel compiles the expression on
- * every evaluation, 0.16 ms with the source in it) is executed into a
- * private namespace and the function kept in sys; then it is called with
- * the token (the kernel id, as a JSON string, which is a Python literal)
- * and whether to capture. Without the function kept or its source, the
- * expression answers 'need' and does nothing. */
-#define EPILOGUE_FMT                                                                               \
-    "(lambda s, m: (getattr(s, '_codexec_epi', None) if getattr(s, '_codexec_epi_v', None) =="     \
-    " '%s' else None) or ('codexec_epilogue' in m and (lambda d: (exec(m['codexec_epilogue'], d)," \
-    " setattr(s, '_codexec_epi', d['epilogue']), setattr(s, '_codexec_epi_v', '%s'),"              \
-    " d['epilogue'])[3])({'__name__': '__codexec__'})) or (lambda *a: 'need'))(__import__('sys')," \
-    " __import__('IPython').get_ipython().kernel.get_parent('shell')['metadata'])(%s, %s)"
-
-/* The epilogue's version: its source's SHA-256, the first 16 digits. */
-static struct cx_sha256_kept epilogue_sha = CX_SHA256_KEPT_INIT;
-
-/* The epilogue's source, for a kernel that has not kept it. */
-static bool
-add_epilogue_source(json_t *meta)
-{
-    return !json_object_set_new(meta, "codexec_epilogue", json_string(cx_epilogue_py));
-}
-
-json_t *
-cx_runexec_epilogue(const char *token, bool capture, json_t *meta, bool with_source)
-{
-    json_t *t = json_string(token), *out = NULL;
-    char *lit = t ? json_dumps(t, JSON_ENCODE_ANY) : NULL;
-    const char *sha = cx_sha256_kept(&epilogue_sha, cx_epilogue_py);
-    char expr[2048], version[17];
-
-    if (sha)
-        snprintf(version, sizeof(version), "%.16s", sha);
-    if (lit && sha &&
-        (size_t)snprintf(expr, sizeof(expr), EPILOGUE_FMT, version, version, lit,
-                         capture ? "True" : "False") < sizeof(expr) &&
-        (!with_source || add_epilogue_source(meta)))
-        out = json_pack("{s:s}", "cx", expr);
-    free(lit);
-    json_decref(t);
-    return out;
-}
 
 /* Runs main(**arguments) after a successful cell. The arguments arrive as
  * JSON data in the request's metadata, never as source; the result leaves
@@ -411,49 +364,6 @@ on_message(void *ctx, int index, const char *type, json_t *content,
     return CX_OK;
 }
 
-json_t *
-cx_runexec_epilogue_answer(const struct cx_exec *e)
-{
-    json_t *v = json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
-    const char *status = json_string_value(json_object_get(v, "status"));
-    const char *plain =
-        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
-    json_t *a;
-
-    if (!status || strcmp(status, "ok") || !plain ||
-        cx_json_cost(plain, strlen(plain)) > CX_JSON_COST_MAX)
-        return NULL;
-    a = json_loads(plain, 0, NULL);
-    if (!json_is_object(a)) {
-        json_decref(a);
-        return NULL;
-    }
-    return a;
-}
-
-/* Whether the epilogue did nothing for want of its sources. */
-static bool
-needs_sources(const struct cx_exec *e)
-{
-    json_t *v = json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
-    const char *plain =
-        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
-
-    /* the two answers lib/epilogue.py and the expression give, as written:
-     * no parse of what may be a long answer */
-    return plain && (!strcmp(plain, "'need'") || !strcmp(plain, "{\"need\": true}"));
-}
-
-bool
-cx_runexec_says_fresh(const struct cx_exec *epilogue)
-{
-    json_t *a = cx_runexec_epilogue_answer(epilogue);
-    bool known = json_is_true(json_object_get(a, "known"));
-
-    json_decref(a);
-    return !known;
-}
-
 /* Waits for the sent requests until deadline_us, in windows: a window with
  * no message at all asks the gateway whether the kernel still exists (our
  * pooled WebSocket outlives a kernel deleted behind our back); a silent
@@ -541,18 +451,6 @@ wait_run(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, int 
     return rc;
 }
 
-/* Whether a request's user expressions (the epilogue) were evaluated: the
- * kernel evaluates them only after a cell that succeeded. */
-bool
-cx_runexec_carried(const struct cx_exec *e)
-{
-    const char *status = json_string_value(json_object_get(e->reply, "status"));
-
-    return e->got_reply && status && !strcmp(status, "ok") &&
-           json_object_get(json_object_get(e->reply, "user_expressions"), "cx") &&
-           !needs_sources(e);
-}
-
 /* A request's metadata for the epilogue: the capture's parameters and,
  * with_source, the epilogue's and the helper's sources. */
 static enum cx_err
@@ -562,7 +460,7 @@ build_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_
     json_t *cap = NULL;
     enum cx_err rc = CX_ERR_NOMEM;
 
-    if (with_source && !add_epilogue_source(meta))
+    if (with_source && !cx_runend_add_source(meta))
         return CX_ERR_NOMEM;
     if (!st->cap)
         return CX_OK;
@@ -610,7 +508,7 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
 
     if (!meta || !epimeta || run_metadata(st, s, req, meta, epimeta))
         goto out;
-    uexpr = cx_runexec_epilogue(s->kernel_id, st->cap != NULL, meta, false); /* (sources above) */
+    uexpr = cx_runend_expr(s->kernel_id, st->cap != NULL, meta, false); /* (sources above) */
     if (!uexpr || (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
         goto out;
     memset(all, 0, sizeof(*all) * (st->base + CX_REQ_MAX));
@@ -656,7 +554,7 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
     rc = wait_run(st, s, all, (int)st->base + CX_REQ_MAX, deadline);
     if (rc == CX_OK &&
         !(st->events & (CX_EVENT(CX_OUTCOME_TIMEOUT) | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) &&
-        !cx_runexec_carried(&reqs[last])) {
+        !cx_runend_carried(&reqs[last])) {
         st->carrier = CX_REQ_EPILOGUE;
         rc = cx_kernel_execute(st->conn, &reqs[CX_REQ_EPILOGUE]);
         if (rc) {
@@ -666,8 +564,8 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
         cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
         rc = wait_run(st, s, all, (int)st->base + CX_REQ_MAX, deadline);
     }
-    if (rc == CX_OK && st->cap && cx_runexec_carried(&reqs[st->carrier])) {
-        json_t *answer = cx_runexec_epilogue_answer(&reqs[st->carrier]);
+    if (rc == CX_OK && st->cap && cx_runend_carried(&reqs[st->carrier])) {
+        json_t *answer = cx_runend_answer(&reqs[st->carrier]);
         cx_capture_on_result(st->cap, json_object_get(answer, "done"));
         json_decref(answer);
     }

@@ -114,26 +114,10 @@ enum cx_err cx_runexec_execute(struct cx_runexec *st, struct cx_session *s,
 
 enum cx_outcome cx_runexec_outcome(const struct cx_runexec *st);
 
-/* Whether a request's user expressions (the epilogue) were evaluated: the
- * kernel evaluates them only after a cell that succeeded. */
-bool cx_runexec_carried(const struct cx_exec *e);
-/* Whether the epilogue found a kernel codexec had not used before. */
-bool cx_runexec_says_fresh(const struct cx_exec *epilogue);
-/* The epilogue's answer in a request's reply (new reference):
- * {"known": bool, "done": the capture's done record or null}; NULL when
- * it was not evaluated, failed or answered something else. */
-json_t *cx_runexec_epilogue_answer(const struct cx_exec *e);
 /* cx_session_release() with also (may be NULL) run in the same round trip
  * and transaction (each on its own if that fails; also alone when the
  * session is not locked): the run's end. In session.c; declared here, out
  * of the public session.h, as it takes a database call. */
 void cx_session_release_with(struct cx_ctx *cx, struct cx_session *s, struct cx_db_call *also);
-
-/* The run's epilogue (lib/epilogue.py) for a kernel (token: its id), with
- * or without the capture: the user expressions of a request (new
- * reference); with_source, the request's metadata meta gets the
- * epilogue's source (a kernel keeps the epilogue once it has had it, and
- * answers "need" when it has not). NULL when out of memory. */
-json_t *cx_runexec_epilogue(const char *token, bool capture, json_t *meta, bool with_source);
 
 #endif

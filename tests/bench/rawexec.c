@@ -24,7 +24,7 @@
 #include "../../lib/config.h"
 #include "../../lib/kernel.h"
 #include "../../lib/log.h"
-#include "../../lib/runexec.h"
+#include "../../lib/runend.h"
 #include "../../lib/util.h"
 
 int
@@ -62,9 +62,9 @@ main(int argc, char **argv)
     if (epi && !strcmp(epi, "capture")) {
         /* as a run: the sources once (the pool's warm-up), then not */
         meta = cx_capture_metadata(&cfg, argv[3], NULL, false, false);
-        uexpr = meta ? cx_runexec_epilogue(argv[3], true, meta, false) : NULL;
+        uexpr = meta ? cx_runend_expr(argv[3], true, meta, false) : NULL;
         wmeta = cx_capture_metadata(&cfg, argv[3], NULL, false, true);
-        wexpr = wmeta ? cx_runexec_epilogue(argv[3], true, wmeta, true) : NULL;
+        wexpr = wmeta ? cx_runend_expr(argv[3], true, wmeta, true) : NULL;
         if (!uexpr || !wexpr)
             return 1;
     }

@@ -8,6 +8,7 @@
 #include "../../lib/gateway.h"
 #include "../../lib/kernel.h"
 #include "../../lib/log.h"
+#include "../../lib/runend.h"
 #include "../../lib/runexec.h"
 #include "../../lib/util.h"
 #include "tap.h"
@@ -315,8 +316,7 @@ main(void)
      * first call does not know it, the next does (without the source: the
      * kernel kept the epilogue) */
     for (int i = 0; i < 2; i++) {
-        json_t *meta = json_object(), *ue = cx_runexec_epilogue("k'\"\\\n)#", false, meta, i == 0),
-               *a;
+        json_t *meta = json_object(), *ue = cx_runend_expr("k'\"\\\n)#", false, meta, i == 0), *a;
         memset(&s, 0, sizeof(s));
         memset(&e, 0, sizeof(e));
         e.code = "";
@@ -325,7 +325,7 @@ main(void)
         ok(ue && cx_kernel_execute(c, &e) == CX_OK &&
                cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 10000000, on_msg, &s) == CX_OK,
            "epilogue %d evaluated", i + 1);
-        a = cx_runexec_epilogue_answer(&e);
+        a = cx_runend_answer(&e);
         ok(a && json_is_boolean(json_object_get(a, "known")) &&
                json_is_true(json_object_get(a, "known")) == (i == 1) &&
                json_is_null(json_object_get(a, "done")),
@@ -351,7 +351,7 @@ main(void)
        "the kept epilogue cleared");
     cx_exec_cleanup(&e, 1);
     {
-        json_t *meta = json_object(), *ue = cx_runexec_epilogue("other", false, meta, false);
+        json_t *meta = json_object(), *ue = cx_runend_expr("other", false, meta, false);
         memset(&e, 0, sizeof(e));
         e.code = "";
         e.user_expressions = ue;
@@ -360,7 +360,7 @@ main(void)
                cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 10000000, on_msg, &s) == CX_OK &&
                e.got_reply,
            "an epilogue without its source, evaluated");
-        ok(!cx_runexec_carried(&e), "  it did not carry the run (it needs its source)");
+        ok(!cx_runend_carried(&e), "  it did not carry the run (it needs its source)");
         e.user_expressions = e.metadata = NULL;
         cx_exec_cleanup(&e, 1);
         json_decref(ue);
