@@ -61,7 +61,7 @@ cx_h_metrics(struct cx_req *r)
     }
     cx_buf_init(&b, 4 * 1024 * 1024);
     cx_metrics_render(&b);
-    cx_session_metrics(r->cx, &b);
+    cx_budget_metrics(r->cx, &b);
     if (cx_buf_err(&b))
         cx_req_send_lib_error(r, cx_buf_err(&b), NULL);
     else

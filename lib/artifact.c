@@ -17,7 +17,6 @@
 #include "http.h"
 #include "log.h"
 #include "mime.h"
-#include "run.h"
 #include "storage.h"
 #include "util.h"
 

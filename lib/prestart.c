@@ -12,7 +12,7 @@
 #include "log.h"
 #include "prestart.h"
 #include "runend.h"
-#include "session.h"
+#include "budget.h"
 #include "util.h"
 
 CX_SQL(q_claim, 2,
@@ -285,8 +285,7 @@ room_for_one(struct cx_ctx *cx, unsigned max)
 {
     long used = 0;
 
-    return cx_session_gateway_kernels(cx, cx_gateway_url(cx->gw), &used) == CX_OK &&
-           used < (long)max;
+    return cx_budget_kernels(cx, cx_gateway_url(cx->gw), &used) == CX_OK && used < (long)max;
 }
 
 /* The pool of one gateway (cx->gw), within its budget. */

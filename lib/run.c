@@ -16,6 +16,7 @@
 #include "metrics.h"
 #include "run.h"
 #include "runexec.h"
+#include "sessdb.h"
 #include "session.h"
 #include "stage.h"
 #include "util.h"

@@ -13,7 +13,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "metrics.h"
-#include "run.h"
+#include "runreq.h"
 #include "runexec.h"
 #include "session.h"
 #include "stage.h"

@@ -114,10 +114,4 @@ enum cx_err cx_runexec_execute(struct cx_runexec *st, struct cx_session *s,
 
 enum cx_outcome cx_runexec_outcome(const struct cx_runexec *st);
 
-/* cx_session_release() with also (may be NULL) run in the same round trip
- * and transaction (each on its own if that fails; also alone when the
- * session is not locked): the run's end. In session.c; declared here, out
- * of the public session.h, as it takes a database call. */
-void cx_session_release_with(struct cx_ctx *cx, struct cx_session *s, struct cx_db_call *also);
-
 #endif

@@ -9,8 +9,9 @@
 #include "kernel.h"
 #include "log.h"
 #include "metrics.h"
+#include "budget.h"
 #include "prestart.h"
-#include "runexec.h"
+#include "sessdb.h"
 #include "session.h"
 #include "util.h"
 
@@ -54,14 +55,8 @@ CX_SQL(q_insert, 6,
 CX_SQL(q_set_kernel, 3,
        "UPDATE sessions SET kernel_id = $2, gateway_url = $3, kernel_fresh = true"
        " WHERE id = $1::uuid");
-/* A gateway's kernels: sessions that have one (or are starting one: an
- * empty kernel_id, the reservation) and pooled ones. */
-#define GW_KERNELS(url)                                                                            \
-    "(SELECT count(*) FROM sessions WHERE gateway_url = " url " AND kernel_id IS NOT NULL) +"      \
-    " (SELECT count(*) FROM prestarted_kernels WHERE gateway_url = " url ")"
 CX_SQL(q_gw_lock, 1,
        "SELECT pg_advisory_xact_lock(hashtextextended('gateway' || E'\\n' || $1, 4))");
-CX_SQL(q_gw_count, 1, "SELECT " GW_KERNELS("$1"));
 CX_SQL(q_reserve, 2, "UPDATE sessions SET kernel_id = '', gateway_url = $2 WHERE id = $1::uuid");
 CX_SQL(q_idle_any, 2,
        "SELECT user_id, conversation_id FROM sessions WHERE gateway_url = $1"
@@ -78,58 +73,6 @@ CX_SQL(q_expired, 1,
        "SELECT id, user_id, conversation_id, coalesce(kernel_id, ''), gateway_url FROM sessions"
        " WHERE expires_at < now() AND (cleanup_after IS NULL OR cleanup_after < now())"
        " ORDER BY expires_at LIMIT $1::int");
-
-enum cx_err
-cx_session_gateway_kernels(struct cx_ctx *cx, const char *gateway_url, long *count)
-{
-    const char *p[1] = {gateway_url};
-    PGresult *r = NULL;
-    enum cx_err rc = cx_db_exec(cx->db, &q_gw_count, p, &r);
-
-    *count = rc == CX_OK ? strtol(PQgetvalue(r, 0, 0), NULL, 10) : 0;
-    PQclear(r);
-    return rc;
-}
-
-CX_SQL(q_gw_gauges, 1,
-       "SELECT (SELECT count(*) FROM sessions WHERE gateway_url = $1 AND kernel_id <> ''),"
-       " " GW_KERNELS("$1") ","
-                            " (SELECT count(*) FROM prestarted_kernels WHERE gateway_url = $1)");
-
-void
-cx_session_metrics(struct cx_ctx *cx, struct cx_buf *b)
-{
-    static const char *const help[] = {
-        "# HELP codexec_sessions Sessions with a kernel, by gateway.\n"
-        "# TYPE codexec_sessions gauge\n",
-        "# HELP codexec_kernels Kernels codexec holds on the gateway (sessions, starting, "
-        "pooled), against its max_kernels.\n# TYPE codexec_kernels gauge\n",
-        "# HELP codexec_kernel_pool_ready Pre-started kernels waiting, by gateway.\n"
-        "# TYPE codexec_kernel_pool_ready gauge\n",
-    };
-    static const char *const name[] = {"sessions", "kernels", "kernel_pool_ready"};
-    PGresult *r[CX_GATEWAYS_MAX] = {0};
-
-    for (unsigned i = 0; i < cx->ngws; i++) {
-        const char *p[1] = {cx->cfg->gateways[i].url};
-        if (cx_db_exec(cx->db, &q_gw_gauges, p, &r[i]))
-            r[i] = NULL;
-    }
-    for (int g = 0; g < 3; g++) {
-        cx_buf_adds(b, help[g]);
-        for (unsigned i = 0; i < cx->ngws; i++)
-            if (r[i])
-                cx_buf_addf(b, "codexec_%s{gateway=\"%s\"} %s\n", name[g], cx->cfg->gateways[i].url,
-                            PQgetvalue(r[i], 0, g));
-    }
-    cx_buf_adds(b, "# HELP codexec_gateway_max_kernels The gateway's kernel budget.\n"
-                   "# TYPE codexec_gateway_max_kernels gauge\n");
-    for (unsigned i = 0; i < cx->ngws; i++)
-        cx_buf_addf(b, "codexec_gateway_max_kernels{gateway=\"%s\"} %u\n", cx->cfg->gateways[i].url,
-                    cx->cfg->gateways[i].max_kernels);
-    for (unsigned i = 0; i < cx->ngws; i++)
-        PQclear(r[i]);
-}
 
 void
 cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX])
@@ -455,16 +398,13 @@ pick_gateway(struct cx_ctx *cx, struct cx_session *s, long *room, unsigned *max)
     int at = -1;
 
     for (unsigned i = 0; i < cx->ngws; i++) {
-        const char *p[1] = {cx->cfg->gateways[i].url};
-        PGresult *r = NULL;
-        long free_;
+        long used, free_;
 
         if (!cx_gateway_usable(cx->gws[i]))
             continue;
-        if (cx_db_exec(cx->db, &q_gw_count, p, &r))
+        if (cx_budget_kernels(cx, cx->cfg->gateways[i].url, &used))
             return CX_ERR_DB;
-        free_ = (long)cx->cfg->gateways[i].max_kernels - strtol(PQgetvalue(r, 0, 0), NULL, 10);
-        PQclear(r);
+        free_ = (long)cx->cfg->gateways[i].max_kernels - used;
         if (at < 0 || free_ > *room) {
             at = (int)i;
             *room = free_;
@@ -485,19 +425,18 @@ static enum cx_err
 reserve(struct cx_ctx *cx, struct cx_session *s, unsigned max, bool *got)
 {
     const char *g[1] = {s->gateway_url}, *u[2] = {s->id, s->gateway_url};
-    PGresult *r = NULL;
     enum cx_err rc = cx_db_begin(cx->db);
+    long used = 0;
 
     *got = false;
     if (rc == CX_OK)
         rc = cx_db_exec(cx->db, &q_gw_lock, g, NULL);
     if (rc == CX_OK)
-        rc = cx_db_exec(cx->db, &q_gw_count, g, &r);
-    if (rc == CX_OK && strtol(PQgetvalue(r, 0, 0), NULL, 10) < (long)max) {
+        rc = cx_budget_kernels(cx, s->gateway_url, &used);
+    if (rc == CX_OK && used < (long)max) {
         *got = true;
         rc = cx_db_exec(cx->db, &q_reserve, u, NULL);
     }
-    PQclear(r);
     if (rc == CX_OK && *got)
         return cx_db_commit(cx->db);
     cx_db_rollback(cx->db);

@@ -22,18 +22,6 @@ void cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX]);
 
 struct cx_gateway;
 
-struct cx_buf;
-
-/* Appends the gauges of every gateway in Prometheus text (one query each):
- * codexec_sessions, codexec_kernels, codexec_kernel_pool_ready and
- * codexec_gateway_max_kernels, labelled gateway="URL". */
-void cx_session_metrics(struct cx_ctx *cx, struct cx_buf *b);
-
-/* The kernels a gateway holds for codexec: sessions with one (or starting
- * one) and pooled ones; what max_kernels bounds. */
-enum cx_err cx_session_gateway_kernels(struct cx_ctx *cx, const char *gateway_url,
-                                       long *count) CX_MUSTCHECK;
-
 struct cx_session {
     char id[37];
     char gateway_url[CX_GATEWAY_URL_MAX];

@@ -36,9 +36,9 @@ layer() {
     err.h|ctx.h) echo 0 ;;
     buf.h|digest.h) echo 1 ;;
     util.h|log.h|conf.h|config.h|mime.h|storage.h|s3.h|http.h|metrics.h|sandbox.h|health.h|runend.h) echo 2 ;;
-    db.h|ws.h|gateway.h|relay.h) echo 3 ;;
+    db.h|ws.h|gateway.h|relay.h|runreq.h) echo 3 ;;
     auth.h|kernel.h|run.h|capture.h) echo 4 ;;
-    authdb.h|session.h|prestart.h|artifact.h|download.h|page.h|maint.h|stage.h|runexec.h|host.h|watch.h|lane.h) echo 5 ;;
+    authdb.h|session.h|sessdb.h|budget.h|prestart.h|artifact.h|download.h|page.h|maint.h|stage.h|runexec.h|host.h|watch.h|lane.h) echo 5 ;;
     codexec.h|dlcache.h) echo 6 ;;
     *) echo unknown ;;
   esac
