@@ -27,6 +27,7 @@
 #include "lane.h"
 #include "artifact.h"
 #include "download.h"
+#include "dlcache.h"
 #include "page.h"
 #include "session.h"
 #include "budget.h"

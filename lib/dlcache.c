@@ -1,4 +1,4 @@
-/* The download cache (download.h): a direct-mapped table of the answers
+/* The download cache (dlcache.h): a direct-mapped table of the answers
  * cx_download_resolve_for_key() gave lately. */
 #include <pthread.h>
 #include <sodium.h>
@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "dlcache.h"
-#include "download.h"
 #include "metrics.h"
 #include "util.h"
 

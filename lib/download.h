@@ -8,18 +8,8 @@
 
 #include "auth.h"
 #include "ctx.h"
+#include "dlinfo.h"
 #include "err.h"
-
-struct cx_download {
-    char artifact_id[37];
-    int version;
-    char filename[256];
-    char mime[128];
-    uint64_t size;
-    char sha256[65];
-    char key[1024];
-    long long created; /* unix seconds: Last-Modified */
-};
 
 /* The user's artifact version (0 = current). CX_ERR_NOT_FOUND alike for a
  * missing, deleted or foreign artifact, a missing version, a malformed id. */
@@ -94,25 +84,5 @@ json_t *cx_link_sign(struct cx_ctx *cx, const struct cx_principal *who, const st
  * CX_ERR_EXPIRED when past its expiry. On CX_OK: the user and version. */
 enum cx_err cx_link_verify(struct cx_ctx *cx, const char *query, const char *id,
                            char user[CX_USER_MAX + 1], int *version) CX_MUSTCHECK;
-
-/* The download cache: a download by API key answered without a database
- * round trip when the same key asked for the same artifact and version
- * within the last minute. The check stays on every request; only where
- * its answer comes from changes. An entry is forgotten the moment its key
- * is revoked or its artifact deleted or given a new version, as
- * PostgreSQL announces it (watch.h: the watcher calls the functions
- * below), on every process; while the announcements can't be heard (no
- * connection), nothing is answered from the cache. Process-wide, shared by
- * every thread. */
-
-/* Sets the capacity (entries; 0: no cache). Once, before any thread. */
-enum cx_err cx_dlcache_init(unsigned entries) CX_MUSTCHECK;
-void cx_dlcache_shutdown(void);
-
-/* The watcher heard (true) or lost (false) the announcements: either way
- * everything cached so far is forgotten. */
-void cx_dlcache_set_live(bool live);
-void cx_dlcache_forget_key(const char *key_id);
-void cx_dlcache_forget_artifact(const char *artifact_id);
 
 #endif
