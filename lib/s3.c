@@ -466,7 +466,10 @@ cx_s3_payload_sha(const struct cx_s3 *s3, const void *body, size_t len, bool bul
         snprintf(out, 65, "%s", known);
         return CX_OK;
     }
-    if (bulk && !strncmp(s3->origin, "https://", 8)) {
+    /* (libcurl signs with the header's hash only since 7.87: an older one
+     * hashes the body itself, and the header must then say the same) */
+    if (bulk && !strncmp(s3->origin, "https://", 8) &&
+        curl_version_info(CURLVERSION_NOW)->version_num >= 0x075700) {
         snprintf(out, 65, "UNSIGNED-PAYLOAD");
         return CX_OK;
     }

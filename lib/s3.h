@@ -47,7 +47,8 @@ enum cx_err cx_s3_put(struct cx_s3 *s3, const char *key, const void *data, size_
                       const char *sha256) CX_MUSTCHECK;
 /* What a request's x-amz-content-sha256 (and its signature) carries for
  * body: EMPTY's hash without one; known if given; for an object's bytes
- * (bulk) over https, UNSIGNED-PAYLOAD, as the AWS SDKs send them (TLS
+ * (bulk) over https with libcurl 7.87 or later (which signs with the
+ * header's value), UNSIGNED-PAYLOAD, as the AWS SDKs send them (TLS
  * keeps them whole, and the server hashes each byte once, for the
  * artifact's sha256); else the body's SHA-256. */
 enum cx_err cx_s3_payload_sha(const struct cx_s3 *s3, const void *body, size_t len, bool bulk,

@@ -51,5 +51,23 @@ bad=$(grep -l '#include "\.\./lib/' fcgi/*.c fcgi/*.h | while read -r f; do
 done)
 [ -z "$bad" ]; check $? "fcgi/ includes lib/ only through lib/codexec.h"
 [ -n "$bad" ] && printf '%s\n' "$bad" | sed 's/^/# /'
+# The installed headers compile on their own: every header lib/codexec.h
+# reaches, through any number of includes, is installed (pkginclude_HEADERS).
+installed=$(sed -n '/^pkginclude_HEADERS/,/[^\\]$/p' Makefile.am | tr -s ' \t\\' '\n' | grep '^lib/')
+reached=""; todo="lib/codexec.h"
+while [ -n "$todo" ]; do
+  set -- $todo; h=$1; shift; todo="$*"
+  case " $reached " in *" $h "*) continue ;; esac
+  reached="$reached $h"
+  for inc in $(grep -o '#include "[a-z_]*\.h"' "$h" | sed 's/#include "//; s/"//'); do
+    todo="$todo lib/$inc"
+  done
+done
+missing=""
+for h in $reached; do
+  printf '%s\n' "$installed" | grep -q -x "$h" || missing="$missing $h"
+done
+[ -z "$missing" ]; check $? "every header lib/codexec.h reaches is installed"
+[ -n "$missing" ] && echo "# not in pkginclude_HEADERS:$missing"
 echo "1..$n"
 [ "$failed" = 0 ]
