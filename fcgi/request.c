@@ -645,6 +645,9 @@ cx_req_sse_end(struct cx_sse *sse, enum cx_err rc, int status, json_t *out, cons
     const struct answer *a = answer_of(rc);
     json_t *error;
 
+    /* a streamed answer reaches the client event by event: its last one
+     * may be read (and the next run sent) before the request ends */
+    cx_lane_answered();
     if (!sse->started) {
         if (rc == CX_OK)
             cx_req_send_json(sse->r, status, out);

@@ -43,10 +43,11 @@ void cx_lane_stop(void);
 enum cx_err cx_lane_submit(const char *user, cx_lane_fn fn, void *arg, char *msg,
                            size_t msglen) CX_MUSTCHECK;
 
-/* Called by a job before its answer goes out: from then on the job no
- * longer counts as one of its user's runs in progress (the client, told
- * the run's end, may send the next one at once; the thread still finishes
- * the job). No-op off a run thread; the job's end does it otherwise. */
+/* Called by a job before its answer goes out (before the last event of a
+ * streamed one): from then on the job no longer counts as one of its
+ * user's runs in progress (the client, told the run's end, may send the
+ * next one at once; the thread still finishes the job). No-op off a run
+ * thread and when called again; the job's end does it otherwise. */
 void cx_lane_answered(void);
 
 /* Jobs queued or running now. */
