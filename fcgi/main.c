@@ -340,68 +340,29 @@ static void *
 reaper_main(void *arg)
 {
     struct cx_ctx cx;
-    int64_t next_reap = 0;
+    int64_t next_sweep = 0;
     (void)arg;
 
     cx_log_set_request_id("reaper");
-    if (!ctx_open(&cx, "reaper"))
-        goto out;
-    do {
-        int64_t now = cx_now_us();
-
-        cx_session_restart_talkers(&cx); /* found by the ticker's drain */
-        if (now >= next_reap) {
-            struct cx_maint done;
-            enum cx_err rc = cx_maint_sweep(&cx, 16, false, &done);
-
-            if (rc)
-                cx_log_warn(0, "reaper: sweep failed: %s", cx_strerror(rc));
-            if (done.sessions > 0 || done.runs > 0 || done.kernels > 0 || done.staging > 0)
-                cx_log_info("reaper: %d session(s) closed, %d run(s) expired, %d unowned "
-                            "kernel(s) deleted, %d stale staged write(s) removed",
-                            done.sessions, done.runs, done.kernels, done.staging);
-            /* more to do: come back soon */
-            next_reap = now + (done.sessions == 16 ? 1 : (int64_t)cfg.reaper_interval) * 1000000;
-        }
-    } while (nap(1));
-out:
+    if (ctx_open(&cx, "reaper"))
+        do
+            cx_maint_reap(&cx, &next_sweep);
+        while (nap(1));
     ctx_close(&cx);
     return NULL;
 }
 
-/* A change another process made (sql/008): the download cache forgets
- * (the revocation list is the library's to follow). */
-static void
-on_change(void *arg, const char *kind, const char *id)
-{
-    (void)arg;
-    if (strcmp(kind, "artifact") == 0)
-        cx_dlcache_forget_artifact(id);
-    else
-        cx_dlcache_forget_key(id);
-}
-
-/* While the changes can't be heard, the cache answers nothing. */
-static void
-on_live(void *arg, bool live)
-{
-    (void)arg;
-    cx_dlcache_set_live(live);
-}
-
-/* Listens for changes (lib/watch.c): the download cache forgets a revoked
- * key or a changed artifact, and revoked_keys_dir follows, within
- * milliseconds of the COMMIT, on every node. */
+/* Follows the other processes' changes (the download cache's and the
+ * revocation list's: lib/dlcache.c). */
 static void *
 watcher_main(void *arg)
 {
     struct cx_ctx cx;
-    struct cx_watch_hooks hooks = {.on_change = on_change, .on_live = on_live};
     (void)arg;
 
     cx_log_set_request_id("watcher");
-    if (ctx_open(&cx, "watcher") && cx_watch_follow(&cx, &stopping, &hooks))
-        cx_log_err(0, "watcher: out of memory; the download cache stays off");
+    if (ctx_open(&cx, "watcher"))
+        cx_dlcache_follow(&cx, &stopping);
     ctx_close(&cx);
     return NULL;
 }

@@ -4,18 +4,12 @@
 #ifndef CX_BUDGET_H
 #define CX_BUDGET_H
 
-#include "ctx.h"
-#include "err.h"
+#include "codexec.h"
 
 struct cx_buf;
 
 /* The kernels a gateway holds for codexec: sessions with one (or starting
  * one) and pooled ones; what max_kernels bounds. */
 enum cx_err cx_budget_kernels(struct cx_ctx *cx, const char *gateway_url, long *count) CX_MUSTCHECK;
-
-/* Appends the gauges of every gateway in Prometheus text (one query each):
- * codexec_sessions, codexec_kernels, codexec_kernel_pool_ready and
- * codexec_gateway_max_kernels, labelled gateway="URL". */
-void cx_budget_metrics(struct cx_ctx *cx, struct cx_buf *b);
 
 #endif

@@ -10,25 +10,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 
-#include "err.h"
+#include "codexec.h"
 
-struct cx_buf {
-    char *data;
-    size_t len;
-    size_t alloc;
-    size_t cap;
-    enum cx_err err;
-};
-
-void cx_buf_init(struct cx_buf *b, size_t cap);
-void cx_buf_cleanup(struct cx_buf *b);
-void cx_buf_reset(struct cx_buf *b);
 void cx_buf_add(struct cx_buf *b, const void *data, size_t len);
-void cx_buf_adds(struct cx_buf *b, const char *s);
-void cx_buf_addf(struct cx_buf *b, const char *fmt, ...) CX_PRINTF(2, 3);
 void cx_buf_vaddf(struct cx_buf *b, const char *fmt, va_list ap) CX_PRINTF(2, 0);
-/* CX_OK, CX_ERR_NOMEM or CX_ERR_TOO_LARGE: the first failure, sticky. */
-enum cx_err cx_buf_err(const struct cx_buf *b);
 /* Drops all but the last keep bytes (a no-op when it holds no more). */
 void cx_buf_keep_tail(struct cx_buf *b, size_t keep);
 /* Gives memory back after a large use: when more than max_alloc bytes are

@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "codexec.h"
 
 struct cx_config;
 struct cx_storage_writer;

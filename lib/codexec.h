@@ -1,38 +1,877 @@
-/* codexec: the public interface of libcodexec (pkg-config codexec).
+/* codexec: the library's interface to its programs.
  *
- * Everything a host of the library calls: codexec-fcgi and codexec-admin
- * use nothing else, and the shared library exports exactly the functions
- * declared in the headers below (lib/libcodexec.sym, checked by
- * tests/check-exports.sh). A host opens one struct cx_ctx per thread
- * (cx_host_ctx_open) over a configuration (cx_config_load) and the server
- * secret (cx_auth_new), then calls the modules. Every fallible call returns
- * enum cx_err; docs/internals/map.md says which module does what. */
+ * codexec-fcgi (fcgi/), codexec-admin (admin/) and codexec-kernel-launcher
+ * (launcher/) call libcodexec through this header alone, and it declares
+ * nothing else: every function here is one a program calls (the list is
+ * lib/libcodexec.sym; tests/check-exports.sh holds the programs to it).
+ * The modules' own headers (lib/<module>.h) declare what the modules call
+ * of each other; they include this one. The library is linked into the
+ * programs (a convenience library), not installed.
+ *
+ * A program opens one struct cx_ctx per thread (cx_host_ctx_open) over a
+ * configuration (cx_config_load) and the server secret (cx_auth_new),
+ * then calls the modules. Every fallible call returns enum cx_err;
+ * docs/internals/map.md says which module does what. */
 #ifndef CODEXEC_H
 #define CODEXEC_H
 
-#include "err.h"
-#include "buf.h"
-#include "util.h"
-#include "log.h"
-#include "config.h"
-#include "ctx.h"
-#include "host.h"
-#include "auth.h"
-#include "http.h"
-#include "storage.h"
-#include "metrics.h"
-#include "health.h"
-#include "runreq.h"
-#include "run.h"
-#include "lane.h"
-#include "artifact.h"
-#include "download.h"
-#include "dlcache.h"
-#include "page.h"
-#include "session.h"
-#include "budget.h"
-#include "prestart.h"
-#include "maint.h"
-#include "watch.h"
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+/* What the programs hold only pointers to. */
+struct cx_auth;
+struct cx_db;
+struct cx_gateway;
+struct cx_storage;
+
+/* The prefix of the message ids of codexec's requests that may end a run:
+ * the launcher's relay (launcher/relay.h) ends the sandbox's other
+ * processes before such a request's reply passes (lib/kernel.c sends
+ * them). */
+#define CX_RELAY_RUN_END "codexec-run-end-"
+
+/* --- Errors (lib/err.c) ------------------------------------------------------ */
+
+#define CX_MUSTCHECK    __attribute__((warn_unused_result))
+#define CX_PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+/* The size of every message buffer that goes with an error: a sentence for
+ * the client, never user content beyond ids. */
+#define CX_MSG_MAX 256
+
+enum cx_err {
+    /* Not failures: what a callback tells the loop that called it, as
+     * nginx's NGX_AGAIN and NGX_DONE. The loop acts on them; they never
+     * reach a client (the error table has no row for them). */
+    CX_AGAIN = -2, /* pause: return to the caller, which calls again */
+    CX_DONE = -4,  /* stop: nothing more is of use */
+    CX_OK = 0,
+    CX_ERR_NOMEM,           /* allocation failed or a buffer hit its cap */
+    CX_ERR_INVALID,         /* bad input from a caller or a file */
+    CX_ERR_TOO_LARGE,       /* input exceeds a configured limit */
+    CX_ERR_NOT_FOUND,       /* no such row, file or route */
+    CX_ERR_INPUT_NOT_FOUND, /* a run's input is not the caller's in its conversation */
+    CX_ERR_UNAUTHORIZED,
+    CX_ERR_FORBIDDEN,
+    CX_ERR_EXPIRED,
+    CX_ERR_CONFLICT,      /* busy, already exists */
+    CX_ERR_QUOTA,         /* a per-user limit (sessions, bytes, artifacts) */
+    CX_ERR_CAPACITY,      /* no kernel can be had now: every gateway is full */
+    CX_ERR_TOO_MANY_RUNS, /* the user's runs in progress are at their limit */
+    CX_ERR_BUSY,          /* every run slot of the process is taken */
+    CX_ERR_IO,            /* read/write/fsync on local storage or a stream */
+    CX_ERR_DB,            /* PostgreSQL failed */
+    CX_ERR_GATEWAY,       /* the Jupyter gateway failed or answered badly */
+    CX_ERR_TIMEOUT,
+    CX_ERR_PROTOCOL,    /* a peer broke its protocol (WebSocket, Jupyter) */
+    CX_ERR_KERNEL_DIED, /* the kernel exited or was restarted during a run */
+    CX_ERR_INTERNAL,
+    CX_ERR__COUNT
+};
+
+/* A static English description; never NULL. */
+const char *cx_strerror(enum cx_err err);
+
+/* --- Byte buffers with a cap (lib/buf.c) ------------------------------------- */
+
+struct cx_buf {
+    char *data;
+    size_t len;
+    size_t alloc;
+    size_t cap;
+    enum cx_err err;
+};
+
+void cx_buf_init(struct cx_buf *b, size_t cap);
+void cx_buf_cleanup(struct cx_buf *b);
+void cx_buf_reset(struct cx_buf *b);
+void cx_buf_adds(struct cx_buf *b, const char *s);
+void cx_buf_addf(struct cx_buf *b, const char *fmt, ...) CX_PRINTF(2, 3);
+/* CX_OK, CX_ERR_NOMEM or CX_ERR_TOO_LARGE: the first failure, sticky. */
+enum cx_err cx_buf_err(const struct cx_buf *b);
+
+/* --- Helpers (lib/util.c) ---------------------------------------------------- */
+
+/* Whether s[0..n) holds only ASCII letters, digits and characters of
+ * extra. */
+bool cx_name_chars(const char *s, size_t n, const char *extra);
+
+/* Monotonic clock in milliseconds / microseconds. */
+int64_t cx_now_ms(void);
+int64_t cx_now_us(void);
+
+/* Lower-case hex of 16 random bytes (a request id). out: 33 bytes. */
+void cx_random_id(char out[33]);
+
+/* Whether addr (an IPv4, IPv6 or IPv4-mapped IPv6 address as a web server
+ * passes REMOTE_ADDR) is in a normalised address list (metrics_allow). */
+bool cx_addr_list_match(const char *list, const char *addr);
+
+/* A conversation id: a name inside a user's namespace, 1 to
+ * CX_CONVERSATION_MAX of [A-Za-z0-9._:-]; CX_CONVERSATION_RULE is what a
+ * client is told when it is not (every place that checks one). */
+#define CX_CONVERSATION_MAX  128
+#define CX_CONVERSATION_RULE "conversation_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -"
+
+/* --- Logging (lib/log.c) ----------------------------------------------------- */
+
+enum cx_log_level { CX_LOG_ERR = 0, CX_LOG_WARN, CX_LOG_INFO, CX_LOG_DEBUG };
+
+/* path NULL or "" = stderr. May be called again (SIGHUP) to reopen. */
+enum cx_err cx_log_open(const char *path, int level) CX_MUSTCHECK;
+int cx_log_level(void);
+
+/* The calling thread's request id (copied, at most 32 chars); NULL clears. */
+void cx_log_set_request_id(const char *id);
+
+/* JSON lines instead of text: one object per line with time, level, pid,
+ * tid, request_id, msg, and for requests and runs their fields. */
+void cx_log_set_json(bool json);
+
+/* A request's summary line: "GET health 200 1234us"; in JSON with method,
+ * route, status and duration_us. method and route are codexec's own words
+ * (a route name, never the path). */
+void cx_log_request(const char *method, const char *route, int status, long long us);
+
+/* errnum: an errno value appended as "(N: text)", or 0. */
+void cx_log_write(int level, int errnum, const char *fmt, ...) CX_PRINTF(3, 4);
+
+#define cx_log_err(errnum, ...)  cx_log_write(CX_LOG_ERR, (errnum), __VA_ARGS__)
+#define cx_log_warn(errnum, ...) cx_log_write(CX_LOG_WARN, (errnum), __VA_ARGS__)
+#define cx_log_info(...)         cx_log_write(CX_LOG_INFO, 0, __VA_ARGS__)
+#define cx_log_debug(...)                                                                          \
+    do {                                                                                           \
+        if (cx_log_level() >= CX_LOG_DEBUG)                                                        \
+            cx_log_write(CX_LOG_DEBUG, 0, __VA_ARGS__);                                            \
+    } while (0)
+
+/* --- A thread's context ------------------------------------------------------ */
+
+/* Gateways a configuration may list (config.h). */
+#define CX_GATEWAYS_MAX 16
+
+struct cx_ctx {
+    const struct cx_config *cfg;             /* shared, read-only */
+    const struct cx_auth *auth;              /* shared, read-only */
+    struct cx_db *db;                        /* this thread's */
+    struct cx_gateway *gw;                   /* this thread's handle of the first gateway */
+    struct cx_gateway *gws[CX_GATEWAYS_MAX]; /* ... of every gateway, in config order */
+    unsigned ngws;
+    struct cx_storage *store; /* this thread's handle of the artifact storage */
+};
+
+/* --- "key = value" files (lib/conf.c): codexec.conf and the launcher's sandbox.conf --- */
+
+enum cx_conf_type {
+    CX_CONF_STR,           /* char *, strdup'ed */
+    CX_CONF_UINT,          /* unsigned, within [min, max] */
+    CX_CONF_SIZE,          /* uint64_t with K/M/G, within [min, max] */
+    CX_CONF_BOOL,          /* bool: true/yes/on/1, false/no/off/0 */
+    CX_CONF_LEVEL,         /* int: error, warn, info, debug */
+    CX_CONF_DELIVERY,      /* int: direct, x-accel, x-sendfile, redirect */
+    CX_CONF_MODE,          /* unsigned, octal, at most max */
+    CX_CONF_MODULES,       /* char *: Python module names, normalised "a,b.c" */
+    CX_CONF_PATH,          /* char *: "" or an absolute path without ".." or control chars */
+    CX_CONF_ADDRS,         /* char *: an address list, normalised (util.h cx_addr_list_*) */
+    CX_CONF_LINES,         /* char *: a key that may repeat; its values joined by '\n' */
+    CX_CONF_LOG_FORMAT,    /* int: text, json */
+    CX_CONF_STORAGE,       /* int: local, s3 */
+    CX_CONF_S3_ADDRESSING, /* int: path, virtual */
+};
+
+struct cx_conf_key {
+    const char *name;
+    enum cx_conf_type type;
+    size_t off; /* offsetof in the caller's struct */
+    const char *def;
+    uint64_t min, max;
+};
+
+/* Fills base with every key's default. On failure base is cleaned up. */
+enum cx_err cx_conf_defaults(const struct cx_conf_key *keys, size_t n, void *base) CX_MUSTCHECK;
+
+/* Parses text over the defaults; name is used in messages. On failure base
+ * is cleaned up and errbuf holds "name:line: message". */
+enum cx_err cx_conf_parse(const struct cx_conf_key *keys, size_t n, void *base, const char *name,
+                          const char *text, char *errbuf, size_t errlen) CX_MUSTCHECK;
+
+/* Reads path (at most 1 MiB, no NUL bytes) and parses it. */
+enum cx_err cx_conf_load(const struct cx_conf_key *keys, size_t n, void *base, const char *path,
+                         char *errbuf, size_t errlen) CX_MUSTCHECK;
+
+/* Frees the strings; wipes those whose key name ends in "_token" and the
+ * lines of "gateway" (they hold tokens). */
+void cx_conf_cleanup(const struct cx_conf_key *keys, size_t n, void *base);
+
+/* --- codexec.conf (lib/config.c) --------------------------------------------- */
+
+enum cx_delivery {
+    CX_DELIVERY_DIRECT,
+    CX_DELIVERY_X_ACCEL,
+    CX_DELIVERY_X_SENDFILE,
+    CX_DELIVERY_REDIRECT /* s3: a 302 to a presigned URL */
+};
+enum cx_storage_kind { CX_STORAGE_LOCAL, CX_STORAGE_S3 };
+
+/* Where configure put things (make install; the Debian package: /etc, /var). */
+#ifndef CX_SYSCONFDIR
+#define CX_SYSCONFDIR "/etc"
+#endif
+#ifndef CX_LOCALSTATEDIR
+#define CX_LOCALSTATEDIR "/var"
+#endif
+#define CX_CONFIG_FILE CX_SYSCONFDIR "/codexec/codexec.conf"
+
+/* A Jupyter gateway: gateway_url/gateway_token/max_kernels, then each
+ * "gateway = URL [token=TOKEN] [max_kernels=N]" line. */
+#define CX_GATEWAY_URL_MAX 512
+struct cx_gateway_conf {
+    char url[CX_GATEWAY_URL_MAX]; /* without a trailing slash */
+    char *token;                  /* "" for none; wiped on cleanup */
+    unsigned max_kernels;         /* its kernel budget */
+};
+
+struct cx_config {
+    /* server */
+    char *listen; /* "" = fd 0 (spawned by a web server or systemd) */
+    unsigned socket_mode;
+    unsigned workers;     /* request threads */
+    unsigned run_workers; /* run threads (lane.h); 0: as many as workers */
+    char *log_file;       /* "" = stderr */
+    int log_level;        /* enum cx_log_level */
+    int log_format;       /* 0 text, 1 JSON lines (log.h) */
+    /* services */
+    char *database; /* libpq conninfo */
+    char *gateway_url;
+    char *gateway_token;
+    unsigned max_kernels; /* the first gateway's budget */
+    char *gateway_lines;  /* more gateways, one per line (the "gateway" key) */
+    char *kernel_name;
+    char *storage_dir;
+    char *secret_file;
+    /* object storage (storage = s3) */
+    int storage; /* enum cx_storage_kind */
+    char *s3_endpoint;
+    char *s3_region;
+    char *s3_bucket;
+    char *s3_prefix;
+    int s3_addressing; /* 0 path-style, 1 virtual-hosted */
+    char *s3_credentials_file;
+    uint64_t s3_part_size;  /* a multipart upload's parts; smaller objects go in one PUT */
+    unsigned s3_url_expiry; /* seconds a presigned URL (x-accel, redirect) lives */
+    char *s3_key_id, *s3_secret, *s3_token; /* read at load; wiped on cleanup */
+    /* auth and delivery */
+    bool trust_remote_user;
+    bool require_approval;
+    int delivery; /* enum cx_delivery */
+    char *x_accel_prefix;
+    /* limits (README: Configuration) */
+    unsigned default_timeout, max_timeout;
+    unsigned default_ttl, max_ttl;
+    unsigned interrupt_grace;
+    unsigned busy_wait;
+    unsigned approval_ttl;
+    unsigned run_answer_ttl; /* seconds a run's answer is kept (0: not kept) */
+    unsigned tail_chars;
+    uint64_t max_output_bytes;
+    uint64_t max_code_bytes;
+    uint64_t max_body_bytes;     /* uploads */
+    uint64_t max_run_body_bytes; /* POST /v1/runs: code and arguments */
+    uint64_t max_artifact_bytes;
+    unsigned max_captured_files;
+    unsigned max_inputs;
+    uint64_t user_quota_bytes;
+    unsigned user_quota_artifacts;
+    unsigned max_sessions_per_user;
+    unsigned max_pending_runs_per_user;    /* runs waiting for approval */
+    unsigned max_concurrent_runs_per_user; /* 0: a quarter of workers (lane.h) */
+    unsigned link_default_expiry, link_max_expiry;
+    char *revoked_keys_dir;          /* "": none; else one empty file per key revoked lately */
+    unsigned download_cache_entries; /* downloads by key answered without a query (0: off) */
+    unsigned reaper_interval;
+    unsigned kernel_orphan_grace; /* seconds before a kernel no row names is deleted */
+    unsigned kernel_pool_size;
+    char *kernel_preload; /* "numpy,pandas": modules pooled kernels import while warming */
+    char *metrics_allow;  /* normalised address list (util.h) */
+    bool metrics_token;   /* /metrics by the operators' token only (auth.h) */
+    bool web_server_key;  /* trust params only with CODEXEC_WEB_KEY (auth.h) */
+    /* derived: every gateway, the first from gateway_url */
+    struct cx_gateway_conf gateways[CX_GATEWAYS_MAX];
+    unsigned ngateways;
+};
+
+/* Reads a file over the defaults. On failure *cfg is cleaned up and errbuf
+ * holds "path:line: message". */
+enum cx_err cx_config_load(struct cx_config *cfg, const char *path, char *errbuf,
+                           size_t errlen) CX_MUSTCHECK;
+
+void cx_config_cleanup(struct cx_config *cfg);
+
+/* --- Hosting the library (lib/host.c) ---------------------------------------- */
+
+/* A thread's own database and gateway handles over the shared
+ * configuration and secret (auth may be NULL for tools that never check a
+ * key). Close with cx_host_ctx_close(), also after a failure. */
+enum cx_err cx_host_ctx_open(struct cx_ctx *cx, const struct cx_config *cfg,
+                             const struct cx_auth *auth) CX_MUSTCHECK;
+void cx_host_ctx_close(struct cx_ctx *cx);
+
+/* Once a second, from one thread: reads and drops what reached the pooled
+ * (idle) kernel connections, which the gateway would otherwise buffer
+ * without bound (docs/internals/runs.md). */
+void cx_host_tick(void);
+
+/* At exit, after the threads that use the library stopped: closes the
+ * pooled kernel connections. */
+void cx_host_shutdown(void);
+
+/* Applies the schema's migrations (idempotent, safe to run concurrently);
+ * *applied counts the new ones. */
+enum cx_err cx_host_migrate(struct cx_ctx *cx, int *applied) CX_MUSTCHECK;
+
+/* --- API keys and the server secret (lib/auth.c) ----------------------------- */
+
+#define CX_KEY_CHARS 46 /* "cx_" + 43 */
+#define CX_USER_MAX  256
+
+struct cx_principal {
+    char user[CX_USER_MAX + 1];
+    char key_id[37]; /* "" when authenticated by REMOTE_USER */
+    bool require_approval;
+};
+
+/* Writes a new secret file (mode 0600, fails if it exists). */
+enum cx_err cx_auth_secret_create(const char *path) CX_MUSTCHECK;
+
+/* Loads the secret. Free with cx_auth_free() (wipes the keys). */
+enum cx_err cx_auth_new(const char *secret_file, struct cx_auth **out) CX_MUSTCHECK;
+void cx_auth_free(struct cx_auth *a);
+
+/* The key of today's signed links (v2, HMAC-SHA-256), borrowed: 64 hex
+ * characters of a 32-byte subkey, and those characters are the HMAC key
+ * (as nginx's njs takes it, without decoding). The one key the web server
+ * may hold to check links itself: it signs links and nothing else, and the
+ * server secret can't be had from it. */
+const char *cx_auth_edge_key(const struct cx_auth *a);
+
+/* The web server's key (web_server_key), borrowed, 64 hex characters: the
+ * web server sends it as the FastCGI param CODEXEC_WEB_KEY from a
+ * configuration only root reads, and only a request that carries it may
+ * set REMOTE_USER, AUTH_TYPE and a REMOTE_ADDR codexec trusts. Any other
+ * process that can reach the socket (a PHP app in www-data) is then an
+ * HTTP client like any other. */
+const char *cx_auth_web_key(const struct cx_auth *a);
+
+/* The operators' token (metrics_token), borrowed, 64 hex characters: a
+ * Bearer token for /metrics and health's details. */
+const char *cx_auth_ops_token(const struct cx_auth *a);
+
+/* Whether given (may be NULL) is want, compared in constant time. */
+bool cx_auth_hex_equal(const char *given, const char *want);
+
+/* Checks that a user name is acceptable (1..256 bytes of valid UTF-8, no
+ * control characters). Used for key creation and REMOTE_USER. */
+bool cx_auth_user_valid(const char *user);
+
+/* Authenticates a request: the REMOTE_USER value when trust_remote_user is
+ * on and it is set, else the Authorization header. */
+enum cx_err cx_auth_request(const struct cx_auth *a, struct cx_db *db, bool trust_remote_user,
+                            const char *remote_user, const char *authorization,
+                            struct cx_principal *p) CX_MUSTCHECK;
+
+/* Creates a key for user; key_out receives the key (CX_KEY_CHARS + 1 bytes)
+ * and id_out its row id (37 bytes). */
+enum cx_err cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const char *user,
+                               const char *label, bool require_approval, char *key_out,
+                               char *id_out) CX_MUSTCHECK;
+
+/* Revokes by row id. CX_ERR_NOT_FOUND if no active key has that id. */
+enum cx_err cx_auth_key_revoke(struct cx_db *db, const char *id) CX_MUSTCHECK;
+
+/* The keys (of user, or all with NULL), oldest first, as objects with these
+ * members ("approval" is "yes" or "no", "revoked" null while valid); never
+ * a key or its hash. */
+#define CX_AUTH_KEY_LIST_COLUMNS "id user label prefix approval created revoked"
+enum cx_err cx_auth_key_list(struct cx_db *db, const char *user, json_t **out) CX_MUSTCHECK;
+
+/* --- HTTP helpers (lib/http.c) ----------------------------------------------- */
+
+/* Reason phrase of a status ("Not Found"); "Unknown" for others. */
+const char *cx_http_reason(int status);
+
+/* New reference: {"error": {"code": code, "message": message}}. NULL on OOM. */
+json_t *cx_http_error_json(const char *code, const char *message);
+
+/* Reads a request body of content_length bytes (the CONTENT_LENGTH param,
+ * NULL or "" = none) through read_fn, refusing more than max bytes, whether
+ * announced or actually sent (CX_ERR_TOO_LARGE). A short body is CX_ERR_IO.
+ * On CX_OK *body is malloc'ed, NUL-terminated, and the caller frees it. */
+typedef ssize_t (*cx_http_read_fn)(void *ctx, void *buf, size_t n);
+enum cx_err cx_http_read_body(cx_http_read_fn read_fn, void *ctx, const char *content_length,
+                              uint64_t max, char **body, size_t *len) CX_MUSTCHECK;
+
+/* Parses a JSON object from a body. Rejects invalid UTF-8, NUL bytes,
+ * duplicate keys, trailing data and non-objects; msg receives a sentence
+ * fit for the client. On CX_OK *out is a new reference. */
+enum cx_err cx_http_parse_json_object(const char *body, size_t len, json_t **out, char *msg,
+                                      size_t msglen) CX_MUSTCHECK;
+
+/* Finds name in a query string and percent-decodes its value into out.
+ * CX_ERR_NOT_FOUND if absent, CX_ERR_INVALID if malformed (bad escape, NUL,
+ * invalid UTF-8), CX_ERR_TOO_LARGE if it does not fit. */
+enum cx_err cx_http_query_get(const char *query, const char *name, char *out,
+                              size_t outlen) CX_MUSTCHECK;
+
+/* Content-Disposition for a download: attachment; filename="<ASCII>";
+ * filename*=UTF-8''<percent-encoded>. Quotes, backslashes, CR, LF and other
+ * control characters never reach the header. out: 1200 bytes suffice. */
+void cx_http_content_disposition(const char *filename, char *out, size_t outlen);
+
+/* Appends s percent-encoded: ALPHA and DIGIT and the characters in keep
+ * stay, every other byte becomes %XX. */
+void cx_http_pct_encode(struct cx_buf *b, const char *s, const char *keep);
+
+/* IMF-fixdate (RFC 9110), e.g. "Sun, 06 Nov 1994 08:49:37 GMT". out: 32 bytes. */
+void cx_http_date(long long unix_seconds, char out[32]);
+
+enum cx_range { CX_RANGE_NONE, CX_RANGE_ONE, CX_RANGE_UNSATISFIABLE };
+
+/* Interprets a Range header against a body of size bytes. One range
+ * ("a-b", "a-", "-n") gives CX_RANGE_ONE and [*first, *last]; an absent,
+ * malformed, non-bytes or multi-range header gives CX_RANGE_NONE (the
+ * whole body); a range past the end, CX_RANGE_UNSATISFIABLE. */
+enum cx_range cx_http_range(const char *header, uint64_t size, uint64_t *first, uint64_t *last);
+
+/* Whether an If-None-Match header matches the entity tag "\"<etag>\"". */
+bool cx_http_etag_matches(const char *if_none_match, const char *etag);
+
+/* --- Artifact storage (lib/storage.c) ---------------------------------------- */
+
+/* The object's path on disk (for open(2), X-Accel-Redirect, X-Sendfile);
+ * CX_ERR_INVALID for a bad key or with an object store. */
+enum cx_err cx_storage_path(const struct cx_storage *st, const char *key, char *out,
+                            size_t outlen) CX_MUSTCHECK;
+
+/* --- Metrics (lib/metrics.c) ------------------------------------------------- */
+
+/* route: a static string naming the route ("runs_create"); status: the
+ * HTTP status; us: the request's duration in microseconds. Thread-safe. */
+void cx_metrics_observe(const char *route, int status, int64_t us);
+
+/* Process-wide event counters, rendered as codexec_<name>_total. */
+enum cx_counter {
+    CX_COUNT_GATEWAY_REST,       /* REST calls to the gateway */
+    CX_COUNT_GATEWAY_WS_CONNECT, /* channel WebSockets opened */
+    CX_COUNT_GATEWAY_BATCHES,    /* pipelined request batches sent and awaited */
+    CX_COUNT_GATEWAY_STALE,      /* messages read and dropped: not for a run of ours */
+    CX_COUNT_ACCEPT_ERRORS,      /* accept() failures a worker backed off from */
+    CX_COUNT_CAPTURE_BYTES,      /* bytes of captured files stored */
+    CX_COUNT_CAPTURE_BASE64,     /* bytes of files received base64 in JSON, not binary */
+    CX_COUNT_DOWNLOAD_BYTES,     /* bytes of artifacts handed out (body or X-Accel/X-Sendfile) */
+    CX_COUNT_DATABASE_ERRORS,    /* PostgreSQL statements or connections that failed */
+    CX_COUNT_GATEWAY_ERRORS,     /* gateway calls that failed (transport or status) */
+    CX_COUNT_DLCACHE_HITS,       /* downloads by key answered from the download cache */
+    CX_COUNT_DLCACHE_MISSES,     /* ... that asked the database (while the cache was live) */
+    CX_COUNT__N
+};
+void cx_metrics_count(enum cx_counter c);
+void cx_metrics_add(enum cx_counter c, uint64_t n);
+
+/* Counters with one label, rendered as codexec_<family>_total{<label>="…"}.
+ * value: a static string (a status, a reason). */
+enum cx_family {
+    CX_FAMILY_RUNS,            /* runs ended, by status (ok, error, timeout, ...) */
+    CX_FAMILY_EVICTIONS,       /* idle sessions closed to make room, by reason */
+    CX_FAMILY_REFUSALS,        /* requests refused for a limit, by reason */
+    CX_FAMILY_STORAGE,         /* object-store requests, by operation */
+    CX_FAMILY_STORAGE_ERRORS,  /* ... that failed (not a missing object), by operation */
+    CX_FAMILY_KERNEL_RESTARTS, /* kernels restarted, by reason (timeout, idle_output) */
+    CX_FAMILY__N
+};
+void cx_metrics_count_by(enum cx_family f, const char *value);
+
+/* Process-wide levels, rendered as codexec_<name>. */
+enum cx_gauge {
+    CX_GAUGE_WORKERS, /* request threads alive */
+    CX_GAUGE__N
+};
+void cx_metrics_gauge_add(enum cx_gauge g, int64_t delta);
+
+/* Appends the exposition text to b. */
+void cx_metrics_render(struct cx_buf *b);
+
+/* --- Health (lib/health.c) --------------------------------------------------- */
+
+/* Checks PostgreSQL (SELECT 1), every gateway (the token and kernel_name
+ * through GET /api/kernelspecs) and storage (a probe file is
+ * written and synced). *out gets a new reference: {"status": "ok" |
+ * "unavailable", "checks": {"postgresql": "ok" | "failed: …", "gateway":
+ * (ok while one gateway is), "gateways": {URL: …}, "storage": …}}.
+ * Returns true when every check passed. The result is shared by the
+ * process's threads and at most a second old: health checks are safe to
+ * hammer. *out is NULL (and false returned) only when out of memory. */
+bool cx_health_check(struct cx_ctx *cx, json_t **out);
+
+/* Leaves of a health answer only what anyone may know: each check's "ok"
+ * or "failed", without the reason or the gateways' URLs. */
+void cx_health_redact(json_t *answer);
+
+/* --- A run's request and its listener (lib/runreq.c) ------------------------- */
+
+/* A validated POST /v1/runs body. Strings and arrays are borrowed from
+ * root, which the struct holds a reference to: cx_run_request_cleanup(). */
+struct cx_run_request {
+    json_t *root;
+    char conversation_id[CX_CONVERSATION_MAX + 1];
+    const char *code;
+    size_t code_len;
+    json_t *inputs;  /* array of uuid strings, or NULL */
+    json_t *outputs; /* array of glob strings, or NULL */
+    bool capture_artifacts;
+    double timeout;    /* seconds, clamped to (0, max_timeout] */
+    unsigned ttl;      /* seconds, clamped to [1, max_ttl] */
+    json_t *arguments; /* object, or NULL */
+};
+
+/* Validates body (a JSON object) against docs/openapi.yaml and the limits in cfg.
+ * On failure returns CX_ERR_INVALID or CX_ERR_TOO_LARGE and msg holds a
+ * sentence for the client naming the field. On success *req takes a new
+ * reference to body. */
+enum cx_err cx_run_request_parse(const struct cx_config *cfg, json_t *body,
+                                 struct cx_run_request *req, char *msg, size_t msglen) CX_MUSTCHECK;
+void cx_run_request_cleanup(struct cx_run_request *req);
+
+/* A streaming run's events, as they happen (Server-Sent Events in
+ * codexec-fcgi). name: "run" {run_id, conversation_id} first, then
+ * "status" {state: "queued" | "executing" | "capturing"}, "stdout" and
+ * "stderr" {text} (coalesced over CX_RUN_COALESCE_MS, whole characters),
+ * "display" {mime_type, path} for a rich output that becomes an artifact
+ * under path; NULL name when nothing was said for CX_RUN_HEARTBEAT_MS (a
+ * heartbeat is due). data is borrowed. The final answer is not an event:
+ * it is the call's *out, or its error. Returns false once the client is
+ * gone: the run goes on to its end and its record, and fn is not called
+ * again. */
+#define CX_RUN_COALESCE_MS  25
+#define CX_RUN_HEARTBEAT_MS 15000
+struct cx_run_sink {
+    bool (*fn)(void *ctx, const char *name, json_t *data);
+    void *ctx;
+};
+
+/* --- Runs (lib/run.c) -------------------------------------------------------- */
+
+/* The user's run record (never the code): with, once the run ended, the
+ * fields of its answer (as POST /v1/runs answered or streamed it, kept for
+ * run_answer_ttl). CX_ERR_NOT_FOUND for a missing
+ * run, another user's run and a malformed id alike. *out: new reference. */
+enum cx_err cx_run_get(struct cx_ctx *cx, const char *user, const char *run_id,
+                       json_t **out) CX_MUSTCHECK;
+
+/* POST /v1/runs: runs the request in the caller's conversation, or, when
+ * approval is required (config or key), records it as pending (*pending).
+ * On CX_OK *out is the payload (new reference): the run's answer, also
+ * when its code raised or timed out. Request-level failures:
+ * CX_ERR_INPUT_NOT_FOUND, CX_ERR_CONFLICT (the conversation is busy),
+ * CX_ERR_QUOTA (at the session cap, all busy), CX_ERR_GATEWAY, CX_ERR_DB;
+ * msg says what failed. */
+enum cx_err cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who,
+                          struct cx_run_request *req, json_t **out, bool *pending, char *msg,
+                          size_t msglen) CX_MUSTCHECK;
+
+/* cx_run_submit() telling sink (NULL: nobody) what happens while it runs.
+ * An error after the "run" event is still the return value. */
+enum cx_err cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who,
+                                 struct cx_run_request *req, const struct cx_run_sink *sink,
+                                 json_t **out, bool *pending, char *msg,
+                                 size_t msglen) CX_MUSTCHECK;
+
+/* POST /v1/runs/{id}/approve and /reject. CX_ERR_FORBIDDEN for a key that
+ * itself requires approval (whatever the run), CX_ERR_NOT_FOUND for a run
+ * that is not this user's or not pending, CX_ERR_EXPIRED when it waited too
+ * long. */
+enum cx_err cx_run_approve(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+                           json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+/* cx_run_approve() with the approved run's events told to sink. */
+enum cx_err cx_run_approve_stream(struct cx_ctx *cx, const struct cx_principal *who,
+                                  const char *run_id, const struct cx_run_sink *sink, json_t **out,
+                                  char *msg, size_t msglen) CX_MUSTCHECK;
+enum cx_err cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+                          json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* --- Run threads (lib/lane.c) ------------------------------------------------ */
+
+/* A job: called once on a run thread, with that thread's context. */
+typedef void (*cx_lane_fn)(struct cx_ctx *cx, void *arg);
+
+/* Starts the run threads (each opens its context over cfg and auth, which
+ * must outlive cx_lane_stop()). */
+enum cx_err cx_lane_start(const struct cx_config *cfg, const struct cx_auth *auth) CX_MUSTCHECK;
+
+/* Takes no more jobs, lets those queued and running finish, and joins the
+ * threads. Safe without a start. */
+void cx_lane_stop(void);
+
+/* Queues fn(cx, arg) for user. CX_ERR_TOO_MANY_RUNS when the user has
+ * per_user jobs queued or running, CX_ERR_BUSY when the queue is full or
+ * the lane stopping; msg says which. On CX_OK fn is called exactly once. */
+enum cx_err cx_lane_submit(const char *user, cx_lane_fn fn, void *arg, char *msg,
+                           size_t msglen) CX_MUSTCHECK;
+
+/* Called by a job before its answer goes out (before the last event of a
+ * streamed one): from then on the job no longer counts as one of its
+ * user's runs in progress (the client, told the run's end, may send the
+ * next one at once; the thread still finishes the job). No-op off a run
+ * thread and when called again; the job's end does it otherwise. */
+void cx_lane_answered(void);
+
+/* --- Artifacts (lib/artifact.c, upload.c, commit.c, fsck.c) ------------------ */
+
+/* POST /v1/artifacts: streams body bytes (raw, or the "file" part of a
+ * multipart/form-data body) into storage, never holding them whole, then
+ * stores them like a captured file. Query parameters conversation_id and
+ * filename (raw) or form fields (multipart). *out: the artifact entry.
+ * CX_ERR_INVALID/TOO_LARGE/QUOTA with msg for the client. */
+enum cx_err cx_artifact_upload(struct cx_ctx *cx, const char *user, const char *query,
+                               const char *content_type, const char *content_length,
+                               ssize_t (*read_fn)(void *, void *, size_t), void *read_ctx,
+                               json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* GET /v1/artifacts?conversation_id=: *out = {"conversation_id",
+ * "artifacts": [...]}. CX_ERR_INVALID for a malformed conversation id. */
+enum cx_err cx_artifact_list(struct cx_ctx *cx, const char *user, const char *cid,
+                             json_t **out) CX_MUSTCHECK;
+
+/* GET /v1/artifacts/{id}: metadata with every version. CX_ERR_NOT_FOUND for
+ * a missing, deleted or foreign artifact and a malformed id alike. */
+enum cx_err cx_artifact_get(struct cx_ctx *cx, const char *user, const char *id,
+                            json_t **out) CX_MUSTCHECK;
+
+/* DELETE /v1/artifacts/{id}: rows go in a transaction, bytes after it. */
+enum cx_err cx_artifact_delete(struct cx_ctx *cx, const char *user, const char *id) CX_MUSTCHECK;
+
+/* codexec-admin fsck: files without rows (and staging files older than an
+ * hour), rows without files, size or sha256 mismatches, one line each to
+ * report. With repair, files without rows are removed (rows are only ever
+ * reported: their bytes cannot be made up). *problems counts what remains. */
+enum cx_err cx_artifact_fsck(struct cx_ctx *cx, bool repair, FILE *report,
+                             int *problems) CX_MUSTCHECK;
+
+/* codexec-admin storage migrate: copies every version's bytes from
+ * storage_dir into the configured object store (storage = s3), checking
+ * each one's size and sha256 against its row on the way; versions already
+ * in the store with the row's size are skipped, so a migration that
+ * stopped goes on where it was. One line per problem to report; *copied
+ * and *problems count. CX_ERR_INVALID when storage is not s3. */
+enum cx_err cx_artifact_storage_migrate(struct cx_ctx *cx, FILE *report, int *copied,
+                                        int *problems) CX_MUSTCHECK;
+
+#ifdef CX_TEST_HOOKS
+/* Test builds only (configure --enable-test-hooks), a stand-in for a crash
+ * that cannot be produced on demand: when the environment has
+ * CODEXEC_TEST_CRASH_BEFORE_COMMIT=1, the process exits after renaming
+ * files into place and before COMMIT. */
+void cx_artifact_test_hooks(void);
+#endif
+
+/* --- What a download knows of an artifact ------------------------------------ */
+
+struct cx_download {
+    char artifact_id[37];
+    int version;
+    char filename[256];
+    char mime[128];
+    uint64_t size;
+    char sha256[65];
+    char key[1024];
+    long long created; /* unix seconds: Last-Modified */
+};
+
+/* --- Downloads and links (lib/download.c) ------------------------------------ */
+
+/* A download request's credentials, as the web server passed them. */
+struct cx_download_request {
+    const char *id;            /* the artifact id from the path */
+    const char *query;         /* the query string, "" when absent */
+    const char *remote_user;   /* REMOTE_USER when the web server authenticated, else NULL */
+    const char *authorization; /* the Authorization header, or NULL */
+};
+
+/* GET /v1/artifacts/{id}/content: who may read what. A valid signed link
+ * names the user and version; else REMOTE_USER; else an API key, checked in
+ * the same statement that finds the artifact (one round trip). *who is the
+ * principal (empty for a link). CX_ERR_FORBIDDEN for a tampered or moved
+ * link, CX_ERR_EXPIRED for an old one, CX_ERR_UNAUTHORIZED without valid
+ * credentials (also before a bad ?version: a 401 never depends on the
+ * query), CX_ERR_INVALID for a bad ?version, CX_ERR_NOT_FOUND alike for a
+ * missing and a foreign artifact. msg says which. */
+enum cx_err cx_download_authorize(struct cx_ctx *cx, const struct cx_download_request *q,
+                                  struct cx_principal *who, struct cx_download *d, char *msg,
+                                  size_t msglen) CX_MUSTCHECK;
+
+/* Opens the version's bytes for reading (never through a symlink); local
+ * storage only. */
+enum cx_err cx_download_open(struct cx_ctx *cx, const struct cx_download *d, int *fd) CX_MUSTCHECK;
+
+/* Whether the bytes are in an object store (read them with
+ * cx_download_read), else in files (cx_download_open). */
+bool cx_download_from_store(struct cx_ctx *cx);
+
+/* A presigned URL of the version's object, valid s3_url_expiry seconds:
+ * for a browser (a redirect: the store sends its type and disposition), or
+ * its path and query only (for nginx's internal location). */
+enum cx_err cx_download_presign(struct cx_ctx *cx, const struct cx_download *d, bool for_browser,
+                                char *out, size_t outlen) CX_MUSTCHECK;
+
+/* Bytes first..last of the version into sink as they come (storage.h
+ * cx_storage_read). */
+enum cx_err cx_download_read(struct cx_ctx *cx, const struct cx_download *d, uint64_t first,
+                             uint64_t last, bool (*sink)(void *ctx, const void *data, size_t len),
+                             void *ctx) CX_MUSTCHECK;
+
+/* POST /v1/artifacts/{id}/links: body {"version"?, "expires_in"?} (borrowed,
+ * may be NULL). *out = {"url", "expires_at", "version"}. The link is bound
+ * to the user, the artifact, the version, the expiry and the key that made
+ * it (revoking that key kills the link), HMAC'd with the server's link key. */
+enum cx_err cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id,
+                           json_t *body, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* --- The download cache (lib/dlcache.c) -------------------------------------- */
+
+/* The download cache: a download by API key answered without a database
+ * round trip when the same key asked for the same artifact and version
+ * within the last minute. The check stays on every request; only where
+ * its answer comes from changes. An entry is forgotten the moment its key
+ * is revoked or its artifact deleted or given a new version, as
+ * PostgreSQL announces it (cx_dlcache_follow below), on every process; while the announcements
+ * can't be heard (no connection), nothing is answered from the cache. Process-wide, shared by every
+ * thread. */
+
+/* Sets the capacity (entries; 0: no cache). Once, before any thread. */
+enum cx_err cx_dlcache_init(unsigned entries) CX_MUSTCHECK;
+void cx_dlcache_shutdown(void);
+
+/* The watcher's loop (watch.h cx_watch_follow) until *stop is set: the
+ * cache forgets a revoked key or a changed artifact, and revoked_keys_dir
+ * follows, within milliseconds of the COMMIT, on every node; off while the
+ * changes can't be heard. */
+void cx_dlcache_follow(struct cx_ctx *cx, const volatile int *stop);
+
+/* --- The artifacts page (lib/page.c) ----------------------------------------- */
+
+/* Appends a self-contained HTML page (no external assets) listing the
+ * user's artifacts in the conversation: path, kind, type, size, versions,
+ * an image preview and a download link. Links are signed (the browser sends
+ * no Authorization header for <a> and <img>). Every value is escaped. */
+enum cx_err cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char *cid,
+                              struct cx_buf *out) CX_MUSTCHECK;
+
+/* The Content-Security-Policy the page is served with. */
+#define CX_PAGE_CSP                                                                                \
+    "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action " \
+    "'none'; frame-ancestors 'none'"
+
+/* --- Sessions (lib/session.c) ------------------------------------------------ */
+
+/* DELETE /v1/conversations/{cid}/session: CX_ERR_NOT_FOUND if none,
+ * CX_ERR_CONFLICT if a run holds it. */
+enum cx_err cx_session_close(struct cx_ctx *cx, const char *user,
+                             const char *conversation_id) CX_MUSTCHECK;
+
+/* The sessions (of user, or all with NULL), most recently used first, as
+ * objects with these members ("kernel" null without one). */
+#define CX_SESSION_LIST_COLUMNS "id user conversation kernel workspace last_used expires"
+enum cx_err cx_session_list(struct cx_ctx *cx, const char *user, json_t **out) CX_MUSTCHECK;
+
+/* --- Kernel budgets (lib/budget.c) ------------------------------------------- */
+
+/* Appends the gauges of every gateway in Prometheus text (one query each):
+ * codexec_sessions, codexec_kernels, codexec_kernel_pool_ready and
+ * codexec_gateway_max_kernels, labelled gateway="URL". */
+void cx_budget_metrics(struct cx_ctx *cx, struct cx_buf *b);
+
+/* --- The kernel pool (lib/prestart.c) ---------------------------------------- */
+
+/* Sleeps until kicked or seconds pass; false once cx_prestart_shutdown()
+ * was called. */
+bool cx_prestart_wait(unsigned seconds);
+void cx_prestart_shutdown(void);
+
+/* For each usable gateway: drops pooled kernels it no longer knows and any
+ * above kernel_pool_size, then starts kernels (each warmed with the preload
+ * and the capture) until the pool is full, the gateway's budget
+ * (max_kernels) is spent, or shutdown. Skips a gateway another process is
+ * refilling. *started counts new kernels. */
+enum cx_err cx_prestart_fill(struct cx_ctx *cx, int *started) CX_MUSTCHECK;
+
+/* Deletes every pooled kernel of every gateway (codexec-admin pool drain);
+ * *deleted counts them. */
+enum cx_err cx_prestart_drain(struct cx_ctx *cx, int *deleted) CX_MUSTCHECK;
+
+/* --- Expiry (lib/maint.c) ---------------------------------------------------- */
+
+struct cx_maint {
+    int sessions;  /* expired sessions closed (kernel and workspace deleted) */
+    int runs;      /* pending runs expired, abandoned runs failed */
+    int artifacts; /* deleted artifacts whose bytes were removed */
+    int kernels;   /* kernels on the gateway that no row named, deleted */
+    int staging;   /* staged writes left by a crash, removed */
+};
+
+/* A staged write not written for this long is a crashed process's: no
+ * run lasts longer (max_timeout, its grace and its capture), and a write
+ * in progress touches its file at every chunk. */
+#define CX_MAINT_STAGING_GRACE(cfg) ((cfg)->max_timeout + (cfg)->interrupt_grace + 600)
+
+/* One sweep: up to limit expired sessions that no run holds, pending runs
+ * past approval_ttl, runs left "running" by a crashed process, kernels on
+ * the gateway that no session or pool row has named for
+ * kernel_orphan_grace seconds (a process that died between starting one and
+ * recording it), staged writes older than CX_MAINT_STAGING_GRACE and, with
+ * artifacts, the bytes of deleted artifacts. Safe
+ * with several processes. done counts what was done, also on failure;
+ * done->sessions == limit means there may be more. */
+enum cx_err cx_maint_sweep(struct cx_ctx *cx, int limit, bool artifacts,
+                           struct cx_maint *done) CX_MUSTCHECK;
+
+/* The server's reaper, called about once a second from one thread: restarts
+ * the kernels the ticker found talking while idle, and when *next_sweep
+ * (cx_now_us(); 0 at first) is due sweeps CX_MAINT_REAP_BATCH sessions
+ * (and the rest, but not the artifacts' bytes: that is `codexec-admin
+ * gc`'s), logs what it did and sets *next_sweep: a second later when the
+ * batch was full, else reaper_interval later. */
+#define CX_MAINT_REAP_BATCH 16
+void cx_maint_reap(struct cx_ctx *cx, int64_t *next_sweep);
+
+/* --- Following other processes' changes (lib/watch.c) ------------------------ */
+
+/* kind is "key" or "artifact", id a UUID; both checked. */
+typedef void (*cx_watch_fn)(void *ctx, const char *kind, const char *id);
+
+/* One key changed: its file exists unless the key is live. */
+enum cx_err cx_revoked_note(struct cx_ctx *cx, const char *key_id) CX_MUSTCHECK;
+
+/* What a follower is told besides keeping the list: every change (fn),
+ * and whether it can hear them now (live: false while the database can't
+ * be heard, true again after a reconnection, which may have missed some). */
+struct cx_watch_hooks {
+    cx_watch_fn on_change;                 /* may be NULL */
+    void (*on_live)(void *ctx, bool live); /* may be NULL */
+    void *ctx;
+};
+
+/* Follows the changes until *stop is set (checked at least once a second):
+ * LISTENs, and with revoked_keys_dir keeps the revocation list, each
+ * revoked key's file within milliseconds of its COMMIT and the whole list
+ * made again at every (re)connection and every reaper_interval. A
+ * database that can't be reached is retried every second (said once).
+ * The loop of codexec-fcgi's watcher thread and of `codexec-admin revoked
+ * follow`, which keeps the list on a host that runs nginx and no
+ * codexec-fcgi. */
+enum cx_err cx_watch_follow(struct cx_ctx *cx, const volatile int *stop,
+                            const struct cx_watch_hooks *hooks) CX_MUSTCHECK;
 
 #endif

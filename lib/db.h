@@ -16,7 +16,7 @@
 #include <libpq-fe.h>
 #include <stdbool.h>
 
-#include "err.h"
+#include "codexec.h"
 
 struct cx_db;
 

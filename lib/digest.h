@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "err.h"
+#include "codexec.h"
 
 #define CX_SHA256_BYTES 32
 #define CX_MAC_BYTES    32 /* HMAC-SHA-256, and HMAC-SHA-512 cut to 256 bits */

@@ -6,8 +6,10 @@
 #include <string.h>
 
 #include "dlcache.h"
+#include "log.h"
 #include "metrics.h"
 #include "util.h"
+#include "watch.h"
 
 /* An entry answers for a minute at most: every minute a key in use is
  * checked against the database again (and its last use recorded). */
@@ -159,4 +161,32 @@ cx_dlcache_put(const unsigned char hash[32], const char *id, int asked,
         e->d = *d;
     }
     pthread_mutex_unlock(&cache.lock);
+}
+
+/* A change another process made (sql/008): the cache forgets. */
+static void
+on_change(void *arg, const char *kind, const char *id)
+{
+    (void)arg;
+    if (strcmp(kind, "artifact") == 0)
+        cx_dlcache_forget_artifact(id);
+    else
+        cx_dlcache_forget_key(id);
+}
+
+/* While the changes can't be heard, the cache answers nothing. */
+static void
+on_live(void *arg, bool live)
+{
+    (void)arg;
+    cx_dlcache_set_live(live);
+}
+
+void
+cx_dlcache_follow(struct cx_ctx *cx, const volatile int *stop)
+{
+    struct cx_watch_hooks hooks = {.on_change = on_change, .on_live = on_live};
+
+    if (cx_watch_follow(cx, stop, &hooks))
+        cx_log_err(0, "watcher: out of memory; the download cache stays off");
 }

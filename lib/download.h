@@ -7,9 +7,7 @@
 #include <stdint.h>
 
 #include "auth.h"
-#include "ctx.h"
-#include "dlinfo.h"
-#include "err.h"
+#include "codexec.h"
 
 /* The user's artifact version (0 = current). CX_ERR_NOT_FOUND alike for a
  * missing, deleted or foreign artifact, a missing version, a malformed id. */
@@ -22,53 +20,6 @@ enum cx_err cx_download_resolve(struct cx_ctx *cx, const char *user, const char 
 enum cx_err cx_download_resolve_for_key(struct cx_ctx *cx, const char *key, size_t len,
                                         const char *id, int version, struct cx_principal *who,
                                         struct cx_download *d) CX_MUSTCHECK;
-
-/* A download request's credentials, as the web server passed them. */
-struct cx_download_request {
-    const char *id;            /* the artifact id from the path */
-    const char *query;         /* the query string, "" when absent */
-    const char *remote_user;   /* REMOTE_USER when the web server authenticated, else NULL */
-    const char *authorization; /* the Authorization header, or NULL */
-};
-
-/* GET /v1/artifacts/{id}/content: who may read what. A valid signed link
- * names the user and version; else REMOTE_USER; else an API key, checked in
- * the same statement that finds the artifact (one round trip). *who is the
- * principal (empty for a link). CX_ERR_FORBIDDEN for a tampered or moved
- * link, CX_ERR_EXPIRED for an old one, CX_ERR_UNAUTHORIZED without valid
- * credentials (also before a bad ?version: a 401 never depends on the
- * query), CX_ERR_INVALID for a bad ?version, CX_ERR_NOT_FOUND alike for a
- * missing and a foreign artifact. msg says which. */
-enum cx_err cx_download_authorize(struct cx_ctx *cx, const struct cx_download_request *q,
-                                  struct cx_principal *who, struct cx_download *d, char *msg,
-                                  size_t msglen) CX_MUSTCHECK;
-
-/* Opens the version's bytes for reading (never through a symlink); local
- * storage only. */
-enum cx_err cx_download_open(struct cx_ctx *cx, const struct cx_download *d, int *fd) CX_MUSTCHECK;
-
-/* Whether the bytes are in an object store (read them with
- * cx_download_read), else in files (cx_download_open). */
-bool cx_download_from_store(struct cx_ctx *cx);
-
-/* A presigned URL of the version's object, valid s3_url_expiry seconds:
- * for a browser (a redirect: the store sends its type and disposition), or
- * its path and query only (for nginx's internal location). */
-enum cx_err cx_download_presign(struct cx_ctx *cx, const struct cx_download *d, bool for_browser,
-                                char *out, size_t outlen) CX_MUSTCHECK;
-
-/* Bytes first..last of the version into sink as they come (storage.h
- * cx_storage_read). */
-enum cx_err cx_download_read(struct cx_ctx *cx, const struct cx_download *d, uint64_t first,
-                             uint64_t last, bool (*sink)(void *ctx, const void *data, size_t len),
-                             void *ctx) CX_MUSTCHECK;
-
-/* POST /v1/artifacts/{id}/links: body {"version"?, "expires_in"?} (borrowed,
- * may be NULL). *out = {"url", "expires_at", "version"}. The link is bound
- * to the user, the artifact, the version, the expiry and the key that made
- * it (revoking that key kills the link), HMAC'd with the server's link key. */
-enum cx_err cx_link_create(struct cx_ctx *cx, const struct cx_principal *who, const char *id,
-                           json_t *body, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
 
 /* The signed link itself, {"url", "expires_at", "version"} (new reference,
  * NULL when out of memory), for a version the caller knows to be the

@@ -1,6 +1,6 @@
 #include <stddef.h>
 
-#include "err.h"
+#include "codexec.h"
 
 static const char *const messages[CX_ERR__COUNT] = {
     [CX_OK] = "success",

@@ -9,8 +9,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-#include "ctx.h"
-#include "err.h"
+#include "codexec.h"
 
 struct cx_gateway;
 

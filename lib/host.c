@@ -1,4 +1,4 @@
-#include "host.h"
+#include "codexec.h"
 
 #include <string.h>
 

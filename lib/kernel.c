@@ -8,7 +8,6 @@
 #include "kernel.h"
 #include "log.h"
 #include "metrics.h"
-#include "relay.h"
 #include "util.h"
 #include "ws.h"
 
@@ -484,7 +483,7 @@ cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
     enum cx_err rc;
 
     /* the launcher's relay ends the sandbox's other processes before such
-     * a request's reply passes (lib/relay.h) */
+     * a request's reply passes (launcher/relay.h) */
     if (e->ends_run) {
         memcpy(e->msg_id, CX_RELAY_RUN_END, strlen(CX_RELAY_RUN_END));
         cx_uuid_generate(e->msg_id + strlen(CX_RELAY_RUN_END));

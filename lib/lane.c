@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "auth.h"
-#include "host.h"
+#include "codexec.h"
 #include "log.h"
 
 /* Users with jobs in the lane: never more entries than jobs, and never

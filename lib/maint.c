@@ -9,7 +9,7 @@
 #include "db.h"
 #include "gateway.h"
 #include "log.h"
-#include "maint.h"
+#include "codexec.h"
 #include "run.h"
 #include "session.h"
 #include "storage.h"
@@ -231,4 +231,27 @@ cx_maint_sweep(struct cx_ctx *cx, int limit, bool artifacts, struct cx_maint *do
             rc = rc2;
     }
     return rc;
+}
+
+void
+cx_maint_reap(struct cx_ctx *cx, int64_t *next_sweep)
+{
+    int64_t now = cx_now_us();
+    struct cx_maint done;
+    enum cx_err rc;
+
+    cx_session_restart_talkers(cx); /* found by the ticker's drain */
+    if (now < *next_sweep)
+        return;
+    rc = cx_maint_sweep(cx, CX_MAINT_REAP_BATCH, false, &done);
+    if (rc)
+        cx_log_warn(0, "reaper: sweep failed: %s", cx_strerror(rc));
+    if (done.sessions > 0 || done.runs > 0 || done.kernels > 0 || done.staging > 0)
+        cx_log_info("reaper: %d session(s) closed, %d run(s) expired, %d unowned "
+                    "kernel(s) deleted, %d stale staged write(s) removed",
+                    done.sessions, done.runs, done.kernels, done.staging);
+    /* more to do: come back soon */
+    *next_sweep =
+        now +
+        (done.sessions == CX_MAINT_REAP_BATCH ? 1 : (int64_t)cx->cfg->reaper_interval) * 1000000;
 }

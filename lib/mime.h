@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "err.h"
+#include "codexec.h"
 
 /* The MIME type of data (the first bytes of a file suffice; 64 KiB is
  * plenty), refined by the file name's extension only where magic is

@@ -13,8 +13,7 @@
 
 #include <stdbool.h>
 
-#include "ctx.h"
-#include "err.h"
+#include "codexec.h"
 
 /* Inside the caller's transaction: takes the oldest pooled kernel of the
  * gateway and kernelspec. *got is false when none is ready (not an error).
@@ -24,21 +23,5 @@ enum cx_err cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, char i
 
 /* Wakes the refilling thread (after a claim). */
 void cx_prestart_kick(void);
-
-/* Sleeps until kicked or seconds pass; false once cx_prestart_shutdown()
- * was called. */
-bool cx_prestart_wait(unsigned seconds);
-void cx_prestart_shutdown(void);
-
-/* For each usable gateway: drops pooled kernels it no longer knows and any
- * above kernel_pool_size, then starts kernels (each warmed with the preload
- * and the capture) until the pool is full, the gateway's budget
- * (max_kernels) is spent, or shutdown. Skips a gateway another process is
- * refilling. *started counts new kernels. */
-enum cx_err cx_prestart_fill(struct cx_ctx *cx, int *started) CX_MUSTCHECK;
-
-/* Deletes every pooled kernel of every gateway (codexec-admin pool drain);
- * *deleted counts them. */
-enum cx_err cx_prestart_drain(struct cx_ctx *cx, int *deleted) CX_MUSTCHECK;
 
 #endif

@@ -13,7 +13,7 @@
 #include "kernel.h"
 #include "log.h"
 #include "metrics.h"
-#include "runreq.h"
+#include "codexec.h"
 #include "runexec.h"
 #include "session.h"
 #include "stage.h"

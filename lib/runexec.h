@@ -15,8 +15,7 @@
 #include <stdint.h>
 
 #include "buf.h"
-#include "ctx.h"
-#include "err.h"
+#include "codexec.h"
 
 struct cx_capture;
 struct cx_db_call;

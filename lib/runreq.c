@@ -5,7 +5,7 @@
 #include <strings.h>
 
 #include "config.h"
-#include "runreq.h"
+#include "codexec.h"
 #include "util.h"
 
 #define MAX_OUTPUT_GLOBS 64

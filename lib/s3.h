@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "err.h"
+#include "codexec.h"
 
 struct cx_s3;
 struct cx_s3_upload;

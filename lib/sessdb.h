@@ -3,7 +3,7 @@
 #ifndef CX_SESSDB_H
 #define CX_SESSDB_H
 
-#include "ctx.h"
+#include "codexec.h"
 
 struct cx_db_call;
 struct cx_session;

@@ -11,8 +11,7 @@
 
 #include "auth.h"
 #include "config.h"
-#include "ctx.h"
-#include "err.h"
+#include "codexec.h"
 #include "util.h"
 
 /* A session's workspace directory on the gateway: "w-<session id>", the
@@ -78,18 +77,8 @@ int cx_session_restart_talkers(struct cx_ctx *cx);
  * last_activity at the reaper's sweeps); true when it was restarted. */
 bool cx_session_restart_talker(struct cx_ctx *cx, const char *gateway_url, const char *kernel_id);
 
-/* DELETE /v1/conversations/{cid}/session: CX_ERR_NOT_FOUND if none,
- * CX_ERR_CONFLICT if a run holds it. */
-enum cx_err cx_session_close(struct cx_ctx *cx, const char *user,
-                             const char *conversation_id) CX_MUSTCHECK;
-
 /* Closes up to limit expired sessions that no run holds; safe with several
  * processes. *closed counts them. */
 enum cx_err cx_session_reap(struct cx_ctx *cx, int limit, int *closed) CX_MUSTCHECK;
-
-/* The sessions (of user, or all with NULL), most recently used first, as
- * objects with these members ("kernel" null without one). */
-#define CX_SESSION_LIST_COLUMNS "id user conversation kernel workspace last_used expires"
-enum cx_err cx_session_list(struct cx_ctx *cx, const char *user, json_t **out) CX_MUSTCHECK;
 
 #endif

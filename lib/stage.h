@@ -11,8 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ctx.h"
-#include "err.h"
+#include "codexec.h"
 #include "run.h"
 
 struct cx_exec;

@@ -15,11 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "codexec.h"
 
-struct cx_storage;
 struct cx_storage_writer;
-struct cx_config;
 struct cx_s3;
 
 /* A handle on the configured storage, for one thread (a store's handle
@@ -93,10 +91,5 @@ enum cx_err cx_storage_digest(struct cx_storage *st, const char *key, uint64_t *
 typedef bool (*cx_storage_sink)(void *ctx, const void *data, size_t len);
 enum cx_err cx_storage_read(struct cx_storage *st, const char *key, uint64_t first, uint64_t last,
                             cx_storage_sink sink, void *ctx) CX_MUSTCHECK;
-
-/* The object's path on disk (for open(2), X-Accel-Redirect, X-Sendfile);
- * CX_ERR_INVALID for a bad key or with an object store. */
-enum cx_err cx_storage_path(const struct cx_storage *st, const char *key, char *out,
-                            size_t outlen) CX_MUSTCHECK;
 
 #endif

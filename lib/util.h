@@ -6,17 +6,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "codexec.h"
 
 /* Strict UTF-8 (RFC 3629): no overlongs, no surrogates, nothing past U+10FFFF. */
 bool cx_utf8_valid(const char *s, size_t len);
 
 /* 8-4-4-4-12 hex, any case. */
 bool cx_uuid_valid(const char *s);
-
-/* Whether s[0..n) holds only ASCII letters, digits and characters of
- * extra. */
-bool cx_name_chars(const char *s, size_t n, const char *extra);
 
 /* A conversation id: a name inside a user's namespace, 1 to
  * CX_CONVERSATION_MAX of [A-Za-z0-9._:-]. */
@@ -27,13 +23,6 @@ bool cx_conversation_id_valid(const char *s);
 
 /* write(2) until done, retrying EINTR. */
 enum cx_err cx_write_all(int fd, const void *buf, size_t len) CX_MUSTCHECK;
-
-/* Monotonic clock in milliseconds / microseconds. */
-int64_t cx_now_ms(void);
-int64_t cx_now_us(void);
-
-/* Lower-case hex of 16 random bytes (a request id). out: 33 bytes. */
-void cx_random_id(char out[33]);
 
 /* A random (version 4) UUID, lower case. out: 37 bytes. */
 void cx_uuid_generate(char out[37]);
@@ -64,6 +53,5 @@ size_t cx_json_cost(const char *s, size_t len);
  * IPv6 or IPv4-mapped IPv6 address as a web server passes REMOTE_ADDR) is in
  * a normalised list. */
 enum cx_err cx_addr_list_normalize(const char *text, char **out) CX_MUSTCHECK;
-bool cx_addr_list_match(const char *list, const char *addr);
 
 #endif

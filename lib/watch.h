@@ -15,13 +15,9 @@
 
 #include <stdbool.h>
 
-#include "ctx.h"
-#include "err.h"
+#include "codexec.h"
 
 struct cx_watch;
-
-/* kind is "key" or "artifact", id a UUID; both checked. */
-typedef void (*cx_watch_fn)(void *ctx, const char *kind, const char *id);
 
 enum cx_err cx_watch_new(const char *conninfo, struct cx_watch **out) CX_MUSTCHECK;
 void cx_watch_free(struct cx_watch *w);
@@ -43,28 +39,5 @@ enum cx_err cx_watch_wait(struct cx_watch *w, int timeout_ms, bool *fresh, cx_wa
  * links have all expired), then CX_REVOKED_LISTED. Other names there are
  * left alone. */
 enum cx_err cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed) CX_MUSTCHECK;
-
-/* One key changed: its file exists unless the key is live. */
-enum cx_err cx_revoked_note(struct cx_ctx *cx, const char *key_id) CX_MUSTCHECK;
-
-/* What a follower is told besides keeping the list: every change (fn),
- * and whether it can hear them now (live: false while the database can't
- * be heard, true again after a reconnection, which may have missed some). */
-struct cx_watch_hooks {
-    cx_watch_fn on_change;                 /* may be NULL */
-    void (*on_live)(void *ctx, bool live); /* may be NULL */
-    void *ctx;
-};
-
-/* Follows the changes until *stop is set (checked at least once a second):
- * LISTENs, and with revoked_keys_dir keeps the revocation list, each
- * revoked key's file within milliseconds of its COMMIT and the whole list
- * made again at every (re)connection and every reaper_interval. A
- * database that can't be reached is retried every second (said once).
- * The loop of codexec-fcgi's watcher thread and of `codexec-admin revoked
- * follow`, which keeps the list on a host that runs nginx and no
- * codexec-fcgi. */
-enum cx_err cx_watch_follow(struct cx_ctx *cx, const volatile int *stop,
-                            const struct cx_watch_hooks *hooks) CX_MUSTCHECK;
 
 #endif

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "buf.h"
-#include "err.h"
+#include "codexec.h"
 
 struct cx_ws;
 

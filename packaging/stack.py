@@ -81,8 +81,13 @@ def pid_alive(pid):
         return False
 
 
+# The programs and their folders in the build tree.
+PROGRAMS = [("fcgi", "codexec-fcgi"), ("admin", "codexec-admin"),
+            ("launcher", "codexec-kernel-launcher")]
+
+
 class Stack:
-    def __init__(self, var, http_port=8080, gateway_port=None, bindir=None,
+    def __init__(self, var, http_port=8080, gateway_port=None, build=None,
                  workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
                  test_kernel=False, sandbox_extra=None, gateway_proxy_port=None, s3_port=None,
                  edge_links=True, gateway_memory=None):
@@ -96,7 +101,9 @@ class Stack:
         # With a port: a test object store there (start_s3), which
         # use_s3() points codexec at.
         self.s3_port = s3_port
-        self.bindir = os.path.abspath(bindir or os.path.join(REPO, "build", "fcgi"))
+        # the build tree: each program in its folder (fcgi/, admin/,
+        # launcher/; a build of a revision before them has all three in fcgi/)
+        self.build = os.path.abspath(build or os.path.join(REPO, "build"))
         self.workers = workers
         self.conf_extra = conf_extra or {}
         self.sandbox_extra = sandbox_extra or {}
@@ -108,7 +115,7 @@ class Stack:
         # the link module, built next to codexec-fcgi (nginx/module/), and
         # where nginx loads it from: var/bin, as the programs (the build may
         # sit in a directory only its owner can enter)
-        self.link_module_built = os.path.join(os.path.dirname(self.bindir), "nginx",
+        self.link_module_built = os.path.join(self.build, "nginx",
                                               "ngx_http_codexec_link_module.so")
         self.kernelspecs = [KERNEL_NAME] + ([TEST_KERNEL_NAME] if test_kernel else [])
         p = lambda *a: os.path.join(self.var, *a)
@@ -367,10 +374,11 @@ class Stack:
         self.ensure_traversable(self.var)
         self.make_dirs()
         self.load_ports()
-        self.copy_exec(os.path.join(self.bindir, "codexec-fcgi"), "codexec-fcgi")
-        self.copy_exec(os.path.join(self.bindir, "codexec-admin"), "codexec-admin")
-        self.copy_exec(os.path.join(self.bindir, "codexec-kernel-launcher"),
-                       "codexec-kernel-launcher")
+        for folder, prog in PROGRAMS:
+            built = os.path.join(self.build, folder, prog)
+            if not os.path.exists(built):
+                built = os.path.join(self.build, "fcgi", prog)
+            self.copy_exec(built, prog)
         self.copy_exec(os.path.join(REPO, "packaging", "supervise.py"), "supervise.py")
         if os.path.exists(self.link_module_built):
             self.copy_exec(self.link_module_built, os.path.basename(self.link_module))
@@ -1101,10 +1109,10 @@ def main():
     ap.add_argument("--var", default=os.path.join(REPO, "var"))
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--gateway-port", type=int)
-    ap.add_argument("--bindir")
+    ap.add_argument("--build", help="the build tree (default: build/)")
     ap.add_argument("--user", help="for `key`: the user the key is for")
     a = ap.parse_args()
-    st = Stack(a.var, http_port=a.port, gateway_port=a.gateway_port, bindir=a.bindir)
+    st = Stack(a.var, http_port=a.port, gateway_port=a.gateway_port, build=a.build)
     try:
         if a.command == "up":
             st.up()

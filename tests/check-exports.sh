@@ -1,73 +1,70 @@
 #!/bin/sh
-# The public library's surface (jansson's check-exports, in TAP):
-#   - libcodexec.so exports exactly the functions in lib/libcodexec.sym;
-#   - each of them is declared in a public header (lib/codexec.h's set);
-#   - fcgi/ reaches lib/ only through lib/codexec.h (the kernel launcher,
-#     which is the sandbox's and not a host of the library, excepted).
+# The library's interface to its programs (jansson's check-exports, over
+# object files; TAP):
+#   - lib/libcodexec.sym lists exactly the functions lib/codexec.h declares;
+#   - codexec-fcgi, codexec-admin and codexec-kernel-launcher call nothing
+#     of the library outside that list, and each function on it is called
+#     by one of them (the interface is no wider than its users);
+#   - each program's folder reaches lib/ through lib/codexec.h alone and
+#     includes nothing of another program's folder; lib/codexec.h includes
+#     no header of the project.
 set -u
 cd "${top_srcdir:-.}"
 build=${abs_top_builddir:-.}
 n=0; failed=0
 check() { n=$((n+1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=$((failed+1)); fi; }
 
-so=$build/lib/.libs/libcodexec.so
-if [ -f "$so" ]; then
-  nm -D --defined-only "$so" | awk '$2 ~ /^[TW]$/ {print $3}' | sort >"$build/exports.actual"
-  sort lib/libcodexec.sym >"$build/exports.wanted"
-  diff "$build/exports.wanted" "$build/exports.actual" >"$build/exports.diff"
-  check $? "libcodexec.so exports exactly lib/libcodexec.sym"
-  sed 's/^/# /' "$build/exports.diff"
+# Comments and macros dropped; cx_err is the error enum.
+declared=$(perl -0777 -ne 's{/\*.*?\*/}{}gs; s{#define[^\n]*(?:\\\n[^\n]*)*}{}g;
+  print "$1\n" while /\b(cx_[a-z0-9_]+)\s*\(/g' lib/codexec.h | sort -u | grep -v -x cx_err)
+listed=$(sort -u lib/libcodexec.sym)
+printf '%s\n' "$listed" >"$build/exports.wanted"
+diff=$(printf '%s\n' "$declared" | diff - "$build/exports.wanted")
+[ -z "$diff" ]; check $? "lib/libcodexec.sym is what lib/codexec.h declares"
+[ -n "$diff" ] && printf '%s\n' "$diff" | sed 's/^/# /'
+
+# What the library defines, and what each program's own objects leave
+# undefined of it.
+lib_a=$build/lib/.libs/libcodexec.a
+if [ -f "$lib_a" ]; then
+  nm --defined-only "$lib_a" | awk '$2 == "T" {print $3}' | sort -u >"$build/exports.lib"
+  used=""
+  for prog in "fcgi:fcgi/main.o fcgi/request.o fcgi/router.o fcgi/handlers.o" \
+              "admin:admin/main.o" \
+              "launcher:launcher/main.o launcher/sandbox.o launcher/relay.o"; do
+    name=${prog%%:*}; objs=""
+    for o in ${prog#*:}; do objs="$objs $build/$o"; done
+    # shellcheck disable=SC2086
+    nm -u $objs | awk '{print $2}' | sort -u >"$build/exports.u"
+    # shellcheck disable=SC2086
+    nm --defined-only $objs | awk '{print $3}' | sort -u >"$build/exports.d"
+    calls=$(comm -23 "$build/exports.u" "$build/exports.d" | comm -12 - "$build/exports.lib")
+    outside=$(printf '%s\n' "$calls" | grep . | grep -v -x -F -f "$build/exports.wanted" | tr '\n' ' ')
+    [ -z "$outside" ]; check $? "$name calls only the interface's functions"
+    [ -n "$outside" ] && echo "# not in lib/libcodexec.sym: $outside"
+    used="$used $calls"
+  done
+  # cx_artifact_test_hooks is called only by a test-hooks build,
+  # cx_log_level through the cx_log_debug macro.
+  unused=$(printf '%s\n' $used | sort -u | comm -13 - "$build/exports.wanted" |
+    grep -v -x -e cx_artifact_test_hooks -e cx_log_level | tr '\n' ' ')
+  [ -z "$unused" ]; check $? "every function of the interface is called by a program"
+  [ -n "$unused" ] && echo "# called by no program: $unused"
 else
-  check 1 "libcodexec.so was built ($so)"
+  check 1 "the library was built ($lib_a)"
 fi
 
-public=$(grep -o '#include "[a-z]*\.h"' lib/codexec.h | sed 's/#include "//; s/"//' | sed 's|^|lib/|')
-missing=""
-for sym in $(cat lib/libcodexec.sym); do
-  # shellcheck disable=SC2086
-  grep -q "\b$sym(" $public || missing="$missing $sym"
-done
-[ -z "$missing" ]; check $? "every exported function is declared in a public header"
-[ -n "$missing" ] && echo "# not declared:$missing"
-
-# And the converse: every function a public header declares is exported
-# (else a host linking the library, like tests/public, fails to link).
-# Comments and macros are dropped first; cx_err is the error enum and
-# cx_artifact_test_hooks a test-only structure.
-# shellcheck disable=SC2086
-declared=$(perl -0777 -ne 's{/\*.*?\*/}{}gs; s{#define[^\n]*(?:\\\n[^\n]*)*}{}g;
-  print "$1\n" while /\b(cx_[a-z0-9_]+)\s*\(/g' $public | sort -u |
-  grep -v -x -e cx_err -e cx_artifact_test_hooks)
-unexported=""
-for sym in $declared; do
-  grep -q -x "$sym" lib/libcodexec.sym || unexported="$unexported $sym"
-done
-[ -z "$unexported" ]; check $? "every function a public header declares is in lib/libcodexec.sym"
-[ -n "$unexported" ] && echo "# not exported:$unexported"
-
-bad=$(grep -l '#include "\.\./lib/' fcgi/*.c fcgi/*.h | while read -r f; do
-  [ "$f" = fcgi/launcher.c ] && continue
-  grep '#include "\.\./lib/' "$f" | grep -v '"\.\./lib/codexec.h"' | sed "s|^|$f: |"
-done)
-[ -z "$bad" ]; check $? "fcgi/ includes lib/ only through lib/codexec.h"
-[ -n "$bad" ] && printf '%s\n' "$bad" | sed 's/^/# /'
-# The installed headers compile on their own: every header lib/codexec.h
-# reaches, through any number of includes, is installed (pkginclude_HEADERS).
-installed=$(sed -n '/^pkginclude_HEADERS/,/[^\\]$/p' Makefile.am | tr -s ' \t\\' '\n' | grep '^lib/')
-reached=""; todo="lib/codexec.h"
-while [ -n "$todo" ]; do
-  set -- $todo; h=$1; shift; todo="$*"
-  case " $reached " in *" $h "*) continue ;; esac
-  reached="$reached $h"
-  for inc in $(grep -o '#include "[a-z_]*\.h"' "$h" | sed 's/#include "//; s/"//'); do
-    todo="$todo lib/$inc"
+bad=$(for d in fcgi admin launcher; do
+  for f in "$d"/*.c "$d"/*.h; do
+    [ -f "$f" ] || continue
+    grep -n '#include "\.\./' "$f" | grep -v '"\.\./lib/codexec.h"' | sed "s|^|$f:|"
   done
-done
-missing=""
-for h in $reached; do
-  printf '%s\n' "$installed" | grep -q -x "$h" || missing="$missing $h"
-done
-[ -z "$missing" ]; check $? "every header lib/codexec.h reaches is installed"
-[ -n "$missing" ] && echo "# not in pkginclude_HEADERS:$missing"
+done)
+[ -z "$bad" ]; check $? "each program includes lib/codexec.h alone of lib/, and nothing of the others"
+[ -n "$bad" ] && printf '%s\n' "$bad" | sed 's/^/# /'
+
+inc=$(grep -n '#include "' lib/codexec.h)
+[ -z "$inc" ]; check $? "lib/codexec.h includes no header of the project"
+[ -n "$inc" ] && printf '%s\n' "$inc" | sed 's/^/# /'
 echo "1..$n"
 [ "$failed" = 0 ]

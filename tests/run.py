@@ -203,7 +203,7 @@ def main():
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      gateway_proxy_port=stack.free_port(),  # the suite runs through it
                      s3_port=stack.free_port(),  # the test object store: the S3 pass
-                     bindir=os.path.join(build, "fcgi"), fast_pg=True, conf_extra=conf_extra,
+                     build=build, fast_pg=True, conf_extra=conf_extra,
                      nginx_body="8m", test_kernel=True,
                      # smaller than the defaults, so the limits are reached quickly
                      sandbox_extra={"memory": "1G", "max_workspace_bytes": "512M",

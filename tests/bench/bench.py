@@ -733,7 +733,7 @@ def main():
     static = os.path.join(var, "static")
     s3_port = stack.free_port()
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
-                     bindir=os.path.join(a.build, "fcgi"), workers=80, s3_port=s3_port,
+                     build=a.build, workers=80, s3_port=s3_port,
                      conf_extra={"workers": "80", "max_sessions_per_user": "200",
                                  # one key runs all 64 conversations here
                                  "max_concurrent_runs_per_user": "80",

@@ -1,7 +1,7 @@
 /* Configuration files: codexec.conf and sandbox.conf, whatever an operator
  * (or a broken deployment) puts in them. */
 #include "../../lib/config.h"
-#include "../../lib/sandbox.h"
+#include "../../launcher/sandbox.h"
 #include "fuzz.h"
 
 int

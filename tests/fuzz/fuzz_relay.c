@@ -4,7 +4,7 @@
  * or in pieces (a socket hands them over in pieces of any size). */
 #include <stdlib.h>
 
-#include "../../lib/relay.h"
+#include "../../launcher/relay.h"
 #include "fuzz.h"
 
 int

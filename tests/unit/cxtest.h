@@ -11,7 +11,7 @@
 #include "../../lib/artifact.h"
 #include "../../lib/auth.h"
 #include "../../lib/config.h"
-#include "../../lib/host.h"
+#include "../../lib/codexec.h"
 #include "../../lib/log.h"
 #include "pgtest.h"
 

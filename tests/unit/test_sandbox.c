@@ -20,8 +20,8 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 
-#include "../../lib/relay.h"
-#include "../../lib/sandbox.h"
+#include "../../launcher/relay.h"
+#include "../../launcher/sandbox.h"
 #include "tap.h"
 
 static const struct {

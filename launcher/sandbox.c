@@ -25,8 +25,7 @@
 #include <linux/nsfs.h>
 #include <seccomp.h>
 
-#include "conf.h"
-#include "util.h"
+#include "../lib/codexec.h"
 
 #define O(f)  offsetof(struct cx_sandbox_conf, f)
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

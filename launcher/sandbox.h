@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "../lib/codexec.h"
 
 #define CX_SANDBOX_PATH_MAX 1024
 #define CX_SANDBOX_PORTS    5

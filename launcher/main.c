@@ -28,8 +28,8 @@
 
 #include <jansson.h>
 
-#include "../lib/relay.h"
-#include "../lib/sandbox.h"
+#include "relay.h"
+#include "sandbox.h"
 
 #define READY_TIMEOUT_MS (120 * 1000)
 

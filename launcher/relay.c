@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "../lib/codexec.h"
 
 #define PAIRS_MAX     128
 #define UP_BUF        (256 * 1024) /* kernel -> server, per connection */

@@ -37,13 +37,12 @@
 #include <poll.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "../lib/codexec.h"
 #include "sandbox.h"
 
 struct cx_relay;
 
 /* The start of the msg_id of a request that ends a run (lib/kernel.c). */
-#define CX_RELAY_RUN_END "codexec-run-end-"
 
 /* Listens on the server's endpoints (c's runtime directory, "<ip>-<port>",
  * each made under a temporary name and renamed over the old one) for the
