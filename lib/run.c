@@ -194,17 +194,26 @@ struct run {
     const struct cx_run_request *req;
     const struct cx_inputs *in;
     const char *id;
-    struct cx_runexec st;
+    struct cx_runexec *st;
+    struct cx_kernel_conn *conn; /* to the session's kernel, owned while set */
     struct cx_session s;
     int64_t ms;
     json_t *artifacts;
 };
 
+/* Frees the connection (broken, or of a replaced kernel). */
+static void
+drop_conn(struct run *r)
+{
+    cx_kernel_conn_free(r->conn);
+    r->conn = NULL;
+}
+
 /* The kernel vanished: a new one in the same workspace (the run says reset). */
 static enum cx_err
 replace_kernel(struct run *r, char *msg, size_t msglen)
 {
-    cx_runexec_drop_conn(&r->st);
+    drop_conn(r);
     cx_log_info("session %s: kernel %s vanished; replacing it", r->s.id, r->s.kernel_id);
     return cx_session_replace_kernel(r->cx, &r->s, msg, msglen);
 }
@@ -215,23 +224,21 @@ static enum cx_err
 connect_kernel(struct run *r, char *msg, size_t msglen)
 {
     const char *url = cx_gateway_url(r->s.gw), *token = cx_gateway_token(r->s.gw);
-    enum cx_err rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->st.conn, msg, msglen);
+    enum cx_err rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->conn, msg, msglen);
 
     if (rc == CX_ERR_NOT_FOUND) {
         rc = replace_kernel(r, msg, msglen);
         if (rc == CX_OK)
-            rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->st.conn, msg, msglen);
+            rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->conn, msg, msglen);
     } else if (rc && !cx_gateway_recheck(r->s.gw)) {
         /* the gateway went away since its last probe: elsewhere, reset */
         rc = cx_session_move_kernel(r->cx, &r->s, msg, msglen);
         if (rc == CX_OK) {
             url = cx_gateway_url(r->s.gw);
             token = cx_gateway_token(r->s.gw);
-            rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->st.conn, msg, msglen);
+            rc = cx_kernel_conn_get(url, token, r->s.kernel_id, &r->conn, msg, msglen);
         }
     }
-    r->st.kernel_id = r->s.kernel_id;
-    r->st.gw = r->s.gw;
     return rc == CX_OK || rc == CX_ERR_CAPACITY ? rc : CX_ERR_GATEWAY;
 }
 
@@ -250,23 +257,24 @@ run_execute(struct run *r, char *msg, size_t msglen)
         rc = connect_kernel(r, msg, msglen);
         if (rc)
             return rc;
-        reused = cx_kernel_conn_messages(r->st.conn) > 0;
+        reused = cx_kernel_conn_messages(r->conn) > 0;
         if (attempt == 0)
-            cx_runexec_say(&r->st, "status",
+            cx_runexec_say(r->st, "status",
                            json_pack("{s:s,s:{s:s,s:b,s:b,s:s}}", "state", "executing", "session",
                                      "conversation_id", r->req->conversation_id, "created",
                                      r->s.created, "reset", r->s.reset, "expires_at",
                                      r->s.expires_at));
         t0 = cx_now_us();
-        rc = cx_runexec_execute(&r->st, &r->s, r->req, r->in, msg, msglen);
-        bool again = (rc == CX_ERR_NOT_FOUND && !(r->st.events & CX_EVENT(CX_OUTCOME_TIMEOUT))) ||
-                     (rc == CX_ERR_IO && reused && !r->st.any_message);
+        rc = cx_runexec_execute(r->st, r->conn, &r->s, r->req, r->in, msg, msglen);
+        const struct cx_runexec_facts *f = cx_runexec_facts(r->st);
+        bool again = (rc == CX_ERR_NOT_FOUND && !(f->events & CX_EVENT(CX_OUTCOME_TIMEOUT))) ||
+                     (rc == CX_ERR_IO && reused && !f->any_message);
         if (!again || attempt == 1)
             break;
-        cx_exec_cleanup(r->st.all, r->st.nreq);
+        cx_runexec_retry(r->st);
         if (rc == CX_ERR_NOT_FOUND && replace_kernel(r, msg, msglen))
             return CX_ERR_GATEWAY;
-        cx_runexec_drop_conn(&r->st);
+        drop_conn(r);
     }
     r->ms = (cx_now_us() - t0) / 1000;
     if (rc == CX_ERR_NOT_FOUND) {
@@ -284,43 +292,34 @@ run_execute(struct run *r, char *msg, size_t msglen)
 static enum cx_err
 run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
 {
-    struct cx_runexec *st = &r->st;
-    struct cx_exec *carrier = &st->reqs[st->carrier];
+    const struct cx_runexec_facts *f = cx_runexec_facts(r->st);
 
     if (rc == CX_ERR_KERNEL_DIED) {
-        st->events |= CX_EVENT(CX_OUTCOME_DIED);
+        cx_runexec_note(r->st, CX_OUTCOME_DIED);
         r->s.reset = r->s.kernel_fresh = true;
-        cx_runexec_drop_conn(st);
+        drop_conn(r);
     } else if (rc == CX_ERR_DB) {
         /* The conversation's lock went with the connection: the cell is
          * interrupted, as it may no longer run unguarded. */
         snprintf(msg, msglen, "the database connection was lost during the run; retry later");
         if (cx_gateway_kernel_interrupt(r->s.gw, r->s.kernel_id))
             cx_log_warn(0, "run %s: interrupt after losing the lock failed", r->id);
-        cx_runexec_drop_conn(st);
+        drop_conn(r);
         return CX_ERR_DB;
     } else if (rc) {
         cx_log_warn(0, "run %s: kernel connection failed: %s", r->id, cx_strerror(rc));
         snprintf(msg, msglen, "the connection to the kernel failed during the run");
         return CX_ERR_GATEWAY;
     }
-    if (st->events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST))
+    if (f->events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST))
         cx_log_warn(0, "run %s: replies arrived without their idle status; output lost", r->id);
-    if (st->events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST) || st->abandoned)
-        cx_runexec_drop_conn(st);
-    /* The execute_reply carries the error too, when its iopub copy was not
-     * read (the run stopped reading past the output limit). */
-    for (int i = CX_REQ_USER; i <= CX_REQ_CALL && !st->error; i++) {
-        const char *rs = json_string_value(json_object_get(st->reqs[i].reply, "status"));
-        if (rs && !strcmp(rs, "error"))
-            st->error = json_incref(st->reqs[i].reply);
-    }
-    if (st->interrupted && st->error)
-        st->events |= CX_EVENT(CX_OUTCOME_OUTPUT_LIMIT);
-    bool died = st->events & CX_EVENT(CX_OUTCOME_DIED);
-    if (!died && cx_runend_carried(carrier) && cx_runend_says_fresh(carrier) && !r->s.kernel_fresh)
+    if (f->events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST) || f->abandoned)
+        drop_conn(r);
+    cx_runexec_conclude(r->st);
+    bool died = f->events & CX_EVENT(CX_OUTCOME_DIED);
+    if (!died && cx_runexec_says_fresh(r->st) && !r->s.kernel_fresh)
         r->s.reset = true; /* restarted behind our back since the last run */
-    if (!died && !(st->events & CX_EVENT(CX_OUTCOME_TIMEOUT)))
+    if (!died && !(f->events & CX_EVENT(CX_OUTCOME_TIMEOUT)))
         r->s.kernel_fresh = false;
     return CX_OK;
 }
@@ -330,15 +329,16 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
 static void
 run_capture(struct run *r)
 {
-    bool timed_out = r->st.events & CX_EVENT(CX_OUTCOME_TIMEOUT);
+    bool timed_out = cx_runexec_facts(r->st)->events & CX_EVENT(CX_OUTCOME_TIMEOUT);
+    struct cx_capture *cap = cx_runexec_capture(r->st);
 
     r->artifacts = json_array();
-    if (!r->st.cap)
+    if (!cap)
         return;
-    cx_runexec_capturing(&r->st);
-    r->s.capture_rescan = timed_out || r->s.reset ? true : !cx_capture_done(r->st.cap);
+    cx_runexec_capturing(r->st);
+    r->s.capture_rescan = timed_out || r->s.reset ? true : !cx_capture_done(cap);
     if (!r->s.reset && !timed_out && r->artifacts &&
-        cx_artifact_commit_capture(r->cx, r->who->user, r->req->conversation_id, r->id, r->st.cap,
+        cx_artifact_commit_capture(r->cx, r->who->user, r->req->conversation_id, r->id, cap,
                                    r->artifacts))
         cx_log_warn(0, "run %s: captured files could not be stored", r->id);
 }
@@ -347,14 +347,14 @@ run_capture(struct run *r)
 static void
 run_error(struct run *r, json_t *payload)
 {
-    enum cx_outcome o = cx_runexec_outcome(&r->st);
+    enum cx_outcome o = cx_runexec_outcome(r->st);
+    const json_t *error = cx_runexec_facts(r->st)->error;
     char ev[96];
 
-    if (o == CX_OUTCOME_OK && r->st.error) {
-        const char *en = json_string_value(json_object_get(r->st.error, "ename"));
-        const char *v = json_string_value(json_object_get(r->st.error, "evalue"));
-        set_error(payload, en ? en : "Error", v ? v : "",
-                  json_object_get(r->st.error, "traceback"));
+    if (o == CX_OUTCOME_OK && error) {
+        const char *en = json_string_value(json_object_get(error, "ename"));
+        const char *v = json_string_value(json_object_get(error, "evalue"));
+        set_error(payload, en ? en : "Error", v ? v : "", json_object_get(error, "traceback"));
         return;
     }
     if (o == CX_OUTCOME_OK)
@@ -371,24 +371,24 @@ run_error(struct run *r, json_t *payload)
 static enum cx_err
 run_payload(struct run *r, json_t **out)
 {
-    const struct cx_config *cfg = r->cx->cfg;
-    json_t *loaded = json_array(), *payload;
+    const struct cx_runexec_facts *f = cx_runexec_facts(r->st);
+    struct cx_capture *cap = cx_runexec_capture(r->st);
+    json_t *loaded = json_array(), *payload, *err;
 
     for (size_t i = 0; loaded && i < r->in->n; i++)
         json_array_append_new(loaded, json_string(r->in->v[i].path));
-    payload = json_pack("{s:s,s:s,s:o,s:O,s:o,s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id", r->id,
-                        "status", "ok", "stdout_tail", cx_tail_json(&r->st.out, cfg->tail_chars),
-                        "artifacts", r->artifacts, "inputs_loaded", loaded, "result",
-                        r->st.have_result ? r->st.result : NULL, "truncated", r->st.truncated,
-                        "execution_ms", (json_int_t)r->ms, "session", "conversation_id",
-                        r->req->conversation_id, "created", r->s.created, "reset", r->s.reset,
-                        "expires_at", r->s.expires_at);
+    payload = json_pack(
+        "{s:s,s:s,s:o,s:O,s:o,s:O?,s:b,s:I,s:{s:s,s:b,s:b,s:s}}", "run_id", r->id, "status", "ok",
+        "stdout_tail", cx_runexec_stdout(r->st), "artifacts", r->artifacts, "inputs_loaded", loaded,
+        "result", f->have_result ? f->result : NULL, "truncated", f->truncated, "execution_ms",
+        (json_int_t)r->ms, "session", "conversation_id", r->req->conversation_id, "created",
+        r->s.created, "reset", r->s.reset, "expires_at", r->s.expires_at);
     if (!payload)
         return CX_ERR_NOMEM;
-    if (r->st.cap && json_array_size(cx_capture_skipped(r->st.cap)))
-        json_object_set(payload, "skipped", cx_capture_skipped(r->st.cap));
-    if (r->st.err.b.len)
-        json_object_set_new(payload, "stderr_tail", cx_tail_json(&r->st.err, cfg->tail_chars));
+    if (cap && json_array_size(cx_capture_skipped(cap)))
+        json_object_set(payload, "skipped", cx_capture_skipped(cap));
+    if ((err = cx_runexec_stderr(r->st)))
+        json_object_set_new(payload, "stderr_tail", err);
     run_error(r, payload);
     *out = payload;
     return CX_OK;
@@ -406,7 +406,7 @@ run_end(struct run *r, json_t *payload)
     const char *p[7] = {r->id,
                         status,
                         en ? en : (payload ? NULL : "RequestFailed"),
-                        r->st.truncated ? "true" : "false",
+                        cx_runexec_facts(r->st)->truncated ? "true" : "false",
                         r->s.reset ? "true" : "false",
                         ms,
                         answer};
@@ -415,10 +415,10 @@ run_end(struct run *r, json_t *payload)
 
     if (r->s.locked) {
         if (!r->s.reset)
-            cx_kernel_conn_put(r->st.conn); /* kept open for the next run */
+            cx_kernel_conn_put(r->conn); /* kept open for the next run */
         else
-            cx_kernel_conn_free(r->st.conn);
-        r->st.conn = NULL;
+            cx_kernel_conn_free(r->conn);
+        r->conn = NULL;
     }
     snprintf(ms, sizeof(ms), "%lld", (long long)r->ms);
     /* one round trip and one COMMIT: the session's state, the run's end */
@@ -432,7 +432,7 @@ run_end(struct run *r, json_t *payload)
                                                                             : "error");
     cx_metrics_run_duration(r->ms * 1000);
     cx_log_run(r->id, status && !strcmp(status, "ok") ? "ok" : "error", (long long)r->ms,
-               (unsigned long long)r->st.output_bytes, r->s.reset);
+               (unsigned long long)cx_runexec_facts(r->st)->output_bytes, r->s.reset);
 }
 
 /* The capture's staging bound: what the user has left of the quota. */
@@ -457,24 +457,24 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     enum cx_err rc;
 
     *out = NULL;
-    rc = cx_runexec_init(&r.st, cx, in, req->capture_artifacts);
-    if (rc == CX_OK && r.st.cap)
-        cx_capture_set_owner(r.st.cap, who->user, quota_left, cx);
-    r.st.sink = sink;
+    rc = cx_runexec_new(cx, in, req->capture_artifacts, sink, &r.st);
+    if (rc == CX_OK && cx_runexec_capture(r.st))
+        cx_capture_set_owner(cx_runexec_capture(r.st), who->user, quota_left, cx);
     if (rc == CX_OK) {
-        cx_runexec_status(&r.st, "queued"); /* for the conversation and its kernel */
+        cx_runexec_status(r.st, "queued"); /* for the conversation and its kernel */
         rc = cx_session_acquire(cx, who->user, req->conversation_id, req->ttl, &r.s, msg, msglen);
     }
     if (rc == CX_OK)
         rc = run_settle(&r, run_execute(&r, msg, msglen), msg, msglen);
     if (rc == CX_OK) {
         run_capture(&r);
-        cx_runexec_flush(&r.st);
+        cx_runexec_flush(r.st);
         rc = run_payload(&r, out);
     }
     run_end(&r, *out);
     json_decref(r.artifacts);
-    cx_runexec_cleanup(&r.st);
+    drop_conn(&r);
+    cx_runexec_free(r.st);
     return rc;
 }
 

@@ -40,15 +40,44 @@ static const char call_cell[] =
 
 #define WINDOW_US (2 * 1000000LL)
 
-void
-cx_tail_init(struct cx_tail *t, unsigned chars)
+/* The last characters of stdout or stderr, in bounded memory. */
+struct tail {
+    struct cx_buf b;
+    size_t keep; /* bytes to keep at least: 4 × tail_chars */
+};
+
+struct cx_runexec {
+    struct cx_ctx *cx;
+    struct cx_runexec_facts f;
+    struct cx_kernel_conn *conn; /* borrowed while executing */
+    const char *kernel_id;       /* ... and the session's kernel, */
+    struct cx_gateway *gw;       /* ... on its gateway */
+    struct tail out, err;
+    struct cx_exec *all; /* the staging requests, then CX_REQ_MAX of the run's */
+    struct cx_exec *reqs;
+    size_t base; /* staging requests before reqs */
+    int nreq;
+    int carrier;            /* the request carrying the epilogue's expressions */
+    struct cx_capture *cap; /* NULL without capture */
+    /* a streaming run's listener (run.h), NULL for none */
+    const struct cx_run_sink *sink;
+    struct cx_buf pend;    /* stream text not yet told, of one stream: */
+    bool pend_err;         /* stderr's */
+    int64_t pend_since_us; /* when it began to wait (0: nothing waits) */
+    int64_t said_us;       /* when the sink last heard from us */
+    bool capturing;        /* "capturing" was said */
+    unsigned displays;     /* "display" events said */
+};
+
+static void
+tail_init(struct tail *t, unsigned chars)
 {
     t->keep = (size_t)chars * 4;
     cx_buf_init(&t->b, t->keep * 2 + 65536);
 }
 
 static void
-tail_add(struct cx_tail *t, const char *s, size_t n)
+tail_add(struct tail *t, const char *s, size_t n)
 {
     if (n > t->keep) {
         s += n - t->keep;
@@ -61,8 +90,8 @@ tail_add(struct cx_tail *t, const char *s, size_t n)
 
 /* The last chars code points, starting on a character boundary, as a
  * JSON string (a NUL the kernel sent is kept). */
-json_t *
-cx_tail_json(struct cx_tail *t, unsigned chars)
+static json_t *
+tail_json(struct tail *t, unsigned chars)
 {
     const char *start = t->b.data ? t->b.data : "";
     const char *p = start + t->b.len;
@@ -221,12 +250,12 @@ cx_runexec_capturing(struct cx_runexec *st)
 static void
 count_output(struct cx_runexec *st, size_t n)
 {
-    st->output_bytes += n;
-    if (st->output_bytes <= st->cx->cfg->max_output_bytes || st->truncated)
+    st->f.output_bytes += n;
+    if (st->f.output_bytes <= st->cx->cfg->max_output_bytes || st->f.truncated)
         return;
-    st->truncated = true;
-    if (!st->interrupted) {
-        st->interrupted = true;
+    st->f.truncated = true;
+    if (!st->f.interrupted) {
+        st->f.interrupted = true;
         if (cx_gateway_kernel_interrupt(st->gw, st->kernel_id))
             cx_log_warn(0, "interrupt after the output limit failed");
     }
@@ -269,7 +298,7 @@ rich_outputs(struct cx_runexec *st, json_t *data)
                 cx_capture_add_output(st->cap, mime, json_string_value(v), json_string_length(v));
     }
     /* as many as can become artifacts, and none past the output limit */
-    if (mime && st->sink && !st->truncated && st->displays < st->cx->cfg->max_captured_files) {
+    if (mime && st->sink && !st->f.truncated && st->displays < st->cx->cfg->max_captured_files) {
         st->displays++;
         cx_runexec_say(st, "display", json_pack("{s:s,s:s?}", "mime_type", mime, "path", path));
     }
@@ -292,21 +321,21 @@ on_message(void *ctx, int index, const char *type, json_t *content,
 
     if (index >= 0 && (size_t)index < st->base) {
         if (!strcmp(type, "error"))
-            st->events |= CX_EVENT(CX_OUTCOME_STAGE_FAILED);
+            st->f.events |= CX_EVENT(CX_OUTCOME_STAGE_FAILED);
         return CX_OK;
     }
     if (index >= 0)
         index -= (int)st->base;
     /* Past the output limit, once every reply is in, the rest of the output
      * is of no use: stop here rather than wait for it to drain. */
-    if (st->truncated && all_replied(st->reqs, CX_REQ_MAX))
+    if (st->f.truncated && all_replied(st->reqs, CX_REQ_MAX))
         return CX_DONE;
 
     if (index < 0) {
         count_output(st, st->cx->cfg->max_output_bytes + 1); /* "oversized" */
         return CX_OK;
     }
-    st->any_message = true;
+    st->f.any_message = true;
     if (index == st->carrier && st->cap && !strcmp(type, "display_data")) {
         json_t *m = json_object_get(json_object_get(content, "data"), CX_CAPTURE_MIME);
         if (m) {
@@ -328,23 +357,23 @@ on_message(void *ctx, int index, const char *type, json_t *content,
         bool err = name && !strcmp(name, "stderr");
 
         count_output(st, n);
-        if (st->truncated)
+        if (st->f.truncated)
             return CX_OK;
         tail_add(err ? &st->err : &st->out, json_string_value(text), n);
         if (pend_add(st, err, json_string_value(text), n))
             return CX_AGAIN; /* wait_windows() ticks the sink and comes back */
     } else if (!strcmp(type, "error")) {
-        json_decref(st->error);
-        st->error = json_incref(content);
+        json_decref(st->f.error);
+        st->f.error = json_incref(content);
     } else if (!strcmp(type, "execute_result") || !strcmp(type, "display_data")) {
         json_t *data = json_object_get(content, "data");
         json_t *value =
             json_object_get(json_object_get(data, "application/vnd.codexec.result+json"), "value");
 
         if (index == CX_REQ_CALL && value) {
-            json_decref(st->result);
-            st->result = json_incref(value);
-            st->have_result = true;
+            json_decref(st->f.result);
+            st->f.result = json_incref(value);
+            st->f.have_result = true;
             return CX_OK;
         }
         if (index == CX_REQ_USER && (st->cap || st->sink))
@@ -353,10 +382,10 @@ on_message(void *ctx, int index, const char *type, json_t *content,
             json_t *plain = json_object_get(data, "text/plain");
             if (json_is_string(plain)) {
                 count_output(st, json_string_length(plain));
-                if (!st->truncated) {
-                    json_decref(st->result);
-                    st->result = json_incref(plain);
-                    st->have_result = true;
+                if (!st->f.truncated) {
+                    json_decref(st->f.result);
+                    st->f.result = json_incref(plain);
+                    st->f.have_result = true;
                 }
             }
         }
@@ -393,7 +422,7 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
                 sink_tick(st);
         } while ((rc == CX_ERR_TIMEOUT || rc == CX_AGAIN) && cx_now_us() < until);
         if (rc == CX_DONE) {
-            st->abandoned = true; /* output left unread: do not pool */
+            st->f.abandoned = true; /* output left unread: do not pool */
             return CX_OK;
         }
         if (rc != CX_ERR_TIMEOUT && rc != CX_AGAIN)
@@ -406,10 +435,10 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
         }
         silent = replied && cx_kernel_conn_reads(st->conn) == before ? silent + 1 : 0;
         if (silent >= 2) {
-            st->events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
+            st->f.events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
             return CX_OK;
         }
-        if (!st->any_message) {
+        if (!st->f.any_message) {
             rc = cx_gateway_kernel_get(s->gw, s->kernel_id, NULL);
             if (rc == CX_ERR_NOT_FOUND)
                 return rc;
@@ -429,7 +458,7 @@ wait_run(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, int 
 
     rc = wait_windows(st, s, reqs, n, deadline_us);
     if (rc == CX_ERR_TIMEOUT) {
-        st->events |= CX_EVENT(CX_OUTCOME_TIMEOUT);
+        st->f.events |= CX_EVENT(CX_OUTCOME_TIMEOUT);
         cx_log_info("run timed out; interrupting");
         rc = cx_gateway_kernel_interrupt(s->gw, s->kernel_id);
         if (rc == CX_ERR_NOT_FOUND)
@@ -496,22 +525,15 @@ run_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_re
  * epilogue (restarted behind our back) answers that it needs its source;
  * then a separate silent request carries them, with the sources: one more
  * round trip, for those runs only. */
-enum cx_err
-cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_run_request *req,
-                   const struct cx_inputs *in, char *msg, size_t msglen)
+/* The run's requests: the user's cell, the main() call, and the epilogue,
+ * whose expressions (uexpr) ride on last, the run's last cell. */
+static void
+prepare_requests(struct cx_runexec *st, const struct cx_run_request *req, int last, json_t *uexpr,
+                 json_t *meta, json_t *epimeta)
 {
-    struct cx_exec *all = st->all, *reqs = st->reqs;
-    int last = req->arguments ? CX_REQ_CALL : CX_REQ_USER;
-    int64_t deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
-    json_t *uexpr = NULL, *meta = json_object(), *epimeta = json_object();
-    enum cx_err rc = CX_ERR_NOMEM;
+    struct cx_exec *reqs = st->reqs;
 
-    if (!meta || !epimeta || run_metadata(st, s, req, meta, epimeta))
-        goto out;
-    uexpr = cx_runend_expr(s->kernel_id, st->cap != NULL, meta, false); /* (sources above) */
-    if (!uexpr || (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
-        goto out;
-    memset(all, 0, sizeof(*all) * (st->base + CX_REQ_MAX));
+    memset(st->all, 0, sizeof(*st->all) * (st->base + CX_REQ_MAX));
     reqs[CX_REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
     reqs[CX_REQ_CALL] = (struct cx_exec){.code = call_cell};
     reqs[last].user_expressions = uexpr;
@@ -525,101 +547,209 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_session *s, const struct cx_
                                              .metadata = epimeta,
                                              .ends_run = true};
     st->carrier = last;
+}
+
+/* Sends the inputs' staging requests and the run's cells up to last. */
+static enum cx_err
+send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in, int last,
+         int64_t deadline, char *msg, size_t msglen)
+{
+    enum cx_err rc;
+
     /* A kernel codexec (or the gateway, after a death) just started, on a
      * connection that has heard nothing from it yet: its output channel may
      * not be live, and output sent before it is would be lost. */
     if (s->kernel_fresh && cx_kernel_conn_messages(st->conn) == 0) {
         rc = cx_kernel_ready(st->conn, deadline);
         if (rc == CX_ERR_KERNEL_DIED || rc == CX_ERR_IO)
-            goto out;
+            return rc;
         if (rc)
             cx_log_warn(0, "kernel %s: output channel not confirmed live", s->kernel_id);
     }
     /* Leftovers of an earlier run or of other clients (a restart notice,
      * say) must not be taken for this run's news. */
     cx_kernel_drain(st->conn, 0);
-    rc = cx_stage_send(st->cx, st->conn, in, all);
+    rc = cx_stage_send(st->cx, st->conn, in, st->all);
     if (rc == CX_ERR_IO || rc == CX_ERR_NOT_FOUND) {
         snprintf(msg, msglen, "an input could not be read from storage");
-        rc = CX_ERR_IO;
-        goto out;
+        return CX_ERR_IO;
     }
     for (int i = CX_REQ_USER; i <= last && rc == CX_OK; i++)
-        rc = cx_kernel_execute(st->conn, &reqs[i]);
+        rc = cx_kernel_execute(st->conn, &st->reqs[i]);
+    if (rc)
+        snprintf(msg, msglen, "sending to the kernel failed");
+    return rc;
+}
+
+/* Waits for the run; then, when its last cell did not carry the epilogue
+ * (it failed, or the kernel needs the sources), sends the epilogue on its
+ * own and waits for it. */
+static enum cx_err
+wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *msg, size_t msglen)
+{
+    int n = (int)st->base + CX_REQ_MAX;
+    enum cx_err rc;
+
+    cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
+    rc = wait_run(st, s, st->all, n, deadline);
+    if (rc || (st->f.events & (CX_EVENT(CX_OUTCOME_TIMEOUT) | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) ||
+        cx_runend_carried(&st->reqs[st->carrier]))
+        return rc;
+    st->carrier = CX_REQ_EPILOGUE;
+    rc = cx_kernel_execute(st->conn, &st->reqs[CX_REQ_EPILOGUE]);
     if (rc) {
         snprintf(msg, msglen, "sending to the kernel failed");
+        return rc;
+    }
+    cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
+    return wait_run(st, s, st->all, n, deadline);
+}
+
+/* Sends the pipelined requests (the user's cell, then main() when there are
+ * arguments) and waits for them, applying the timeout and its grace period.
+ * The epilogue (the restart check and the capture) rides on the last one as
+ * user expressions, so a run is one execute, like a raw client's. When that
+ * cell fails the kernel skips its expressions, and a kernel that lost the
+ * epilogue (restarted behind our back) answers that it needs its source;
+ * then a separate silent request carries them, with the sources: one more
+ * round trip, for those runs only. */
+enum cx_err
+cx_runexec_execute(struct cx_runexec *st, struct cx_kernel_conn *conn, struct cx_session *s,
+                   const struct cx_run_request *req, const struct cx_inputs *in, char *msg,
+                   size_t msglen)
+{
+    int last = req->arguments ? CX_REQ_CALL : CX_REQ_USER;
+    int64_t deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
+    json_t *uexpr = NULL, *meta = json_object(), *epimeta = json_object();
+    enum cx_err rc = CX_ERR_NOMEM;
+
+    st->conn = conn;
+    st->kernel_id = s->kernel_id;
+    st->gw = s->gw;
+    if (!meta || !epimeta || run_metadata(st, s, req, meta, epimeta))
         goto out;
-    }
-    cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
-    rc = wait_run(st, s, all, (int)st->base + CX_REQ_MAX, deadline);
-    if (rc == CX_OK &&
-        !(st->events & (CX_EVENT(CX_OUTCOME_TIMEOUT) | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) &&
-        !cx_runend_carried(&reqs[last])) {
-        st->carrier = CX_REQ_EPILOGUE;
-        rc = cx_kernel_execute(st->conn, &reqs[CX_REQ_EPILOGUE]);
-        if (rc) {
-            snprintf(msg, msglen, "sending to the kernel failed");
-            goto out;
-        }
-        cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
-        rc = wait_run(st, s, all, (int)st->base + CX_REQ_MAX, deadline);
-    }
-    if (rc == CX_OK && st->cap && cx_runend_carried(&reqs[st->carrier])) {
-        json_t *answer = cx_runend_answer(&reqs[st->carrier]);
+    uexpr = cx_runend_expr(s->kernel_id, st->cap != NULL, meta, false); /* (sources above) */
+    if (!uexpr || (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
+        goto out;
+    prepare_requests(st, req, last, uexpr, meta, epimeta);
+    rc = send_run(st, s, in, last, deadline, msg, msglen);
+    if (rc == CX_OK)
+        rc = wait_all(st, s, deadline, msg, msglen);
+    if (rc == CX_OK && st->cap && cx_runend_carried(&st->reqs[st->carrier])) {
+        json_t *answer = cx_runend_answer(&st->reqs[st->carrier]);
         cx_capture_on_result(st->cap, json_object_get(answer, "done"));
         json_decref(answer);
     }
 out:
     /* the requests borrowed these until now */
     for (int i = 0; i < CX_REQ_MAX; i++)
-        reqs[i].user_expressions = reqs[i].metadata = NULL;
+        st->reqs[i].user_expressions = st->reqs[i].metadata = NULL;
     json_decref(uexpr);
     json_decref(meta);
     json_decref(epimeta);
+    st->conn = NULL;
     return rc;
 }
 
 enum cx_err
-cx_runexec_init(struct cx_runexec *st, struct cx_ctx *cx, const struct cx_inputs *in, bool capture)
+cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture,
+               const struct cx_run_sink *sink, struct cx_runexec **out)
 {
-    memset(st, 0, sizeof(*st));
+    struct cx_runexec *st = calloc(1, sizeof(*st));
+
+    *out = st;
+    if (!st)
+        return CX_ERR_NOMEM;
     st->cx = cx;
+    st->sink = sink;
     st->base = cx_stage_requests(in);
     st->nreq = (int)st->base + CX_REQ_MAX;
+    tail_init(&st->out, cx->cfg->tail_chars);
+    tail_init(&st->err, cx->cfg->tail_chars);
+    /* counted output only, told in PEND_MAX pieces */
+    cx_buf_init(&st->pend, (size_t)cx->cfg->max_output_bytes + PEND_MAX);
     st->all = calloc((size_t)st->nreq, sizeof(*st->all));
     if (!st->all)
         return CX_ERR_NOMEM;
     st->reqs = st->all + st->base;
-    cx_tail_init(&st->out, cx->cfg->tail_chars);
-    cx_tail_init(&st->err, cx->cfg->tail_chars);
-    /* counted output only, told in PEND_MAX pieces */
-    cx_buf_init(&st->pend, (size_t)cx->cfg->max_output_bytes + PEND_MAX);
     if (capture && cx_capture_new(cx->cfg, cx->store, &st->cap))
         return CX_ERR_NOMEM;
     return CX_OK;
 }
 
 void
-cx_runexec_drop_conn(struct cx_runexec *st)
+cx_runexec_free(struct cx_runexec *st)
 {
-    cx_kernel_conn_free(st->conn);
-    st->conn = NULL;
-}
-
-void
-cx_runexec_cleanup(struct cx_runexec *st)
-{
-    cx_runexec_drop_conn(st);
+    if (!st)
+        return;
     if (st->all)
         cx_exec_cleanup(st->all, st->nreq);
     free(st->all);
     cx_capture_free(st->cap);
-    json_decref(st->error);
-    json_decref(st->result);
+    json_decref(st->f.error);
+    json_decref(st->f.result);
     cx_buf_cleanup(&st->out.b);
     cx_buf_cleanup(&st->err.b);
     cx_buf_cleanup(&st->pend);
-    memset(st, 0, sizeof(*st));
+    free(st);
+}
+
+const struct cx_runexec_facts *
+cx_runexec_facts(const struct cx_runexec *st)
+{
+    static const struct cx_runexec_facts none;
+
+    return st ? &st->f : &none;
+}
+
+struct cx_capture *
+cx_runexec_capture(const struct cx_runexec *st)
+{
+    return st->cap;
+}
+
+json_t *
+cx_runexec_stdout(struct cx_runexec *st)
+{
+    return tail_json(&st->out, st->cx->cfg->tail_chars);
+}
+
+json_t *
+cx_runexec_stderr(struct cx_runexec *st)
+{
+    return st->err.b.len ? tail_json(&st->err, st->cx->cfg->tail_chars) : NULL;
+}
+
+void
+cx_runexec_retry(struct cx_runexec *st)
+{
+    cx_exec_cleanup(st->all, st->nreq);
+}
+
+void
+cx_runexec_conclude(struct cx_runexec *st)
+{
+    for (int i = CX_REQ_USER; i <= CX_REQ_CALL && !st->f.error; i++) {
+        const char *rs = json_string_value(json_object_get(st->reqs[i].reply, "status"));
+        if (rs && !strcmp(rs, "error"))
+            st->f.error = json_incref(st->reqs[i].reply);
+    }
+    if (st->f.interrupted && st->f.error)
+        st->f.events |= CX_EVENT(CX_OUTCOME_OUTPUT_LIMIT);
+}
+
+void
+cx_runexec_note(struct cx_runexec *st, enum cx_outcome o)
+{
+    st->f.events |= CX_EVENT(o);
+}
+
+bool
+cx_runexec_says_fresh(const struct cx_runexec *st)
+{
+    const struct cx_exec *carrier = &st->reqs[st->carrier];
+
+    return cx_runend_carried(carrier) && cx_runend_says_fresh(carrier);
 }
 
 enum cx_outcome
@@ -628,7 +758,7 @@ cx_runexec_outcome(const struct cx_runexec *st)
     enum cx_outcome o = CX_OUTCOME_OK;
 
     for (int i = CX_OUTCOME_OK; i <= CX_OUTCOME_TIMEOUT; i++)
-        if (st->events & CX_EVENT(i))
+        if (st->f.events & CX_EVENT(i))
             o = (enum cx_outcome)i; /* the most serious one */
     return o;
 }

@@ -14,7 +14,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "buf.h"
 #include "codexec.h"
 
 struct cx_capture;
@@ -40,51 +39,38 @@ enum cx_outcome {
 };
 #define CX_EVENT(o) (1u << (o))
 
-/* The last characters of stdout or stderr, in bounded memory. */
-struct cx_tail {
-    struct cx_buf b;
-    size_t keep; /* bytes to keep at least: 4 × tail_chars */
-};
-void cx_tail_init(struct cx_tail *t, unsigned chars);
-/* The last chars code points, starting on a character boundary: a new
- * JSON string. */
-json_t *cx_tail_json(struct cx_tail *t, unsigned chars);
+struct cx_runexec; /* private to runexec.c */
 
-struct cx_gateway;
-struct cx_run_sink;
-
-struct cx_runexec {
-    struct cx_ctx *cx;
-    struct cx_kernel_conn *conn; /* owned while set */
-    const char *kernel_id;       /* borrowed from the session */
-    struct cx_gateway *gw;       /* the session's gateway (borrowed) */
-    struct cx_tail out, err;
-    uint64_t output_bytes;
-    unsigned events;     /* CX_EVENT() bits of enum cx_outcome */
-    bool truncated;      /* output past max_output_bytes was dropped */
-    bool interrupted;    /* the kernel was interrupted for its output */
-    bool abandoned;      /* stopped reading mid-output: never pool the connection */
-    bool any_message;    /* something for one of the requests arrived */
-    bool have_result;    /* result is set */
-    json_t *error;       /* {"ename","evalue","traceback"} of the user or call cell */
-    json_t *result;      /* a JSON value */
-    struct cx_exec *all; /* the staging requests, then CX_REQ_MAX of the run's */
-    struct cx_exec *reqs;
-    size_t base; /* staging requests before reqs */
-    int nreq;
-    int carrier;            /* the request carrying the epilogue's expressions */
-    struct cx_capture *cap; /* NULL without capture */
-    /* a streaming run's listener (run.h), NULL for none */
-    const struct cx_run_sink *sink;
-    struct cx_buf pend;    /* stream text not yet told, of one stream: */
-    bool pend_err;         /* stderr's */
-    int64_t pend_since_us; /* when it began to wait (0: nothing waits) */
-    int64_t said_us;       /* when the sink last heard from us */
-    bool capturing;        /* "capturing" was said */
-    unsigned displays;     /* "display" events said */
+/* What an execution found out, for run.c to settle the session and answer
+ * the run: read-only outside runexec.c. */
+struct cx_runexec_facts {
+    unsigned events;       /* CX_EVENT() bits of enum cx_outcome */
+    bool truncated;        /* output past max_output_bytes was dropped */
+    bool interrupted;      /* the kernel was interrupted for its output */
+    bool abandoned;        /* stopped reading mid-output: never pool the connection */
+    bool any_message;      /* something for one of the requests arrived */
+    bool have_result;      /* result is set */
+    uint64_t output_bytes; /* counted, also past the limit */
+    json_t *error;         /* {"ename","evalue","traceback"} of the user or call cell */
+    json_t *result;        /* a JSON value */
 };
 
-/* Tells st's sink an event (data: taken, may be NULL for {}), after the
+/* A run's execution: its requests sized for in, a capture when capture,
+ * events for sink (NULL: none). Free with cx_runexec_free(). */
+enum cx_err cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture,
+                           const struct cx_run_sink *sink, struct cx_runexec **out) CX_MUSTCHECK;
+void cx_runexec_free(struct cx_runexec *st);
+
+/* The facts so far (none for a NULL st: a run whose allocation failed). */
+const struct cx_runexec_facts *cx_runexec_facts(const struct cx_runexec *st);
+/* The capture, NULL without one (borrowed). */
+struct cx_capture *cx_runexec_capture(const struct cx_runexec *st);
+/* The last tail_chars characters of stdout / stderr as a new JSON string;
+ * stderr's NULL when the run wrote none. */
+json_t *cx_runexec_stdout(struct cx_runexec *st);
+json_t *cx_runexec_stderr(struct cx_runexec *st);
+
+/* Tells the sink an event (data: taken, may be NULL for {}), after the
  * stream text that waits; nothing when nobody listens. */
 void cx_runexec_say(struct cx_runexec *st, const char *name, json_t *data);
 /* A "status" event of state. */
@@ -94,22 +80,28 @@ void cx_runexec_capturing(struct cx_runexec *st);
 /* Tells the sink the stream text that waits. */
 void cx_runexec_flush(struct cx_runexec *st);
 
-/* Sizes the requests for in and, with capture, makes the capture. Clean up
- * with cx_runexec_cleanup() on any return. */
-enum cx_err cx_runexec_init(struct cx_runexec *st, struct cx_ctx *cx, const struct cx_inputs *in,
-                            bool capture) CX_MUSTCHECK;
-void cx_runexec_cleanup(struct cx_runexec *st);
-/* Frees the connection (broken, or of a replaced kernel). */
-void cx_runexec_drop_conn(struct cx_runexec *st);
+/* Sends the run on conn (borrowed) to the session's kernel and waits for
+ * it until req->timeout, then for the grace period after an interrupt
+ * (restarting the kernel when it ignores it). CX_OK also when the code
+ * raised or timed out (see the facts); CX_ERR_NOT_FOUND when the kernel
+ * vanished, CX_ERR_KERNEL_DIED when it died, CX_ERR_IO when the
+ * connection failed. */
+enum cx_err cx_runexec_execute(struct cx_runexec *st, struct cx_kernel_conn *conn,
+                               struct cx_session *s, const struct cx_run_request *req,
+                               const struct cx_inputs *in, char *msg, size_t msglen) CX_MUSTCHECK;
+/* Forgets the requests' replies before another attempt (nothing of ours
+ * ran). */
+void cx_runexec_retry(struct cx_runexec *st);
 
-/* Sends the run on st->conn and waits for it until req->timeout, then for
- * the grace period after an interrupt (restarting the kernel when it
- * ignores it). CX_OK also when the code raised or timed out (see events);
- * CX_ERR_NOT_FOUND when the kernel vanished, CX_ERR_KERNEL_DIED when it
- * died, CX_ERR_IO when the connection failed. */
-enum cx_err cx_runexec_execute(struct cx_runexec *st, struct cx_session *s,
-                               const struct cx_run_request *req, const struct cx_inputs *in,
-                               char *msg, size_t msglen) CX_MUSTCHECK;
+/* What the replies add once the run is over: the error of a cell whose
+ * iopub copy was not read (reading stopped past the output limit), and
+ * the output limit as the outcome of a cell interrupted for its output. */
+void cx_runexec_conclude(struct cx_runexec *st);
+/* An event of the run's end that the session saw (CX_OUTCOME_DIED). */
+void cx_runexec_note(struct cx_runexec *st, enum cx_outcome o);
+/* Whether the epilogue said the kernel had not run it before (restarted
+ * since the last run); false when it did not come back. */
+bool cx_runexec_says_fresh(const struct cx_runexec *st);
 
 enum cx_outcome cx_runexec_outcome(const struct cx_runexec *st);
 
