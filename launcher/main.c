@@ -389,6 +389,57 @@ know_the_kernel(struct launch *l)
             NULL);
 }
 
+/* Forks bwrap with the kernel in the sandbox, the kernel's output to
+ * l->out_fd, and learns the sandbox's pid (bwrap's --info-fd; l->sandbox
+ * <= 0 when it could not be read). false when bwrap could not be started
+ * at all (l->bwrap is then no process to signal). */
+static bool
+start_sandbox(struct launch *l, sigset_t *old)
+{
+    int info[2], out[2];
+
+    if (pipe2(info, O_CLOEXEC) != 0)
+        return false;
+    if (pipe2(out, O_CLOEXEC) != 0) {
+        close(info[0]);
+        close(info[1]);
+        return false;
+    }
+    l->bwrap = fork();
+    if (l->bwrap == 0) {
+        /* bwrap writes to its end of the pipe: not close-on-exec there */
+        if (fcntl(info[1], F_SETFD, 0) != 0)
+            _exit(127);
+        exec_bwrap(l, info[1], out[1], old);
+    }
+    close(info[1]);
+    close(out[1]);
+    l->out_fd = out[0];
+    (void)fcntl(l->out_fd, F_SETFL, O_NONBLOCK);
+    if (l->bwrap < 0) {
+        say("fork failed", strerror(errno));
+        close(info[0]);
+        return false;
+    }
+    l->sandbox = read_sandbox_pid(info[0]);
+    close(info[0]);
+    return true;
+}
+
+/* The kernel did not start (l->bwrap is a process of ours): bwrap is
+ * killed and reaped; the launcher's exit code, bwrap's when it failed. */
+static int
+stop_unstarted(struct launch *l)
+{
+    if (!l->reaped) {
+        say("the kernel did not start in the sandbox; stopping it", NULL);
+        kill(l->bwrap, SIGKILL);
+        while (!l->reaped && waitpid(l->bwrap, &l->status, 0) == l->bwrap)
+            l->reaped = true;
+    }
+    return l->reaped && WIFEXITED(l->status) && WEXITSTATUS(l->status) ? WEXITSTATUS(l->status) : 1;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -403,7 +454,7 @@ main(int argc, char **argv)
     pid_t server = getppid();
     const char *config = NULL, *conn_path;
     sigset_t block, old;
-    int info[2], out[2], argi = 1, code = 1;
+    int argi = 1, code = 1;
     char msg[CX_MSG_MAX];
 
     if (argc == 4 && !strcmp(argv[1], "--config")) {
@@ -420,41 +471,12 @@ main(int argc, char **argv)
      * one started in its place knows none of them. */
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != server)
         goto out;
-    if (!prepare(&l, config, conn_path, &block) || pipe2(info, O_CLOEXEC) != 0)
+    if (!prepare(&l, config, conn_path, &block) || !start_sandbox(&l, &old))
         goto out;
-    if (pipe2(out, O_CLOEXEC) != 0) {
-        close(info[0]);
-        close(info[1]);
-        goto out;
-    }
-    l.bwrap = fork();
-    if (l.bwrap == 0) {
-        /* bwrap writes to its end of the pipe: not close-on-exec there */
-        if (fcntl(info[1], F_SETFD, 0) != 0)
-            _exit(127);
-        exec_bwrap(&l, info[1], out[1], &old);
-    }
-    close(info[1]);
-    close(out[1]);
-    l.out_fd = out[0];
-    (void)fcntl(l.out_fd, F_SETFL, O_NONBLOCK);
-    if (l.bwrap < 0) {
-        say("fork failed", strerror(errno));
-        close(info[0]);
-        goto out;
-    }
-    l.sandbox = read_sandbox_pid(info[0]);
-    close(info[0]);
     /* the server's endpoints: the relay's, never the kernel's own */
     if (l.sandbox <= 0 || !wait_ready(&l) || !seal(&l) ||
         cx_relay_open(&l.conn, l.private_dir, &l.relay, msg, sizeof(msg))) {
-        if (!l.reaped) {
-            say("the kernel did not start in the sandbox; stopping it", NULL);
-            kill(l.bwrap, SIGKILL);
-            while (!l.reaped && waitpid(l.bwrap, &l.status, 0) == l.bwrap)
-                l.reaped = true;
-        }
-        code = l.reaped && WIFEXITED(l.status) && WEXITSTATUS(l.status) ? WEXITSTATUS(l.status) : 1;
+        code = stop_unstarted(&l);
         goto out;
     }
     know_the_kernel(&l);

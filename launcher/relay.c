@@ -292,6 +292,47 @@ zmtp_init(struct zmtp *z, bool server, unsigned char *keep)
     z->keep_role = server ? 2 : 3; /* the header; the parent header */
 }
 
+/* The size's last byte came: the frame's length, checked (the kernel's),
+ * and an empty frame ended at once. */
+static bool
+size_done(struct cx_relay *r, struct pair *p, struct zmtp *z)
+{
+    z->frame_len = 0;
+    for (int i = 0; i < z->size_len; i++)
+        z->frame_len = z->frame_len << 8 | z->size[i];
+    if (!z->server && !frame_ok(p, z))
+        return false;
+    z->left = z->frame_len;
+    z->head_len = 0;
+    z->msg_bytes += z->frame_len;
+    z->state = F_BODY;
+    return z->left != 0 || frame_end(r, p, z);
+}
+
+/* Bytes of the frame's body, at most what it has left: its head kept for
+ * frame_end(), and the frame of the role the caller keeps. The bytes
+ * taken. */
+static size_t
+body_bytes(struct zmtp *z, const unsigned char *d, size_t n)
+{
+    size_t k = n < z->left ? n : (size_t)z->left;
+
+    if (z->head_len < sizeof(z->head)) {
+        size_t h = k < sizeof(z->head) - z->head_len ? k : sizeof(z->head) - z->head_len;
+        memcpy(z->head + z->head_len, d, h);
+        z->head_len += h;
+    }
+    /* the kernel's within PARENT_MAX (frame_ok() held it to its role); the
+     * server's kept when it fits */
+    if (z->keep && z->delim_at >= 0 && z->frame - z->delim_at == z->keep_role) {
+        size_t room = (z->server ? HEADER_KEEP : PARENT_MAX) - z->keep_len;
+        memcpy(z->keep + z->keep_len, d, k < room ? k : room);
+        z->keep_len += k < room ? k : room;
+    }
+    z->left -= k;
+    return k;
+}
+
 /* Reads one side's bytes as frames; false when the kernel's break a rule
  * (the server's are only read). */
 static bool
@@ -320,35 +361,12 @@ zmtp_feed(struct cx_relay *r, struct pair *p, struct zmtp *z, const unsigned cha
             break;
         case F_SIZE:
             z->size[z->size_got++] = *d++, n--;
-            if (z->size_got < z->size_len)
-                break;
-            z->frame_len = 0;
-            for (int i = 0; i < z->size_len; i++)
-                z->frame_len = z->frame_len << 8 | z->size[i];
-            if (!z->server && !frame_ok(p, z))
-                return false;
-            z->left = z->frame_len;
-            z->head_len = 0;
-            z->msg_bytes += z->frame_len;
-            z->state = F_BODY;
-            if (z->left == 0 && !frame_end(r, p, z))
+            if (z->size_got == z->size_len && !size_done(r, p, z))
                 return false;
             break;
         case F_BODY: {
-            size_t k = n < z->left ? n : (size_t)z->left;
-            if (z->head_len < sizeof(z->head)) {
-                size_t h = k < sizeof(z->head) - z->head_len ? k : sizeof(z->head) - z->head_len;
-                memcpy(z->head + z->head_len, d, h);
-                z->head_len += h;
-            }
-            /* the kernel's within PARENT_MAX (frame_ok() held it to its
-             * role); the server's kept when it fits */
-            if (z->keep && z->delim_at >= 0 && z->frame - z->delim_at == z->keep_role) {
-                size_t room = (z->server ? HEADER_KEEP : PARENT_MAX) - z->keep_len;
-                memcpy(z->keep + z->keep_len, d, k < room ? k : room);
-                z->keep_len += k < room ? k : room;
-            }
-            z->left -= k, d += k, n -= k;
+            size_t k = body_bytes(z, d, n);
+            d += k, n -= k;
             if (z->left == 0 && !frame_end(r, p, z))
                 return false;
             break;

@@ -696,6 +696,68 @@ v2_enabled(const char *parent)
     return ok;
 }
 
+/* Controllers sharing a hierarchy share one directory: whether k's
+ * hierarchy is an earlier controller's (whose directory then takes k's
+ * mask too). */
+static bool
+shared_hierarchy(const struct hierarchy *h, int k, struct cx_sandbox_cgroup *cg)
+{
+    int j;
+
+    for (j = 0; j < k && strcmp(h[j].mount, h[k].mount) != 0; j++)
+        ;
+    if (j == k)
+        return false;
+    for (int i = 0; i < cg->n; i++)
+        if (!strncmp(cg->dirs[i], h[k].mount, strlen(h[k].mount)))
+            cg->mask[i] |= 1u << k;
+    return true;
+}
+
+/* The kernel's directory below parent, cg->dirs[cg->n]: a new unique name
+ * in the first hierarchy (its suffix kept), the same name in the others. */
+static bool
+make_cgroup_dir(struct cx_sandbox_cgroup *cg, const char *parent, const char *name, char suffix[16],
+                char *msg, size_t msglen)
+{
+    char *dir = cg->dirs[cg->n];
+
+    if (!suffix[0]) {
+        snprintf(dir, sizeof(cg->dirs[0]), "%s/k-%s-XXXXXX", parent, name);
+        if (mkdtemp(dir)) {
+            snprintf(suffix, 16, "%s", strrchr(dir, '-') + 1);
+            return true;
+        }
+    } else {
+        snprintf(dir, sizeof(cg->dirs[0]), "%s/k-%s-%s", parent, name, suffix);
+        if (mkdir(dir, 0755) == 0)
+            return true;
+    }
+    snprintf(msg, msglen, "cannot create a cgroup below %s", parent);
+    return false;
+}
+
+/* The parent cgroup in hierarchy hk: it exists and, on cgroup v2, gives
+ * its children the controllers; the kernels' leftovers in it swept. */
+static bool
+parent_ready(const struct hierarchy *hk, const char *cgroup, char *parent, size_t len, char *msg,
+             size_t msglen)
+{
+    struct stat st;
+
+    if ((size_t)snprintf(parent, len, "%s/%s", hk->mount, cgroup) >= len ||
+        stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(msg, msglen, "the parent cgroup %s does not exist", parent);
+        return false;
+    }
+    if (hk->v2 && !v2_enabled(parent)) {
+        snprintf(msg, msglen, "%s does not enable memory, pids and cpu for its children", parent);
+        return false;
+    }
+    sweep_cgroups(parent);
+    return true;
+}
+
 enum cx_err
 cx_sandbox_cgroup_create(const struct cx_sandbox_conf *sc, const char *name,
                          struct cx_sandbox_cgroup *cg, char *msg, size_t msglen)
@@ -712,51 +774,18 @@ cx_sandbox_cgroup_create(const struct cx_sandbox_conf *sc, const char *name,
     }
     for (int k = 0; k < NCTRL; k++) {
         char parent[CX_SANDBOX_PATH_MAX + 260];
-        unsigned mask = 1u << k;
-        int j;
-        struct stat st;
 
         if (!h[k].mount[0]) {
             snprintf(msg, msglen, "no cgroup hierarchy has the %s controller", controllers[k]);
             goto fail;
         }
-        /* Controllers sharing a hierarchy share one directory. */
-        for (j = 0; j < k && strcmp(h[j].mount, h[k].mount) != 0; j++)
-            ;
-        if (j < k) {
-            for (int i = 0; i < cg->n; i++)
-                if (!strncmp(cg->dirs[i], h[k].mount, strlen(h[k].mount)))
-                    cg->mask[i] |= mask;
+        if (shared_hierarchy(h, k, cg))
             continue;
-        }
-        if ((size_t)snprintf(parent, sizeof(parent), "%s/%s", h[k].mount, sc->cgroup) >=
-                sizeof(parent) ||
-            stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            snprintf(msg, msglen, "the parent cgroup %s does not exist", parent);
+        if (!parent_ready(&h[k], sc->cgroup, parent, sizeof(parent), msg, msglen) ||
+            !make_cgroup_dir(cg, parent, name, suffix, msg, msglen))
             goto fail;
-        }
-        if (h[k].v2 && !v2_enabled(parent)) {
-            snprintf(msg, msglen, "%s does not enable memory, pids and cpu for its children",
-                     parent);
-            goto fail;
-        }
-        sweep_cgroups(parent);
-        if (!suffix[0]) {
-            snprintf(cg->dirs[cg->n], sizeof(cg->dirs[0]), "%s/k-%s-XXXXXX", parent, name);
-            if (!mkdtemp(cg->dirs[cg->n])) {
-                snprintf(msg, msglen, "cannot create a cgroup below %s", parent);
-                goto fail;
-            }
-            snprintf(suffix, sizeof(suffix), "%s", strrchr(cg->dirs[cg->n], '-') + 1);
-        } else {
-            snprintf(cg->dirs[cg->n], sizeof(cg->dirs[0]), "%s/k-%s-%s", parent, name, suffix);
-            if (mkdir(cg->dirs[cg->n], 0755) != 0) {
-                snprintf(msg, msglen, "cannot create a cgroup below %s", parent);
-                goto fail;
-            }
-        }
         cg->v2[cg->n] = h[k].v2;
-        cg->mask[cg->n++] = h[k].v2 ? 7u : mask;
+        cg->mask[cg->n++] = h[k].v2 ? 7u : 1u << k;
     }
     for (int i = 0; i < cg->n; i++)
         if (write_limits(sc, cg->dirs[i], cg->v2[i], cg->mask[i])) {
@@ -1664,56 +1693,97 @@ add_tmpfs(struct argv *a, uint64_t size, const char *where)
     add3(a, "--tmpfs", where, NULL);
 }
 
+/* Namespaces, the user, capabilities and the environment. */
+static void
+add_identity(struct argv *a, const struct cx_sandbox_conf *sc)
+{
+    struct statvfs sv;
+
+    add(a, sc->bwrap);
+    add(a, "--unshare-all");
+    add(a, "--unshare-user");
+    /* bwrap does this by writing /proc/sys/user/max_user_namespaces in the
+     * sandbox; where /proc/sys is read-only (a container) it can't, and the
+     * seccomp filter alone refuses new namespaces. */
+    if (statvfs("/proc/sys/user", &sv) == 0 && !(sv.f_flag & ST_RDONLY))
+        add(a, "--disable-userns");
+    add3(a, "--uid", "65534", NULL);
+    add3(a, "--gid", "65534", NULL);
+    add(a, "--die-with-parent");
+    add(a, "--new-session");
+    add3(a, "--cap-drop", "ALL", NULL);
+    add_env(a, sc);
+}
+
+/* The sandbox's file system: the system read-only, sized tmpfs where it
+ * writes, its private directory, the root and /dev read-only once built. */
+static void
+add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
+               const char *private_dir)
+{
+    add3(a, "--ro-bind", "/usr", "/usr");
+    for (size_t i = 0; etc_files[i]; i++) {
+        char etc[128];
+        snprintf(etc, sizeof(etc), "/etc/%s", etc_files[i]);
+        add3(a, "--ro-bind-try", etc, etc);
+    }
+    add3(a, "--symlink", "usr/bin", "/bin");
+    add3(a, "--symlink", "usr/sbin", "/sbin");
+    add3(a, "--symlink", "usr/lib", "/lib");
+    add3(a, "--symlink", "usr/lib64", "/lib64");
+    add3(a, "--proc", "/proc", NULL);
+    add3(a, "--dev", "/dev", NULL);
+    /* Every place a kernel can write is memory of its own cgroup, sized:
+     * nothing it writes reaches a disk. */
+    add_tmpfs(a, sc->shm_bytes, "/dev/shm");
+    add_tmpfs(a, sc->tmp_bytes, "/tmp");
+    add3(a, "--dir", "/tmp/.matplotlib", NULL);
+    add_caches(a, sc);
+    add_tmpfs(a, sc->max_workspace_bytes, "/workspace");
+    if (*sc->python_env && strncmp(sc->python_env, "/usr/", 5) != 0)
+        add3(a, "--ro-bind", sc->python_env, sc->python_env);
+    /* Its sockets and connection file: the private directory, sealed
+     * read-only by the launcher once the kernel has bound them. */
+    add3(a, "--bind", private_dir, c->runtime);
+    /* The sandbox's root and /dev are unsized tmpfs: read-only once built. */
+    add3(a, "--remount-ro", "/dev", NULL);
+    add3(a, "--remount-ro", "/", NULL);
+    add3(a, "--chdir", "/workspace", NULL);
+}
+
+/* The kernel's command: its rlimits (they apply inside the user
+ * namespace, so RLIMIT_NPROC counts this sandbox's processes only), then
+ * ipykernel on the connection file. */
+static void
+add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c)
+{
+    char python[CX_SANDBOX_PATH_MAX + 16];
+
+    add(a, "--");
+    add(a, "/usr/bin/prlimit");
+    addn(a, "--as=", (unsigned long long)sc->address_space);
+    addn(a, "--nproc=", sc->processes);
+    addn(a, "--fsize=", (unsigned long long)sc->file_size);
+    addn(a, "--nofile=", sc->open_files);
+    add(a, "--");
+    snprintf(python, sizeof(python), "%s/bin/python3", *sc->python_env ? sc->python_env : "/usr");
+    add(a, python);
+    add3(a, "-m", "ipykernel_launcher", NULL);
+    add3(a, "-f", c->path, NULL);
+    /* IPython's history in memory, not in an SQLite file of the sandbox's
+     * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
+     * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
+    add(a, "--HistoryManager.hist_file=:memory:");
+}
+
 enum cx_err
 cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
                 const char *private_dir, int seccomp_fd, int info_fd, char ***argv_out)
 {
     struct argv a = {0};
-    char python[CX_SANDBOX_PATH_MAX + 16];
-    struct statvfs sv;
 
-    add(&a, sc->bwrap);
-    add(&a, "--unshare-all");
-    add(&a, "--unshare-user");
-    /* bwrap does this by writing /proc/sys/user/max_user_namespaces in the
-     * sandbox; where /proc/sys is read-only (a container) it can't, and the
-     * seccomp filter alone refuses new namespaces. */
-    if (statvfs("/proc/sys/user", &sv) == 0 && !(sv.f_flag & ST_RDONLY))
-        add(&a, "--disable-userns");
-    add3(&a, "--uid", "65534", NULL);
-    add3(&a, "--gid", "65534", NULL);
-    add(&a, "--die-with-parent");
-    add(&a, "--new-session");
-    add3(&a, "--cap-drop", "ALL", NULL);
-    add_env(&a, sc);
-    add3(&a, "--ro-bind", "/usr", "/usr");
-    for (size_t i = 0; etc_files[i]; i++) {
-        char etc[128];
-        snprintf(etc, sizeof(etc), "/etc/%s", etc_files[i]);
-        add3(&a, "--ro-bind-try", etc, etc);
-    }
-    add3(&a, "--symlink", "usr/bin", "/bin");
-    add3(&a, "--symlink", "usr/sbin", "/sbin");
-    add3(&a, "--symlink", "usr/lib", "/lib");
-    add3(&a, "--symlink", "usr/lib64", "/lib64");
-    add3(&a, "--proc", "/proc", NULL);
-    add3(&a, "--dev", "/dev", NULL);
-    /* Every place a kernel can write is memory of its own cgroup, sized:
-     * nothing it writes reaches a disk. */
-    add_tmpfs(&a, sc->shm_bytes, "/dev/shm");
-    add_tmpfs(&a, sc->tmp_bytes, "/tmp");
-    add3(&a, "--dir", "/tmp/.matplotlib", NULL);
-    add_caches(&a, sc);
-    add_tmpfs(&a, sc->max_workspace_bytes, "/workspace");
-    if (*sc->python_env && strncmp(sc->python_env, "/usr/", 5) != 0)
-        add3(&a, "--ro-bind", sc->python_env, sc->python_env);
-    /* Its sockets and connection file: the private directory, sealed
-     * read-only by the launcher once the kernel has bound them. */
-    add3(&a, "--bind", private_dir, c->runtime);
-    /* The sandbox's root and /dev are unsized tmpfs: read-only once built. */
-    add3(&a, "--remount-ro", "/dev", NULL);
-    add3(&a, "--remount-ro", "/", NULL);
-    add3(&a, "--chdir", "/workspace", NULL);
+    add_identity(&a, sc);
+    add_filesystem(&a, sc, c, private_dir);
     if (seccomp_fd >= 0) {
         add(&a, "--seccomp");
         addn(&a, "", (unsigned long long)seccomp_fd);
@@ -1722,23 +1792,7 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
         add(&a, "--info-fd");
         addn(&a, "", (unsigned long long)info_fd);
     }
-    /* The rlimits apply inside the user namespace, so RLIMIT_NPROC counts
-     * this sandbox's processes only. */
-    add(&a, "--");
-    add(&a, "/usr/bin/prlimit");
-    addn(&a, "--as=", (unsigned long long)sc->address_space);
-    addn(&a, "--nproc=", sc->processes);
-    addn(&a, "--fsize=", (unsigned long long)sc->file_size);
-    addn(&a, "--nofile=", sc->open_files);
-    add(&a, "--");
-    snprintf(python, sizeof(python), "%s/bin/python3", *sc->python_env ? sc->python_env : "/usr");
-    add(&a, python);
-    add3(&a, "-m", "ipykernel_launcher", NULL);
-    add3(&a, "-f", c->path, NULL);
-    /* IPython's history in memory, not in an SQLite file of the sandbox's
-     * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
-     * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
-    add(&a, "--HistoryManager.hist_file=:memory:");
+    add_kernel(&a, sc, c);
     if (a.failed) {
         cx_sandbox_argv_free(a.v);
         return CX_ERR_NOMEM;

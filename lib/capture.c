@@ -354,6 +354,77 @@ chunk_bytes(struct cx_capture *c, json_t *msg, const void *buf, size_t *len)
     return c->chunk;
 }
 
+/* "file": a file's transfer begins (ending one left incomplete). */
+static void
+on_file(struct cx_capture *c, json_t *msg, json_int_t n)
+{
+    const char *path = json_string_value(json_object_get(msg, "path"));
+
+    if (c->receiving)
+        drop_current(c, "incomplete_transfer");
+    if (!path || !path_ok(path)) {
+        if (path && strlen(path) < 1024 && cx_utf8_valid(path, strlen(path)))
+            cx_capture_skip(c, path, "invalid_name");
+        return;
+    }
+    if (!room_for_file(c)) {
+        cx_capture_skip(c, path, "too_many_files");
+        return;
+    }
+    memset(&c->cur, 0, sizeof(c->cur));
+    snprintf(c->cur.path, sizeof(c->cur.path), "%s", path);
+    c->n = (long)n;
+    c->head_len = 0;
+    if (cx_storage_writer_new(c->store, &c->cur.w)) {
+        cx_capture_skip(c, path, "storage_error");
+        return;
+    }
+    c->receiving = true;
+}
+
+/* "chunk": bytes of the file being received, within its caps. */
+static void
+on_chunk(struct cx_capture *c, json_t *msg, const void *buf, size_t buflen)
+{
+    size_t len = buflen;
+    const unsigned char *bytes = chunk_bytes(c, msg, buf, &len);
+
+    if (!bytes) {
+        drop_current(c, "corrupt_transfer");
+        return;
+    }
+    if (cx_storage_writer_size(c->cur.w) + len > c->cfg->max_artifact_bytes) {
+        drop_current(c, "too_large"); /* it grew while being read */
+        return;
+    }
+    if (!reserve(c, c->staged + cx_storage_writer_size(c->cur.w), len)) {
+        drop_current(c, "quota_exceeded");
+        return;
+    }
+    c->cur_reserved += c->slot >= 0 ? len : 0;
+    if (add_bytes(c, bytes, len))
+        drop_current(c, "storage_error");
+}
+
+/* "done": the walk is over; what the helper skipped is told. */
+static void
+on_done(struct cx_capture *c, json_t *msg)
+{
+    json_t *sk = json_object_get(msg, "skipped"), *e;
+    size_t i;
+
+    if (c->receiving)
+        drop_current(c, "incomplete_transfer");
+    json_array_foreach(sk, i, e)
+    {
+        const char *p = json_string_value(json_object_get(e, "path"));
+        const char *r = json_string_value(json_object_get(e, "reason"));
+        if (p && r && path_ok(p) && strlen(r) < 32)
+            cx_capture_skip(c, p, r);
+    }
+    c->done = true;
+}
+
 void
 cx_capture_on_message(struct cx_capture *c, json_t *msg, const void *buf, size_t buflen)
 {
@@ -362,62 +433,14 @@ cx_capture_on_message(struct cx_capture *c, json_t *msg, const void *buf, size_t
 
     if (!op)
         return;
-    if (!strcmp(op, "file")) {
-        const char *path = json_string_value(json_object_get(msg, "path"));
-        if (c->receiving)
-            drop_current(c, "incomplete_transfer");
-        if (!path || !path_ok(path)) {
-            if (path && strlen(path) < 1024 && cx_utf8_valid(path, strlen(path)))
-                cx_capture_skip(c, path, "invalid_name");
-            return;
-        }
-        if (!room_for_file(c)) {
-            cx_capture_skip(c, path, "too_many_files");
-            return;
-        }
-        memset(&c->cur, 0, sizeof(c->cur));
-        snprintf(c->cur.path, sizeof(c->cur.path), "%s", path);
-        c->n = (long)n;
-        c->head_len = 0;
-        if (cx_storage_writer_new(c->store, &c->cur.w)) {
-            cx_capture_skip(c, path, "storage_error");
-            return;
-        }
-        c->receiving = true;
-    } else if (!strcmp(op, "chunk") && c->receiving && n == c->n) {
-        size_t len = buflen;
-        const unsigned char *bytes = chunk_bytes(c, msg, buf, &len);
-        if (!bytes) {
-            drop_current(c, "corrupt_transfer");
-            return;
-        }
-        if (cx_storage_writer_size(c->cur.w) + len > c->cfg->max_artifact_bytes) {
-            drop_current(c, "too_large"); /* it grew while being read */
-            return;
-        }
-        if (!reserve(c, c->staged + cx_storage_writer_size(c->cur.w), len)) {
-            drop_current(c, "quota_exceeded");
-            return;
-        }
-        c->cur_reserved += c->slot >= 0 ? len : 0;
-        if (add_bytes(c, bytes, len))
-            drop_current(c, "storage_error");
-    } else if (!strcmp(op, "end") && c->receiving && n == c->n) {
+    if (!strcmp(op, "file"))
+        on_file(c, msg, n);
+    else if (!strcmp(op, "chunk") && c->receiving && n == c->n)
+        on_chunk(c, msg, buf, buflen);
+    else if (!strcmp(op, "end") && c->receiving && n == c->n)
         finish_current(c, msg);
-    } else if (!strcmp(op, "done")) {
-        json_t *sk = json_object_get(msg, "skipped"), *e;
-        size_t i;
-        if (c->receiving)
-            drop_current(c, "incomplete_transfer");
-        json_array_foreach(sk, i, e)
-        {
-            const char *p = json_string_value(json_object_get(e, "path"));
-            const char *r = json_string_value(json_object_get(e, "reason"));
-            if (p && r && path_ok(p) && strlen(r) < 32)
-                cx_capture_skip(c, p, r);
-        }
-        c->done = true;
-    }
+    else if (!strcmp(op, "done"))
+        on_done(c, msg);
 }
 
 static const char *

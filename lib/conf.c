@@ -390,6 +390,47 @@ trim(char *s)
     return s;
 }
 
+/* One line (NUL-terminated, trimmed of nothing yet): a comment, a blank
+ * or "key = value" for a key of the table set at most once (seen). msg
+ * says what is wrong with it. */
+static enum cx_err
+parse_line(const struct cx_conf_key *keys, size_t nkeys, void *cfg, unsigned char *seen, char *line,
+           char *msg, size_t msglen)
+{
+    char *eq, *k, *v;
+    size_t i;
+
+    *msg = '\0';
+    if (strlen(line) > 4096) {
+        snprintf(msg, msglen, "line too long");
+        return CX_ERR_INVALID;
+    }
+    k = trim(line);
+    if (*k == '\0' || *k == '#')
+        return CX_OK;
+    eq = strchr(k, '=');
+    if (!eq) {
+        snprintf(msg, msglen, "expected \"key = value\"");
+        return CX_ERR_INVALID;
+    }
+    *eq = '\0';
+    k = trim(k);
+    v = trim(eq + 1);
+    for (i = 0; i < nkeys; i++)
+        if (strcmp(keys[i].name, k) == 0)
+            break;
+    if (i == nkeys) {
+        snprintf(msg, msglen, "unknown key \"%.64s\"", k);
+        return CX_ERR_INVALID;
+    }
+    if (seen[i] && keys[i].type != CX_CONF_LINES) {
+        snprintf(msg, msglen, "%s is set twice", keys[i].name);
+        return CX_ERR_INVALID;
+    }
+    seen[i] = 1;
+    return set_value(cfg, &keys[i], v, msg, msglen);
+}
+
 enum cx_err
 cx_conf_parse(const struct cx_conf_key *keys, size_t nkeys, void *cfg, const char *name,
               const char *text, char *errbuf, size_t errlen)
@@ -405,56 +446,17 @@ cx_conf_parse(const struct cx_conf_key *keys, size_t nkeys, void *cfg, const cha
         return rc;
     seen = calloc(nkeys ? nkeys : 1, 1);
     copy = strdup(text);
-    if (!seen || !copy) {
+    if (!seen || !copy)
         rc = CX_ERR_NOMEM;
-        goto out;
-    }
-    for (line = copy; line; line = next) {
-        char *eq, *k, *v;
-        size_t i;
-
+    for (line = copy; rc == CX_OK && line; line = next) {
         lineno++;
         next = strchr(line, '\n');
         if (next)
             *next++ = '\0';
-        if (strlen(line) > 4096) {
-            snprintf(errbuf, errlen, "%s:%u: line too long", name, lineno);
-            rc = CX_ERR_INVALID;
-            goto out;
-        }
-        k = trim(line);
-        if (*k == '\0' || *k == '#')
-            continue;
-        eq = strchr(k, '=');
-        if (!eq) {
-            snprintf(errbuf, errlen, "%s:%u: expected \"key = value\"", name, lineno);
-            rc = CX_ERR_INVALID;
-            goto out;
-        }
-        *eq = '\0';
-        k = trim(k);
-        v = trim(eq + 1);
-        for (i = 0; i < nkeys; i++)
-            if (strcmp(keys[i].name, k) == 0)
-                break;
-        if (i == nkeys) {
-            snprintf(errbuf, errlen, "%s:%u: unknown key \"%.64s\"", name, lineno, k);
-            rc = CX_ERR_INVALID;
-            goto out;
-        }
-        if (seen[i] && keys[i].type != CX_CONF_LINES) {
-            snprintf(errbuf, errlen, "%s:%u: %s is set twice", name, lineno, keys[i].name);
-            rc = CX_ERR_INVALID;
-            goto out;
-        }
-        seen[i] = 1;
-        rc = set_value(cfg, &keys[i], v, msg, sizeof(msg));
-        if (rc) {
+        rc = parse_line(keys, nkeys, cfg, seen, line, msg, sizeof(msg));
+        if (rc)
             snprintf(errbuf, errlen, "%s:%u: %s", name, lineno, msg);
-            goto out;
-        }
     }
-out:
     free(copy);
     free(seen);
     if (rc)

@@ -485,6 +485,28 @@ cx_db_rows(struct cx_db *db, struct cx_sql *q, const char *const *params, const 
     return rows ? CX_OK : CX_ERR_NOMEM;
 }
 
+/* A result of the pipeline: the first failure is kept in *fail (rc
+ * CX_ERR_DB), a call's first result in its res, any other freed. */
+static void
+take_result(PGresult *r, struct cx_db_call *call, int id, enum cx_err *rc, PGresult **fail,
+            int *fail_id)
+{
+    ExecStatusType st = PQresultStatus(r);
+    bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+
+    if (ok && *rc == CX_OK && call && call->res && !*call->res) {
+        *call->res = r;
+        return;
+    }
+    if (!ok && *rc == CX_OK) {
+        *rc = CX_ERR_DB;
+        *fail = r;
+        *fail_id = id;
+        return;
+    }
+    PQclear(r);
+}
+
 /* Sends the calls and their sync; reads every result up to the sync. The
  * first failure's result in *fail (with its statement's id in *fail_id);
  * *synced: the sync was sent, so the server may have committed (without
@@ -519,44 +541,49 @@ pipeline(struct cx_db *db, struct cx_db_call *calls, const int *ids, size_t n, P
     if (sent < n)
         rc = CX_ERR_DB;
     /* each statement's results end with a NULL */
-    for (size_t i = 0; i < sent && PQstatus(c) == CONNECTION_OK; i++) {
-        while ((r = PQgetResult(c)) != NULL) {
-            ExecStatusType st = PQresultStatus(r);
-            if ((st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) && rc == CX_OK && calls[i].res &&
-                !*calls[i].res) {
-                *calls[i].res = r;
-                continue;
-            }
-            if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && rc == CX_OK) {
-                rc = CX_ERR_DB;
-                *fail = r;
-                *fail_id = ids[i];
-                continue;
-            }
-            PQclear(r);
-        }
-    }
+    for (size_t i = 0; i < sent && PQstatus(c) == CONNECTION_OK; i++)
+        while ((r = PQgetResult(c)) != NULL)
+            take_result(r, &calls[i], ids[i], &rc, fail, fail_id);
     /* then the sync's; an error before it is the COMMIT's */
-    while (PQstatus(c) == CONNECTION_OK && (r = PQgetResult(c)) != NULL) {
-        ExecStatusType st = PQresultStatus(r);
-        if (st == PGRES_PIPELINE_SYNC) {
+    while (!done && PQstatus(c) == CONNECTION_OK && (r = PQgetResult(c)) != NULL) {
+        done = PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+        if (done)
             PQclear(r);
-            done = true;
-            break;
-        }
-        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK && rc == CX_OK) {
-            rc = CX_ERR_DB;
-            *fail = r;
-            *fail_id = ids[n - 1];
-            continue;
-        }
-        PQclear(r);
+        else
+            take_result(r, NULL, ids[n - 1], &rc, fail, fail_id);
     }
     if (!done && rc == CX_OK)
         rc = CX_ERR_DB; /* the COMMIT's outcome is unknown */
     if (!PQexitPipelineMode(c) && rc == CX_OK)
         rc = CX_ERR_DB;
     return rc;
+}
+
+/* A connection, made again when it died while idle (the server ended it):
+ * nothing is sent on a dead one, as nothing sent after a sync could be
+ * sent again. */
+static enum cx_err
+connect_live(struct cx_db *db)
+{
+    enum cx_err rc = ensure_connected(db);
+
+    if (rc || still_up(db->conn))
+        return rc;
+    if (db->pins)
+        db->lost = true;
+    else
+        disconnect(db);
+    return ensure_connected(db);
+}
+
+static void
+clear_results(struct cx_db_call *calls, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (calls[i].res) {
+            PQclear(*calls[i].res);
+            *calls[i].res = NULL;
+        }
 }
 
 CX_SQL(q_async_commit, 0, "SELECT set_config('synchronous_commit', 'off', true)");
@@ -587,20 +614,9 @@ cx_db_exec_all(struct cx_db *db, struct cx_db_call *given, size_t n, bool durabl
             *calls[i].res = NULL;
     }
     for (int attempt = 0; attempt < 2; attempt++) {
-        rc = ensure_connected(db);
+        rc = connect_live(db);
         if (rc)
             return rc;
-        if (!still_up(db->conn)) {
-            /* It died while idle (the server ended it): nothing is sent on
-             * it, as nothing sent after the sync could be sent again. */
-            if (db->pins)
-                db->lost = true;
-            else
-                disconnect(db);
-            rc = ensure_connected(db);
-            if (rc)
-                return rc;
-        }
         for (size_t i = 0; i < n && rc == CX_OK; i++) {
             rc = prepare(db, calls[i].q, ids[i], name, &fail);
             fail_id = ids[i];
@@ -609,11 +625,7 @@ cx_db_exec_all(struct cx_db *db, struct cx_db_call *given, size_t n, bool durabl
             rc = pipeline(db, calls, ids, n, &fail, &fail_id, &synced);
         if (rc == CX_OK)
             break;
-        for (size_t i = 0; i < n; i++)
-            if (calls[i].res) {
-                PQclear(*calls[i].res);
-                *calls[i].res = NULL;
-            }
+        clear_results(calls, n);
         /* (retry_after clears fail) Once the sync went, the server may
          * have committed: not again. */
         if (retry_after(db, fail, fail_id, false, synced ? 1 : attempt, &rc))

@@ -276,17 +276,62 @@ signature_ok(struct cx_ctx *cx, const unsigned char *tag, size_t taglen, const c
 
 CX_SQL(q_link_key, 1, "SELECT user_id FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");
 
+/* Whether the key that made a link (key_id, "" for a link of a user the
+ * web server authenticated) is still live and the user's: CX_OK, else
+ * CX_ERR_FORBIDDEN, or CX_ERR_DB. */
+static enum cx_err
+link_key_live(struct cx_ctx *cx, const char *key_id, const char *user)
+{
+    const char *p[1] = {key_id};
+    PGresult *r = NULL;
+    enum cx_err rc;
+    bool live;
+
+    if (!key_id[0])
+        return CX_OK;
+    if (!cx_uuid_valid(key_id))
+        return CX_ERR_FORBIDDEN;
+    rc = cx_db_exec(cx->db, &q_link_key, p, &r);
+    if (rc)
+        return rc;
+    live = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), user);
+    PQclear(r);
+    return live ? CX_OK : CX_ERR_FORBIDDEN; /* the key that made it was revoked */
+}
+
+/* Whether tag is the link's signature, over its meta (the "m" parameter)
+ * when it has one. */
+static enum cx_err
+link_signed(struct cx_ctx *cx, const char *query, const unsigned char *tag, size_t taglen,
+            const char *user, const char *id, int v, long long exp, const char *key_id)
+{
+    char *meta = malloc(LINK_META_B64_MAX);
+    bool good;
+
+    if (!meta)
+        return CX_ERR_NOMEM;
+    switch (cx_http_query_get(query, "m", meta, LINK_META_B64_MAX)) {
+    case CX_OK: good = signature_ok(cx, tag, taglen, user, id, v, exp, key_id, meta); break;
+    case CX_ERR_NOT_FOUND:
+        good = signature_ok(cx, tag, taglen, user, id, v, exp, key_id, NULL);
+        break;
+    default: good = false;
+    }
+    free(meta);
+    return good ? CX_OK : CX_ERR_FORBIDDEN;
+}
+
 enum cx_err
 cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[CX_USER_MAX + 1],
                int *version)
 {
-    char sig[128], ver[16], exps[32], key_id[64] = "", *meta = NULL;
+    char sig[128], ver[16], exps[32], key_id[64] = "";
     unsigned char tag[CX_MAC_BYTES + 8];
     size_t taglen = 0;
     long long exp;
     char *end;
     long v;
-    bool good;
+    enum cx_err rc;
 
     switch (cx_http_query_get(query, "sig", sig, sizeof(sig))) {
     case CX_OK: break;
@@ -310,40 +355,16 @@ cx_link_verify(struct cx_ctx *cx, const char *query, const char *id, char user[C
     if (sodium_base642bin(tag, sizeof(tag), sig, strlen(sig), NULL, &taglen, NULL,
                           sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0)
         return CX_ERR_FORBIDDEN;
-    meta = malloc(LINK_META_B64_MAX);
-    if (!meta)
-        return CX_ERR_NOMEM;
-    switch (cx_http_query_get(query, "m", meta, LINK_META_B64_MAX)) {
-    case CX_OK: good = signature_ok(cx, tag, taglen, user, id, (int)v, exp, key_id, meta); break;
-    case CX_ERR_NOT_FOUND:
-        good = signature_ok(cx, tag, taglen, user, id, (int)v, exp, key_id, NULL);
-        break;
-    default: good = false;
-    }
-    free(meta);
-    if (!good)
-        return CX_ERR_FORBIDDEN;
+    rc = link_signed(cx, query, tag, taglen, user, id, (int)v, exp, key_id);
+    if (rc)
+        return rc;
     /* Only a genuine link learns that it expired. */
     if (exp < (long long)time(NULL))
         return CX_ERR_EXPIRED;
-    if (key_id[0]) {
-        const char *p[1] = {key_id};
-        PGresult *r = NULL;
-        enum cx_err rc;
-        bool live;
-
-        if (!cx_uuid_valid(key_id))
-            return CX_ERR_FORBIDDEN;
-        rc = cx_db_exec(cx->db, &q_link_key, p, &r);
-        if (rc)
-            return rc;
-        live = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), user);
-        PQclear(r);
-        if (!live)
-            return CX_ERR_FORBIDDEN; /* the key that made it was revoked */
-    }
-    *version = (int)v;
-    return CX_OK;
+    rc = link_key_live(cx, key_id, user);
+    if (rc == CX_OK)
+        *version = (int)v;
+    return rc;
 }
 
 /* ?version=N: 0 when absent. */

@@ -567,6 +567,52 @@ cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json
     return CX_OK;
 }
 
+/* One message of the kernel's (its JSON text and binary buffers): the
+ * request it answers gets its reply or idle status, and fn hears it.
+ * Another client's, an earlier run's and a malformed message are skipped
+ * (CX_OK); the server's notice of the kernel's end is CX_ERR_KERNEL_DIED;
+ * else what fn returned. */
+static enum cx_err
+dispatch(struct cx_exec *reqs, int n, const char *json, size_t json_len,
+         const struct cx_kernel_buffers *bufs, cx_exec_fn fn, void *ctx)
+{
+    json_t *m = json_loadb(json, json_len, JSON_ALLOW_NUL, NULL), *content;
+    const char *type, *channel, *parent_id, *state;
+    enum cx_err rc = CX_OK;
+    int i;
+
+    if (!m)
+        return CX_OK;
+    type = json_string_value(json_object_get(json_object_get(m, "header"), "msg_type"));
+    channel = json_string_value(json_object_get(m, "channel"));
+    parent_id = json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
+    content = json_object_get(m, "content");
+    if (!type || !channel || !json_is_object(content))
+        goto out;
+    state = json_string_value(json_object_get(content, "execution_state"));
+    if (!parent_id && !strcmp(type, "status") && state &&
+        (!strcmp(state, "restarting") || !strcmp(state, "dead"))) {
+        rc = CX_ERR_KERNEL_DIED; /* the server's own notice: the kernel process went away */
+        goto out;
+    }
+    i = parent_id ? find_request(reqs, n, parent_id) : -1;
+    cx_log_debug("kernel message %s/%s for request %d", channel, type, i);
+    if (i < 0)
+        goto out; /* another client's or an earlier run's message */
+    if (!strcmp(channel, "shell") && !strcmp(type, "execute_reply")) {
+        reqs[i].got_reply = true;
+        json_decref(reqs[i].reply);
+        reqs[i].reply = json_incref(content);
+    } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
+               !strcmp(state, "idle")) {
+        reqs[i].got_idle = true;
+    }
+    rc = fn ? fn(ctx, i, type, content, bufs) : CX_OK;
+out:
+    json_decref(m);
+    return rc;
+}
+
 enum cx_err
 cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, int64_t deadline_us,
                cx_exec_fn fn, void *ctx)
@@ -578,73 +624,27 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         struct cx_kernel_buffers bufs;
         const char *json;
         size_t json_len;
-        json_t *m, *content;
-        const char *type, *channel, *parent_id, *state;
-        int i;
 
         rc = cx_ws_recv(c->ws, deadline_us, &c->msg, &op);
         if (rc == CX_ERR_TOO_LARGE && !cx_ws_alive(c->ws))
             return CX_ERR_IO; /* the connection died of it: nothing was skipped */
-        if (rc == CX_ERR_TOO_LARGE) {
-            /* A message too large to keep was skipped (a huge stream chunk):
-             * it can only be output, so report it as such. */
-            c->messages++;
-            rc = fn ? fn(ctx, -1, "oversized", NULL, NULL) : CX_OK;
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (rc)
+        if (rc && rc != CX_ERR_TOO_LARGE)
             return rc;
         c->messages++;
         json = c->msg.data;
         json_len = c->msg.len;
         bufs.n = 0;
-        if (op == CX_WS_BINARY && cx_kernel_split_binary((const unsigned char *)c->msg.data,
-                                                         c->msg.len, &json, &json_len, &bufs))
+        if (rc == CX_OK && op == CX_WS_BINARY &&
+            cx_kernel_split_binary((const unsigned char *)c->msg.data, c->msg.len, &json, &json_len,
+                                   &bufs))
             continue; /* not a message */
-        if (cx_json_cost(json, json_len) > CX_JSON_COST_MAX) {
-            /* too many values to build: output, as an oversized message */
+        /* A message too large to keep was skipped (a huge stream chunk), or
+         * holds too many values to build: it can only be output, so it is
+         * reported as such. */
+        if (rc == CX_ERR_TOO_LARGE || cx_json_cost(json, json_len) > CX_JSON_COST_MAX)
             rc = fn ? fn(ctx, -1, "oversized", NULL, NULL) : CX_OK;
-            if (rc)
-                return rc;
-            continue;
-        }
-        m = json_loadb(json, json_len, JSON_ALLOW_NUL, NULL);
-        if (!m)
-            continue;
-        type = json_string_value(json_object_get(json_object_get(m, "header"), "msg_type"));
-        channel = json_string_value(json_object_get(m, "channel"));
-        parent_id =
-            json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
-        content = json_object_get(m, "content");
-        if (!type || !channel || !json_is_object(content)) {
-            json_decref(m);
-            continue;
-        }
-        state = json_string_value(json_object_get(content, "execution_state"));
-        if (!parent_id && !strcmp(type, "status") && state &&
-            (!strcmp(state, "restarting") || !strcmp(state, "dead"))) {
-            /* The server's own notice: the kernel process went away. */
-            json_decref(m);
-            return CX_ERR_KERNEL_DIED;
-        }
-        i = parent_id ? find_request(reqs, n, parent_id) : -1;
-        cx_log_debug("kernel message %s/%s for request %d", channel, type, i);
-        if (i < 0) {
-            json_decref(m);
-            continue; /* another client's or an earlier run's message */
-        }
-        if (!strcmp(channel, "shell") && !strcmp(type, "execute_reply")) {
-            reqs[i].got_reply = true;
-            json_decref(reqs[i].reply);
-            reqs[i].reply = json_incref(content);
-        } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
-                   !strcmp(state, "idle")) {
-            reqs[i].got_idle = true;
-        }
-        rc = fn ? fn(ctx, i, type, content, &bufs) : CX_OK;
-        json_decref(m);
+        else
+            rc = dispatch(reqs, n, json, json_len, &bufs, fn, ctx);
         if (rc)
             return rc;
     }

@@ -65,12 +65,53 @@ link_download(json_t *a, const char *id, struct cx_download *d)
     snprintf(d->key, sizeof(d->key), "%s", json_string_value(json_object_get(a, "storage_key")));
 }
 
+/* One artifact's row, its preview and download link signed for who (the
+ * listing is the user's: signing needs no further query). */
+static enum cx_err
+page_row(struct cx_ctx *cx, const struct cx_principal *who, json_t *a, struct cx_buf *out)
+{
+    const char *id = json_string_value(json_object_get(a, "artifact_id"));
+    const char *kind = json_string_value(json_object_get(a, "kind"));
+    struct cx_download d;
+    char size[32];
+    const char *url;
+    json_t *link;
+
+    link_download(a, id, &d);
+    link = cx_link_sign(cx, who, &d, (long long)cx->cfg->link_default_expiry);
+    if (!link)
+        return CX_ERR_NOMEM;
+    human_size(json_integer_value(json_object_get(a, "size")), size, sizeof(size));
+    url = json_string_value(json_object_get(link, "url"));
+    cx_buf_adds(out, "<tr><td>");
+    if (!strcmp(kind, "image")) {
+        cx_buf_adds(out, "<img class=\"preview\" alt=\"preview of ");
+        cx_page_escape(out, json_string_value(json_object_get(a, "filename")));
+        cx_buf_adds(out, "\" src=\"");
+        cx_page_escape(out, url);
+        cx_buf_adds(out, "\">");
+    }
+    cx_buf_adds(out, "</td><td><code>");
+    cx_page_escape(out, json_string_value(json_object_get(a, "path")));
+    cx_buf_adds(out, "</code></td><td>");
+    cx_page_escape(out, kind);
+    cx_buf_adds(out, "<br><small>");
+    cx_page_escape(out, json_string_value(json_object_get(a, "mime_type")));
+    cx_buf_addf(out, "</small></td><td class=\"n\">%s</td><td class=\"n\">%lld</td><td><a href=\"",
+                size, (long long)json_integer_value(json_object_get(a, "current_version")));
+    cx_page_escape(out, url);
+    cx_buf_adds(out, "\" download>");
+    cx_page_escape(out, json_string_value(json_object_get(a, "filename")));
+    cx_buf_adds(out, "</a></td></tr>\n");
+    json_decref(link);
+    return CX_OK;
+}
+
 enum cx_err
 cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char *cid,
                   struct cx_buf *out)
 {
-    json_t *list = NULL, *a;
-    struct cx_download d;
+    json_t *list = NULL, *artifacts, *a;
     size_t i;
     enum cx_err rc;
 
@@ -79,6 +120,7 @@ cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char 
     rc = cx_artifact_list_with_keys(cx, who->user, cid, &list);
     if (rc)
         return rc;
+    artifacts = json_object_get(list, "artifacts");
     cx_buf_adds(out, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                      "<meta name=\"viewport\" content=\"width=device-width\">"
                      "<title>Artifacts of ");
@@ -86,52 +128,19 @@ cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char 
     cx_buf_addf(out, "</title><style>%s</style></head><body>\n<h1>Artifacts of <code>", style);
     cx_page_escape(out, cid);
     cx_buf_adds(out, "</code></h1>\n");
-    if (json_array_size(json_object_get(list, "artifacts")) == 0)
+    if (json_array_size(artifacts) == 0)
         cx_buf_adds(out, "<p class=\"empty\">No artifacts yet.</p>\n");
     else
         cx_buf_adds(out, "<table><thead><tr><th>Preview</th><th>Path</th><th>Type</th>"
                          "<th>Size</th><th>Versions</th><th>Download</th></tr></thead><tbody>\n");
-    json_array_foreach(json_object_get(list, "artifacts"), i, a)
+    json_array_foreach(artifacts, i, a)
     {
-        const char *id = json_string_value(json_object_get(a, "artifact_id"));
-        const char *kind = json_string_value(json_object_get(a, "kind"));
-        char size[32];
-        const char *url;
-        json_t *link;
-
-        /* The listing is the user's: signing needs no further query. */
-        link_download(a, id, &d);
-        link = cx_link_sign(cx, who, &d, (long long)cx->cfg->link_default_expiry);
-        if (!link) {
+        if (page_row(cx, who, a, out)) {
             json_decref(list);
             return CX_ERR_NOMEM;
         }
-        human_size(json_integer_value(json_object_get(a, "size")), size, sizeof(size));
-        url = json_string_value(json_object_get(link, "url"));
-        cx_buf_adds(out, "<tr><td>");
-        if (!strcmp(kind, "image")) {
-            cx_buf_adds(out, "<img class=\"preview\" alt=\"preview of ");
-            cx_page_escape(out, json_string_value(json_object_get(a, "filename")));
-            cx_buf_adds(out, "\" src=\"");
-            cx_page_escape(out, url);
-            cx_buf_adds(out, "\">");
-        }
-        cx_buf_adds(out, "</td><td><code>");
-        cx_page_escape(out, json_string_value(json_object_get(a, "path")));
-        cx_buf_adds(out, "</code></td><td>");
-        cx_page_escape(out, kind);
-        cx_buf_adds(out, "<br><small>");
-        cx_page_escape(out, json_string_value(json_object_get(a, "mime_type")));
-        cx_buf_addf(out,
-                    "</small></td><td class=\"n\">%s</td><td class=\"n\">%lld</td><td><a href=\"",
-                    size, (long long)json_integer_value(json_object_get(a, "current_version")));
-        cx_page_escape(out, url);
-        cx_buf_adds(out, "\" download>");
-        cx_page_escape(out, json_string_value(json_object_get(a, "filename")));
-        cx_buf_adds(out, "</a></td></tr>\n");
-        json_decref(link);
     }
-    if (json_array_size(json_object_get(list, "artifacts")))
+    if (json_array_size(artifacts))
         cx_buf_adds(out, "</tbody></table>\n");
     cx_buf_adds(out, "</body></html>\n");
     json_decref(list);

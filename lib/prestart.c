@@ -210,6 +210,31 @@ warm_ok(const struct cx_exec *e)
     return status && !strcmp(status, "ok");
 }
 
+/* Warms a new kernel on a connection to it: the preload and, once on the
+ * empty workspace, the epilogue: it and the capture helper are compiled
+ * and cached, their modules imported and the record written, as after any
+ * run, so the first real run pays none of it. */
+static enum cx_err
+warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid)
+{
+    json_t *meta = cx_capture_metadata(cx->cfg, kid, NULL, false, true);
+    json_t *uexpr = meta ? cx_runend_expr(kid, true, meta, true) : NULL;
+    char *code = preload_cell(cx->cfg->kernel_preload);
+    struct cx_exec e = {.silent = true, .code = code, .user_expressions = uexpr, .metadata = meta};
+    enum cx_err rc = uexpr && meta && code ? cx_kernel_execute(c, &e) : CX_ERR_NOMEM;
+
+    if (rc == CX_OK)
+        rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+    if (rc == CX_OK && !warm_ok(&e))
+        cx_log_warn(0, "kernel_preload: a module failed to import in pooled kernel %s", kid);
+    e.user_expressions = e.metadata = NULL;
+    cx_exec_cleanup(&e, 1);
+    json_decref(uexpr);
+    json_decref(meta);
+    free(code);
+    return rc;
+}
+
 /* Starts a kernel and waits until it has run a silent
  * cell with the preload and the capture, so that its first real run does
  * not wait for its start-up. */
@@ -219,9 +244,6 @@ start_one(struct cx_ctx *cx)
     char id[37], kid[64], msg[CX_MSG_MAX];
     const char *p[4] = {id, cx_gateway_url(cx->gw), cx->cfg->kernel_name, kid};
     struct cx_kernel_conn *c = NULL;
-    struct cx_exec e = {.silent = true};
-    json_t *uexpr = NULL, *meta = NULL;
-    char *code = NULL;
     int64_t t0 = cx_now_us();
     enum cx_err rc;
 
@@ -238,26 +260,7 @@ start_one(struct cx_ctx *cx)
     rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
                              sizeof(msg));
     if (rc == CX_OK) {
-        /* The epilogue runs once on the empty workspace: it and the capture
-         * helper are compiled and cached, their modules imported and the
-         * record written, as after any run, so the first real run pays none
-         * of it. */
-        meta = cx_capture_metadata(cx->cfg, kid, NULL, false, true);
-        uexpr = meta ? cx_runend_expr(kid, true, meta, true) : NULL;
-        code = preload_cell(cx->cfg->kernel_preload);
-        e.code = code;
-        e.user_expressions = uexpr;
-        e.metadata = meta;
-        rc = uexpr && meta && code ? cx_kernel_execute(c, &e) : CX_ERR_NOMEM;
-        if (rc == CX_OK)
-            rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
-        if (rc == CX_OK && !warm_ok(&e))
-            cx_log_warn(0, "kernel_preload: a module failed to import in pooled kernel %s", kid);
-        e.user_expressions = e.metadata = NULL;
-        cx_exec_cleanup(&e, 1);
-        json_decref(uexpr);
-        json_decref(meta);
-        free(code);
+        rc = warm(cx, c, kid);
         /* Kept in this process's pool of connections: a first run through a
          * new connection waits for the server's set-up of it (tens of ms,
          * measured). When another process claims the kernel, this one sits

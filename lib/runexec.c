@@ -313,6 +313,60 @@ all_replied(const struct cx_exec *reqs, int n)
     return true;
 }
 
+/* A stream's text: counted, kept in the tail, told to the sink. */
+static enum cx_err
+on_stream(struct cx_runexec *st, json_t *content)
+{
+    const char *name = json_string_value(json_object_get(content, "name"));
+    json_t *text = json_object_get(content, "text");
+    size_t n = json_string_length(text);
+    bool err = name && !strcmp(name, "stderr");
+
+    if (!json_is_string(text))
+        return CX_OK;
+    count_output(st, n);
+    if (st->f.truncated)
+        return CX_OK;
+    tail_add(err ? &st->err : &st->out, json_string_value(text), n);
+    if (pend_add(st, err, json_string_value(text), n))
+        return CX_AGAIN; /* wait_windows() ticks the sink and comes back */
+    return CX_OK;
+}
+
+static void
+set_result(struct cx_runexec *st, json_t *value)
+{
+    json_decref(st->f.result);
+    st->f.result = json_incref(value);
+    st->f.have_result = true;
+}
+
+/* A display or an execute result: main()'s result (the call cell's), the
+ * user cell's rich outputs, and its last expression's value as text. */
+static void
+on_result(struct cx_runexec *st, int index, const char *type, json_t *content)
+{
+    json_t *data = json_object_get(content, "data");
+    json_t *value =
+        json_object_get(json_object_get(data, "application/vnd.codexec.result+json"), "value");
+    json_t *plain;
+
+    if (index == CX_REQ_CALL && value) {
+        set_result(st, value);
+        return;
+    }
+    if (index != CX_REQ_USER)
+        return;
+    if (st->cap || st->sink)
+        rich_outputs(st, data);
+    plain = json_object_get(data, "text/plain");
+    if (!strcmp(type, "execute_result") && json_is_string(plain)) {
+        count_output(st, json_string_length(plain));
+        if (!st->f.truncated)
+            set_result(st, plain);
+    }
+}
+
 static enum cx_err
 on_message(void *ctx, int index, const char *type, json_t *content,
            const struct cx_kernel_buffers *bufs)
@@ -330,7 +384,6 @@ on_message(void *ctx, int index, const char *type, json_t *content,
      * is of no use: stop here rather than wait for it to drain. */
     if (st->f.truncated && all_replied(st->reqs, CX_REQ_MAX))
         return CX_DONE;
-
     if (index < 0) {
         count_output(st, st->cx->cfg->max_output_bytes + 1); /* "oversized" */
         return CX_OK;
@@ -347,48 +400,13 @@ on_message(void *ctx, int index, const char *type, json_t *content,
     }
     if (index == CX_REQ_EPILOGUE)
         return CX_OK;
-    if (!strcmp(type, "stream")) {
-        const char *name = json_string_value(json_object_get(content, "name"));
-        json_t *text = json_object_get(content, "text");
-        size_t n = json_string_length(text);
-
-        if (!json_is_string(text))
-            return CX_OK;
-        bool err = name && !strcmp(name, "stderr");
-
-        count_output(st, n);
-        if (st->f.truncated)
-            return CX_OK;
-        tail_add(err ? &st->err : &st->out, json_string_value(text), n);
-        if (pend_add(st, err, json_string_value(text), n))
-            return CX_AGAIN; /* wait_windows() ticks the sink and comes back */
-    } else if (!strcmp(type, "error")) {
+    if (!strcmp(type, "stream"))
+        return on_stream(st, content);
+    if (!strcmp(type, "error")) {
         json_decref(st->f.error);
         st->f.error = json_incref(content);
     } else if (!strcmp(type, "execute_result") || !strcmp(type, "display_data")) {
-        json_t *data = json_object_get(content, "data");
-        json_t *value =
-            json_object_get(json_object_get(data, "application/vnd.codexec.result+json"), "value");
-
-        if (index == CX_REQ_CALL && value) {
-            json_decref(st->f.result);
-            st->f.result = json_incref(value);
-            st->f.have_result = true;
-            return CX_OK;
-        }
-        if (index == CX_REQ_USER && (st->cap || st->sink))
-            rich_outputs(st, data);
-        if (index == CX_REQ_USER && !strcmp(type, "execute_result")) {
-            json_t *plain = json_object_get(data, "text/plain");
-            if (json_is_string(plain)) {
-                count_output(st, json_string_length(plain));
-                if (!st->f.truncated) {
-                    json_decref(st->f.result);
-                    st->f.result = json_incref(plain);
-                    st->f.have_result = true;
-                }
-            }
-        }
+        on_result(st, index, type, content);
     }
     return CX_OK;
 }

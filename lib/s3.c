@@ -476,34 +476,12 @@ cx_s3_payload_sha(const struct cx_s3 *s3, const void *body, size_t len, bool bul
     return cx_sha256_hex(body, len, out);
 }
 
-/* Sends q; CX_OK on a 2xx. The body's sha256 (or UNSIGNED-PAYLOAD) goes
- * into the signature. */
-static enum cx_err
-perform(struct cx_s3 *s3, struct req *q)
+/* The request's options on s3->curl, reset first (the connection stays). */
+static void
+set_options(struct cx_s3 *s3, struct req *q, const char *url, struct curl_slist *h)
 {
-    struct cx_buf url;
-    struct curl_slist *h = NULL;
-    char sha[65], code[64];
-    CURLcode cc;
-    enum cx_err rc = CX_OK;
-
-    cx_buf_init(&q->resp, XML_MAX);
-    cx_buf_init(&url, 16384);
-    cx_buf_adds(&url, s3->origin);
-    if (q->name)
-        object_path(s3, q->name, &url);
-    else
-        cx_buf_addf(&url, "%s/", s3->bucket_path);
-    if (q->query[0])
-        cx_buf_addf(&url, "?%s", q->query);
-    rc = cx_s3_payload_sha(s3, q->body, q->len, q->bulk, q->sha, sha);
-    h = rc ? NULL : req_headers(s3, q, sha);
-    if (cx_buf_err(&url) || !h) {
-        rc = CX_ERR_NOMEM;
-        goto out;
-    }
     curl_easy_reset(s3->curl); /* (keeps the connection) */
-    curl_easy_setopt(s3->curl, CURLOPT_URL, url.data);
+    curl_easy_setopt(s3->curl, CURLOPT_URL, url);
     curl_easy_setopt(s3->curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(s3->curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(s3->curl, CURLOPT_PATH_AS_IS, 1L); /* the path we signed, as it is */
@@ -523,6 +501,65 @@ perform(struct cx_s3 *s3, struct req *q)
     curl_easy_setopt(s3->curl, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(s3->curl, CURLOPT_HEADERDATA, q);
     set_method(s3->curl, q);
+}
+
+/* What the store's answer to q (cc: the transfer's outcome) means. */
+static enum cx_err
+answer_rc(struct req *q, CURLcode cc)
+{
+    char code[64];
+
+    error_code(&q->resp, code);
+    if (q->bad) {
+        cx_log_warn(0, "S3 %s: the store answered other bytes than asked for (status %ld)", q->op,
+                    q->status);
+        return CX_ERR_IO;
+    }
+    if (cc != CURLE_OK) {
+        cx_log_warn(0, "S3 %s failed: %s", q->op, curl_easy_strerror(cc));
+        return CX_ERR_IO;
+    }
+    if (q->status == 404 && (!strcmp(code, "NoSuchKey") || !strcmp(code, "NoSuchUpload") ||
+                             (!strcmp(q->method, "HEAD") && !code[0])))
+        return CX_ERR_NOT_FOUND; /* (a missing bucket is not a missing object) */
+    if (q->status < 200 || q->status >= 300) {
+        cx_log_warn(0, "S3 %s answered %ld %s", q->op, q->status, code);
+        return CX_ERR_IO;
+    }
+    if (!q->sink && cx_buf_err(&q->resp)) {
+        cx_log_warn(0, "S3 %s: an answer larger than %u bytes", q->op, XML_MAX);
+        return CX_ERR_IO;
+    }
+    return CX_OK;
+}
+
+/* Sends q; CX_OK on a 2xx. The body's sha256 (or UNSIGNED-PAYLOAD) goes
+ * into the signature. */
+static enum cx_err
+perform(struct cx_s3 *s3, struct req *q)
+{
+    struct cx_buf url;
+    struct curl_slist *h = NULL;
+    char sha[65];
+    CURLcode cc;
+    enum cx_err rc = CX_OK;
+
+    cx_buf_init(&q->resp, XML_MAX);
+    cx_buf_init(&url, 16384);
+    cx_buf_adds(&url, s3->origin);
+    if (q->name)
+        object_path(s3, q->name, &url);
+    else
+        cx_buf_addf(&url, "%s/", s3->bucket_path);
+    if (q->query[0])
+        cx_buf_addf(&url, "?%s", q->query);
+    rc = cx_s3_payload_sha(s3, q->body, q->len, q->bulk, q->sha, sha);
+    h = rc ? NULL : req_headers(s3, q, sha);
+    if (cx_buf_err(&url) || !h) {
+        rc = CX_ERR_NOMEM;
+        goto out;
+    }
+    set_options(s3, q, url.data, h);
     cx_metrics_count_by(CX_FAMILY_STORAGE, q->op);
     cc = curl_easy_perform(s3->curl);
     curl_easy_setopt(s3->curl, CURLOPT_USERNAME, "");
@@ -531,24 +568,7 @@ perform(struct cx_s3 *s3, struct req *q)
         rc = CX_ERR_IO; /* our reader went; not the store's fault */
         goto out;
     }
-    error_code(&q->resp, code);
-    if (q->bad) {
-        cx_log_warn(0, "S3 %s: the store answered other bytes than asked for (status %ld)", q->op,
-                    q->status);
-        rc = CX_ERR_IO;
-    } else if (cc != CURLE_OK) {
-        cx_log_warn(0, "S3 %s failed: %s", q->op, curl_easy_strerror(cc));
-        rc = CX_ERR_IO;
-    } else if (q->status == 404 && (!strcmp(code, "NoSuchKey") || !strcmp(code, "NoSuchUpload") ||
-                                    (!strcmp(q->method, "HEAD") && !code[0]))) {
-        rc = CX_ERR_NOT_FOUND; /* (a missing bucket is not a missing object) */
-    } else if (q->status < 200 || q->status >= 300) {
-        cx_log_warn(0, "S3 %s answered %ld %s", q->op, q->status, code);
-        rc = CX_ERR_IO;
-    } else if (!q->sink && cx_buf_err(&q->resp)) {
-        cx_log_warn(0, "S3 %s: an answer larger than %u bytes", q->op, XML_MAX);
-        rc = CX_ERR_IO;
-    }
+    rc = answer_rc(q, cc);
     if (rc == CX_ERR_IO)
         cx_metrics_count_by(CX_FAMILY_STORAGE_ERRORS, q->op);
 out:

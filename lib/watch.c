@@ -160,33 +160,37 @@ CX_SQL(q_revoked, 1,
        "SELECT id::text FROM api_keys WHERE revoked_at > now() - make_interval(secs => $1::int)"
        " ORDER BY revoked_at DESC LIMIT 100001");
 
-enum cx_err
-cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed)
+/* Files older than max_age go: every link their key signed has expired
+ * (a key revoked again within max_age was made again). *removed counts. */
+static enum cx_err
+expire_marks(int dfd, unsigned max_age, int *removed)
 {
-    const char *dir = cx->cfg->revoked_keys_dir;
-    unsigned max_age = cx->cfg->link_max_expiry;
-    char age[16];
-    const char *p[1] = {age};
-    PGresult *r = NULL;
-    struct dirent *e;
-    DIR *d;
+    DIR *d = fdopendir(dup(dfd));
     time_t now = time(NULL);
-    enum cx_err rc;
-    int dfd;
+    struct dirent *e;
 
-    *added = *removed = 0;
-    snprintf(age, sizeof(age), "%u", max_age);
-    rc = cx_db_exec(cx->db, &q_revoked, p, &r);
-    if (rc)
-        return rc;
-    if (PQntuples(r) > REVOKED_MAX)
-        cx_log_warn(0, "more than %d keys revoked lately: the web server's list holds the newest",
-                    REVOKED_MAX);
-    dfd = open_dir(dir);
-    if (dfd < 0) {
-        PQclear(r);
+    if (!d)
         return CX_ERR_IO;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+
+        if (!cx_uuid_valid(e->d_name) || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            now - st.st_mtime <= (time_t)max_age)
+            continue;
+        if (unlinkat(dfd, e->d_name, 0) == 0)
+            (*removed)++;
     }
+    closedir(d);
+    return CX_OK;
+}
+
+/* A file for each key of r (valid ids only, the newest REVOKED_MAX) that
+ * has none; *added counts. */
+static enum cx_err
+mark_revoked(int dfd, PGresult *r, int *added)
+{
+    enum cx_err rc = CX_OK;
+
     for (int i = 0; i < PQntuples(r) && i < REVOKED_MAX && rc == CX_OK; i++) {
         const char *id = PQgetvalue(r, i, 0);
         struct stat st;
@@ -202,28 +206,40 @@ cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed)
         if (rc == CX_OK)
             (*added)++;
     }
+    return rc;
+}
+
+enum cx_err
+cx_revoked_sync(struct cx_ctx *cx, int *added, int *removed)
+{
+    unsigned max_age = cx->cfg->link_max_expiry;
+    char age[16];
+    const char *p[1] = {age};
+    PGresult *r = NULL;
+    enum cx_err rc, rc2;
+    int dfd;
+
+    *added = *removed = 0;
+    snprintf(age, sizeof(age), "%u", max_age);
+    rc = cx_db_exec(cx->db, &q_revoked, p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) > REVOKED_MAX)
+        cx_log_warn(0, "more than %d keys revoked lately: the web server's list holds the newest",
+                    REVOKED_MAX);
+    dfd = open_dir(cx->cfg->revoked_keys_dir);
+    if (dfd < 0) {
+        PQclear(r);
+        return CX_ERR_IO;
+    }
+    rc = mark_revoked(dfd, r, added);
     PQclear(r);
     /* the list is kept: nginx leaves every link to codexec without it */
     if (rc == CX_OK)
         rc = mark(dfd, CX_REVOKED_LISTED);
-    /* Files older than max_age go: every link their key signed has expired
-     * (a key revoked again within max_age was made again above). */
-    d = fdopendir(dup(dfd));
-    while (d && (e = readdir(d)) != NULL) {
-        struct stat st;
-
-        if (!cx_uuid_valid(e->d_name) || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            now - st.st_mtime <= (time_t)max_age)
-            continue;
-        if (unlinkat(dfd, e->d_name, 0) == 0)
-            (*removed)++;
-    }
-    if (d)
-        closedir(d);
-    else
-        rc = CX_ERR_IO;
+    rc2 = expire_marks(dfd, max_age, removed);
     close(dfd);
-    return rc;
+    return rc ? rc : rc2;
 }
 
 CX_SQL(q_key_live, 1, "SELECT 1 FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");
