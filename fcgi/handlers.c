@@ -41,7 +41,7 @@ cx_h_health(struct cx_req *r)
         json_object_set_new(body, "error",
                             json_pack("{s:s,s:s}", "code", "unavailable", "message",
                                       "a health check failed; see checks"));
-        cx_req_header(r, "Retry-After", "5");
+        cx_req_retry_after(r, CX_ERR_DB); /* as for a service that failed */
     }
     cx_req_send_json(r, ok ? 200 : 503, body);
     json_decref(body);

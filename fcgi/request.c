@@ -311,14 +311,22 @@ answer_of(enum cx_err err)
 }
 
 void
+cx_req_retry_after(struct cx_req *r, enum cx_err err)
+{
+    const struct answer *a = answer_of(err);
+
+    if (a->retry_after)
+        cx_req_header(r, "Retry-After", a->retry_after);
+}
+
+void
 cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
 {
     const struct answer *a = answer_of(err);
 
     if (a->status == 401)
         cx_req_header(r, "WWW-Authenticate", "Bearer");
-    if (a->retry_after)
-        cx_req_header(r, "Retry-After", a->retry_after);
+    cx_req_retry_after(r, err);
     if (a->refusal)
         cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code); /* a static string */
     cx_req_send_error(r, a->status, a->code, msg && *msg ? msg : a->message);

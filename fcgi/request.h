@@ -74,6 +74,9 @@ void cx_req_send_empty(struct cx_req *r, int status);
  * "" for the default) is the library's sentence for the client. Every 503
  * and 429 goes through it. */
 void cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg);
+/* The Retry-After header the error table gives err, if any (for an answer
+ * of the handler's own making). */
+void cx_req_retry_after(struct cx_req *r, enum cx_err err);
 
 /* A response of Server-Sent Events (a streaming run): it begins, 200
  * text/event-stream, with the first event the library tells the sink, and

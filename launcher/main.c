@@ -2,7 +2,7 @@
  *
  * The sandboxed kernelspec's argv: the Jupyter server runs it, as the
  * gateway's user, for every start and restart of a kernel. It prepares a
- * fresh private runtime directory and a cgroup (lib/sandbox.c), starts
+ * fresh private runtime directory and a cgroup (sandbox.c), starts
  * ipykernel inside bubblewrap with a seccomp filter, waits until the kernel
  * has bound its sockets and written its connection file, seals that
  * directory read-only inside the sandbox, then points the server's endpoint
@@ -60,7 +60,7 @@ struct launch {
     int sandbox;            /* the sandbox's first process (bwrap's info) */
     int kernel;             /* the kernel process, once sealed (-1: unknown) */
     int init_fd, kernel_fd; /* pidfds of the sandbox's first process and the kernel */
-    struct cx_relay *relay; /* the server's connections to the kernel (lib/relay.h) */
+    struct cx_relay *relay; /* the server's connections to the kernel (relay.h) */
     int out_fd;             /* the read end of the kernel's stdout and stderr */
     size_t out_logged;
     unsigned ready; /* bits: sockets bound (0-4), connection file written (5) */
@@ -181,7 +181,7 @@ still_ours(const struct launch *l)
            pidfd_send_signal(l->kernel_fd, 0, NULL, 0) == 0;
 }
 
-/* A run's end, from the relay (lib/relay.h), before the reply that ends it
+/* A run's end, from the relay (relay.h), before the reply that ends it
  * passes: every process of the sandbox but its init and the kernel ends
  * now, whatever the kernel's own code does. */
 static void

@@ -5,8 +5,12 @@
 #ifndef CX_AUTHDB_H
 #define CX_AUTHDB_H
 
-#include "auth.h"
-#include "db.h"
+#include <libpq-fe.h>
+#include <stddef.h>
+
+#include "codexec.h"
+
+struct cx_sql;
 
 /* For a statement that checks a key and reads something else in the same
  * round trip (a download checks the key and finds the artifact at once):

@@ -1,6 +1,6 @@
 /* codexec: "key = value" files, parsed against a table of keys.
  *
- * codexec.conf (config.h) and the sandbox's sandbox.conf (sandbox.h) share
+ * codexec.conf (config.h) and the sandbox's sandbox.conf (launcher/sandbox.h) share
  * the syntax: '#' comment lines, blank lines, values trimmed, sizes with
  * K/M/G (binary) suffixes. Every key has a default; unknown keys, keys set
  * twice and bad values are refused with "name:line: message". The caller's

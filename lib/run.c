@@ -134,6 +134,33 @@ clip_name(const char *ename, char *out, size_t outlen)
     out[n] = '\0';
 }
 
+/* Strips ANSI escape sequences (CSI and OSC) in place. */
+static void
+strip_ansi(char *s)
+{
+    char *w = s;
+
+    for (char *r = s; *r;) {
+        if (r[0] == '\x1b' && r[1] == '[') {
+            r += 2;
+            while (*r && !(*r >= 0x40 && *r <= 0x7e))
+                r++;
+            if (*r)
+                r++;
+        } else if (r[0] == '\x1b' && r[1] == ']') {
+            r += 2;
+            while (*r && *r != '\x07' && !(r[0] == '\x1b' && r[1] == '\\'))
+                r++;
+            r += *r == '\x07' ? 1 : (*r ? 2 : 0);
+        } else if (r[0] == '\x1b') {
+            r += r[1] ? 2 : 1;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+}
+
 static void
 set_error(json_t *payload, const char *ename_in, const char *evalue, json_t *tb)
 {
@@ -147,7 +174,7 @@ set_error(json_t *payload, const char *ename_in, const char *evalue, json_t *tb)
     if (!text)
         return;
     snprintf(text, n, "%s: %s", ename, evalue);
-    cx_run_strip_ansi(text);
+    strip_ansi(text);
     json_object_set_new(payload, "status", json_string("error"));
     json_object_set_new(payload, "error", json_string(text));
     json_object_set_new(payload, "error_name", json_string(ename));
@@ -164,7 +191,7 @@ set_error(json_t *payload, const char *ename_in, const char *evalue, json_t *tb)
                 cx_buf_addf(&b, "%s%s", i ? "\n" : "", json_string_value(line));
         }
         if (!cx_buf_err(&b) && b.data) {
-            cx_run_strip_ansi(b.data);
+            strip_ansi(b.data);
             json_object_set_new(payload, "traceback", json_string(b.data));
         }
         cx_buf_cleanup(&b);

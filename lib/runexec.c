@@ -107,32 +107,6 @@ tail_json(struct tail *t, unsigned chars)
     return json_stringn(p, (size_t)(start + t->b.len - p));
 }
 
-void
-cx_run_strip_ansi(char *s)
-{
-    char *w = s;
-
-    for (char *r = s; *r;) {
-        if (r[0] == '\x1b' && r[1] == '[') {
-            r += 2;
-            while (*r && !(*r >= 0x40 && *r <= 0x7e))
-                r++;
-            if (*r)
-                r++;
-        } else if (r[0] == '\x1b' && r[1] == ']') {
-            r += 2;
-            while (*r && *r != '\x07' && !(r[0] == '\x1b' && r[1] == '\\'))
-                r++;
-            r += *r == '\x07' ? 1 : (*r ? 2 : 0);
-        } else if (r[0] == '\x1b') {
-            r += r[1] ? 2 : 1;
-        } else {
-            *w++ = *r++;
-        }
-    }
-    *w = '\0';
-}
-
 /* ------------------------------------------------------------------------ */
 /* A streaming run's events                                                 */
 

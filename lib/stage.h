@@ -12,7 +12,6 @@
 #include <stdint.h>
 
 #include "codexec.h"
-#include "run.h"
 
 struct cx_exec;
 struct cx_kernel_conn;

@@ -1,5 +1,5 @@
 /* A kernel's bytes on its sockets, as the launcher's relay reads them
- * (lib/relay.c): whatever they are, the parser never reads outside them,
+ * (launcher/relay.c): whatever they are, the parser never reads outside them,
  * and it decides the same, run ends included, whether the bytes come whole
  * or in pieces (a socket hands them over in pieces of any size). */
 #include <stdlib.h>

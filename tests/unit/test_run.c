@@ -1,5 +1,6 @@
 #include "../../lib/config.h"
 #include "../../lib/run.h"
+#include "../../lib/util.h"
 #include "tap.h"
 
 static const struct {

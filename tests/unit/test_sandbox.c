@@ -1,4 +1,4 @@
-/* lib/sandbox.c: sandbox.conf, the connection file, removing what a kernel
+/* launcher/sandbox.c: sandbox.conf, the connection file, removing what a kernel
  * left (never following it), the bwrap command line, the seccomp filter. */
 #include <errno.h>
 #include <fcntl.h>
