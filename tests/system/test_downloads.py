@@ -534,6 +534,15 @@ def test_download_cache_across_processes(ctx):
     try:
         for sock in (sock_a, sock_b):
             wait_until(lambda: get(sock, url) == (200, b"cached v1"), 20, "the process serves")
+        # the cache answers once the process hears the changes (its watcher
+        # LISTENs), a moment after it serves: a download then is a hit
+        def heard(sock):
+            n = hits(sock)
+            get(sock, url)  # kept, once the cache is live
+            get(sock, url)  # ... and answered from it
+            return hits(sock) > n
+        for sock in (sock_a, sock_b):
+            wait_until(lambda: heard(sock), 20, "the process's cache is live")
         before = hits(sock_b)
         for _ in range(5):
             eq(get(sock_b, url), (200, b"cached v1"), "the same download again")
