@@ -14,7 +14,9 @@ usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: codexec-admin [--config FILE] COMMAND\n"
+        "usage: codexec-admin [--config FILE] COMMAND   (--config anywhere on the line)\n"
+        "  --version                       print the version\n"
+        "  config check                    read the configuration; say what is wrong, or ok\n"
         "  migrate                         apply database migrations\n"
         "  secret init                     create the server secret file if missing\n"
         "  nginx-link-key                  print the nginx line that gives nginx the key of\n"
@@ -415,6 +417,50 @@ dispatch(struct cx_ctx *cx, int argc, char **argv)
     return 2;
 }
 
+/* Takes "--config FILE" and "--config=FILE" out of argv wherever they
+ * are (the last one wins); false when one lacks its FILE. */
+static bool
+take_config(int *argc, char **argv, const char **path)
+{
+    int out = 1;
+
+    for (int i = 1; i < *argc; i++) {
+        if (!strncmp(argv[i], "--config=", 9)) {
+            *path = argv[i] + 9;
+        } else if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= *argc)
+                return false;
+            *path = argv[++i];
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
+    argv[out] = NULL;
+    return **path != '\0';
+}
+
+/* codexec-admin config check: the file parsed as the server parses it. */
+static int
+cmd_config_check(const char *path)
+{
+    struct cx_config cfg;
+    char errbuf[512];
+
+    if (cx_config_load(&cfg, path, errbuf, sizeof(errbuf))) {
+        fprintf(stderr, "codexec-admin: %s\n", errbuf);
+        return 1;
+    }
+    printf("%s: ok (%u gateway(s), storage %s, delivery %s)\n", path, cfg.ngateways,
+           cfg.storage == CX_STORAGE_S3 ? "s3" : "local",
+           cfg.delivery == CX_DELIVERY_X_ACCEL      ? "x-accel"
+           : cfg.delivery == CX_DELIVERY_X_SENDFILE ? "x-sendfile"
+           : cfg.delivery == CX_DELIVERY_REDIRECT   ? "redirect"
+                                                    : "direct");
+    cx_config_cleanup(&cfg);
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -424,14 +470,20 @@ main(int argc, char **argv)
     char errbuf[512];
     int i = 1, status = 1;
 
-    if (i + 1 < argc && strcmp(argv[i], "--config") == 0) {
-        config_path = argv[i + 1];
-        i += 2;
+    if (!take_config(&argc, argv, &config_path)) {
+        usage(stderr);
+        return 2;
     }
     if (i >= argc || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
         usage(i >= argc ? stderr : stdout);
         return i >= argc ? 2 : 0;
     }
+    if (!strcmp(argv[i], "--version") && argc == 2) {
+        printf("codexec-admin %s\n", PACKAGE_VERSION);
+        return 0;
+    }
+    if (!strcmp(argv[i], "config") && argc == 3 && !strcmp(argv[2], "check"))
+        return cmd_config_check(config_path);
     if (cx_config_load(&cfg, config_path, errbuf, sizeof(errbuf))) {
         fprintf(stderr, "codexec-admin: %s\n", errbuf);
         return 1;

@@ -106,7 +106,7 @@ static struct cx_auth *auth;
 static void
 usage(FILE *f)
 {
-    fprintf(f, "usage: codexec-fcgi [--config FILE] [--listen ADDR] [--workers N]\n"
+    fprintf(f, "usage: codexec-fcgi [--config FILE] [--listen ADDR] [--workers N] | --version\n"
                "  ADDR: /path/to.sock, unix:/path/to.sock, HOST:PORT or :PORT;\n"
                "  without it, fd 3 (systemd LISTEN_FDS) or fd 0 (spawned by a web server).\n");
 }
@@ -328,11 +328,18 @@ nap(unsigned seconds)
 static void *
 ticker_main(void *arg)
 {
+    int64_t every = cx_host_watchdog_us() / 2, next = 0;
     (void)arg;
+
     cx_log_set_request_id("ticker");
-    do
+    do {
         cx_host_tick();
-    while (nap(1));
+        /* WatchdogSec=: the process is alive while its ticker is */
+        if (every > 0 && cx_now_us() >= next) {
+            cx_host_notify("WATCHDOG=1");
+            next = cx_now_us() + every;
+        }
+    } while (nap(1));
     return NULL;
 }
 
@@ -427,11 +434,9 @@ parse_args(int argc, char **argv, const char **config_path, const char **listen_
            unsigned *workers)
 {
     static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"listen", required_argument, NULL, 'l'},
-        {"workers", required_argument, NULL, 'w'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'c'},  {"listen", required_argument, NULL, 'l'},
+        {"workers", required_argument, NULL, 'w'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
     };
     int c;
 
@@ -450,6 +455,7 @@ parse_args(int argc, char **argv, const char **config_path, const char **listen_
             break;
         }
         case 'h': usage(stdout); return 0;
+        case 'V': printf("codexec-fcgi %s\n", PACKAGE_VERSION); return 0;
         default: usage(stderr); return 2;
         }
     }
@@ -642,7 +648,9 @@ main(int argc, char **argv)
                     listen_addr && *listen_addr ? listen_addr
                     : listen_fd == 3            ? "fd 3"
                                                 : "fd 0");
+        cx_host_notify("READY=1"); /* Type=notify: systemd starts what waits for us */
         wait_for_stop(&sigs);
+        cx_host_notify("STOPPING=1");
         status = 0;
     }
     stop_threads(&t);

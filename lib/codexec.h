@@ -333,6 +333,16 @@ void cx_host_shutdown(void);
  * *applied counts the new ones. */
 enum cx_err cx_host_migrate(struct cx_ctx *cx, int *applied) CX_MUSTCHECK;
 
+/* Tells the service manager a state (sd_notify(3): "READY=1",
+ * "STOPPING=1", "WATCHDOG=1", "STATUS=..."): a datagram to
+ * $NOTIFY_SOCKET, a no-op without one (not under systemd). Never blocks. */
+void cx_host_notify(const char *state);
+
+/* The watchdog interval systemd expects a "WATCHDOG=1" within
+ * (WATCHDOG_USEC, when WATCHDOG_PID is this process), in microseconds; 0
+ * for none. */
+int64_t cx_host_watchdog_us(void);
+
 /* --- API keys and the server secret (lib/auth.c) ----------------------------- */
 
 #define CX_KEY_CHARS 46 /* "cx_" + 43 */

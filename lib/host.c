@@ -1,6 +1,12 @@
 #include "codexec.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "db.h"
@@ -58,4 +64,45 @@ enum cx_err
 cx_host_migrate(struct cx_ctx *cx, int *applied)
 {
     return cx_db_migrate(cx->db, applied);
+}
+
+/* sd_notify(3)'s protocol, without libsystemd: one datagram to the socket
+ * $NOTIFY_SOCKET names (a path, or "@name" in the abstract namespace). */
+void
+cx_host_notify(const char *state)
+{
+    const char *path = getenv("NOTIFY_SOCKET");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t n = path ? strlen(path) : 0;
+    socklen_t len;
+    int fd;
+
+    if (n < 2 || n >= sizeof(sa.sun_path) || (path[0] != '/' && path[0] != '@'))
+        return;
+    memcpy(sa.sun_path, path, n);
+    if (path[0] == '@')
+        sa.sun_path[0] = '\0';
+    len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + (path[0] == '/'));
+    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return;
+    if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, len) < 0)
+        cx_log_warn(errno, "the service manager could not be told %.16s", state);
+    close(fd);
+}
+
+int64_t
+cx_host_watchdog_us(void)
+{
+    const char *us = getenv("WATCHDOG_USEC"), *pid = getenv("WATCHDOG_PID");
+    char *end;
+    long long v;
+
+    if (!us)
+        return 0;
+    if (pid && strtoll(pid, &end, 10) != (long long)getpid())
+        return 0; /* meant for another process (a parent's) */
+    errno = 0;
+    v = strtoll(us, &end, 10);
+    return errno || *end || v <= 0 ? 0 : (int64_t)v;
 }

@@ -4,6 +4,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +18,25 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread char request_id[33];
 
 static const char *const names[] = {"error", "warn", "info", "debug"};
+/* With the lines going to the journal, each starts with its syslog
+ * priority (sd-daemon(3)'s "<3>"): journalctl -p warning finds them. */
+static const char *const journal_prefix[] = {"<3>", "<4>", "<6>", "<7>"};
+static int to_journal = -1; /* -1: not yet known (the log not opened) */
+
+/* Whether fd is the stream systemd connected to the journal
+ * (JOURNAL_STREAM=device:inode, systemd.exec(5)). */
+static int
+is_journal(int fd)
+{
+    const char *js = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    char tail;
+
+    if (!js || sscanf(js, "%llu:%llu%c", &dev, &ino, &tail) != 2 || fstat(fd, &st) != 0)
+        return 0;
+    return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
 
 enum cx_err
 cx_log_open(const char *path, int level)
@@ -39,6 +60,7 @@ cx_log_open(const char *path, int level)
         log_fd = fd;
     }
     log_lvl = level;
+    to_journal = fd == 2 && is_journal(2);
     pthread_mutex_unlock(&log_lock);
     return CX_OK;
 }
@@ -99,20 +121,26 @@ emit(int level, const char *msg, size_t msglen, const char *fields)
     char line[4096];
     struct timespec ts;
     struct tm tm;
+    const char *pri;
     size_t n;
     int k;
 
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
+    if (to_journal < 0)
+        to_journal = log_fd == 2 && is_journal(2);
+    pri = to_journal ? journal_prefix[level] : "";
+
     if (log_json)
         k = snprintf(line, sizeof(line),
-                     "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
+                     "%s{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
                      "\"pid\":%ld,\"tid\":%ld,\"request_id\":\"%s\"%s%s,\"msg\":\"",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ts.tv_nsec / 1000000, names[level], (long)getpid(), (long)syscall(SYS_gettid),
-                     request_id, *fields ? "," : "", fields);
+                     pri, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, names[level], (long)getpid(),
+                     (long)syscall(SYS_gettid), request_id, *fields ? "," : "", fields);
     else
-        k = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ [%s] %ld#%ld %s%s%s",
+        k = snprintf(line, sizeof(line),
+                     "%s%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ [%s] %ld#%ld %s%s%s", pri,
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                      ts.tv_nsec / 1000000, names[level], (long)getpid(), (long)syscall(SYS_gettid),
                      request_id[0] ? "req=" : "", request_id, request_id[0] ? " " : "");

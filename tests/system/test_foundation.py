@@ -67,6 +67,31 @@ def test_revoked_key_is_refused(ctx):
     check(r.returncode != 0, "revoking twice fails")
 
 
+def test_admin_version_config_check_and_options_anywhere(ctx):
+    """codexec-admin --version and codexec-fcgi --version; `config check`
+    reads the file as the server does (ok, or the line that is wrong, exit
+    1); --config is taken before or after the command."""
+    st = ctx.st
+    r = st.run([st.admin, "--version"])
+    check(re.fullmatch(r"codexec-admin \d+\.\d+\.\d+\n", r.stdout), f"admin version {r.stdout!r}")
+    r = st.run([os.path.join(st.bin, "codexec-fcgi"), "--version"])
+    check(re.fullmatch(r"codexec-fcgi \d+\.\d+\.\d+\n", r.stdout), f"fcgi version {r.stdout!r}")
+    r = st.run([st.admin, "config", "check", "--config", st.conf])
+    eq(r.returncode, 0, "config check of the stack's configuration")
+    check(r.stdout.startswith(f"{st.conf}: ok"), f"says ok {r.stdout!r}")
+    bad = os.path.join(st.var, "bad.conf")
+    with open(bad, "w") as f:
+        f.write("workers = 4\nno_such_key = 1\n")
+    r = st.run([st.admin, f"--config={bad}", "config", "check"], check=False)
+    eq(r.returncode, 1, "a bad configuration fails the check")
+    check(f"{bad}:2:" in r.stderr and "no_such_key" in r.stderr, f"names the line {r.stderr!r}")
+    r = st.run([st.admin, "key", "list", "--config", st.conf])
+    eq(r.returncode, 0, "--config after the command")
+    r = st.run([st.admin, "key", "list", "--config"], check=False)
+    eq(r.returncode, 2, "--config without its file is a usage error")
+    os.unlink(bad)
+
+
 def test_admin_key_create_prints_only_the_key(ctx):
     r = ctx.admin("key", "create", "--user", "bob", "--label", "laptop")
     lines = r.stdout.splitlines()

@@ -1,5 +1,7 @@
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../../lib/log.h"
@@ -52,5 +54,36 @@ main(void)
        "no request id when cleared");
     cx_log_close();
     unlink(path);
+
+    /* stderr connected to the journal (JOURNAL_STREAM names it): each line
+     * starts with its syslog priority; stderr elsewhere: none */
+    {
+        char jpath[] = "/tmp/cx-test-journal-XXXXXX", js[64];
+        int jfd = mkstemp(jpath), saved = dup(2);
+        struct stat st;
+
+        if (jfd < 0 || saved < 0 || fstat(jfd, &st) != 0)
+            return 1;
+        dup2(jfd, 2);
+        snprintf(js, sizeof(js), "%llu:%llu", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino);
+        setenv("JOURNAL_STREAM", js, 1);
+        ok(cx_log_open(NULL, CX_LOG_INFO) == CX_OK, "logs to stderr");
+        cx_log_err(0, "bad");
+        cx_log_info("fine");
+        setenv("JOURNAL_STREAM", "1:2", 1); /* another stream's */
+        ok(cx_log_open("", CX_LOG_INFO) == CX_OK, "reopens stderr");
+        cx_log_warn(0, "elsewhere");
+        unsetenv("JOURNAL_STREAM");
+        dup2(saved, 2);
+        close(saved);
+        close(jfd);
+        text = slurp(jpath);
+        ok(strncmp(text, "<3>", 3) == 0 && strstr(text, "\n<6>") != NULL,
+           "in the journal, an error is <3> and info <6>");
+        ok(strstr(text, "\n<4>") == NULL && strstr(text, "elsewhere") != NULL,
+           "on a stderr that is not the journal, no priority");
+        unlink(jpath);
+    }
     return tap_done();
 }
