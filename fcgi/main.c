@@ -407,7 +407,8 @@ open_listener(const char *addr)
         int type = 0;
         socklen_t len = sizeof(type);
         if (getsockopt(0, SOL_SOCKET, SO_TYPE, &type, &len) != 0) {
-            fprintf(stderr, "codexec-fcgi: no --listen given and fd 0 is not a socket\n");
+            fprintf(stderr, "%scodexec-fcgi: no --listen given and fd 0 is not a socket\n",
+                    cx_log_stderr_prefix(CX_LOG_ERR));
             return -1;
         }
         return 0;
@@ -418,11 +419,13 @@ open_listener(const char *addr)
         unlink(path); /* a stale socket from a previous run */
     fd = FCGX_OpenSocket(path, 1024);
     if (fd < 0) {
-        fprintf(stderr, "codexec-fcgi: cannot listen on \"%s\": %s\n", addr, strerror(errno));
+        fprintf(stderr, "%scodexec-fcgi: cannot listen on \"%s\": %s\n",
+                cx_log_stderr_prefix(CX_LOG_ERR), addr, strerror(errno));
         return -1;
     }
     if (path[0] == '/' && chmod(path, cfg.socket_mode) != 0) {
-        fprintf(stderr, "codexec-fcgi: chmod() of \"%s\" failed: %s\n", path, strerror(errno));
+        fprintf(stderr, "%scodexec-fcgi: chmod() of \"%s\" failed: %s\n",
+                cx_log_stderr_prefix(CX_LOG_ERR), path, strerror(errno));
         return -1;
     }
     return fd;
@@ -469,7 +472,7 @@ start_up(const char *config_path, unsigned workers, const char **listen_addr)
     char errbuf[512];
 
     if (cx_config_load(&cfg, config_path, errbuf, sizeof(errbuf))) {
-        fprintf(stderr, "codexec-fcgi: %s\n", errbuf);
+        fprintf(stderr, "%scodexec-fcgi: %s\n", cx_log_stderr_prefix(CX_LOG_ERR), errbuf);
         return false;
     }
     if (workers)
@@ -478,8 +481,8 @@ start_up(const char *config_path, unsigned workers, const char **listen_addr)
         *listen_addr = cfg.listen;
     cx_log_set_json(cfg.log_format == 1);
     if (cx_log_open(cfg.log_file, cfg.log_level)) {
-        fprintf(stderr, "codexec-fcgi: cannot open log file \"%s\": %s\n", cfg.log_file,
-                strerror(errno));
+        fprintf(stderr, "%scodexec-fcgi: cannot open log file \"%s\": %s\n",
+                cx_log_stderr_prefix(CX_LOG_ERR), cfg.log_file, strerror(errno));
         return false;
     }
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {

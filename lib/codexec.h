@@ -137,6 +137,11 @@ void cx_log_set_json(bool json);
  * (a route name, never the path). */
 void cx_log_request(const char *method, const char *route, int status, long long us);
 
+/* What a line written to stderr by hand (a start-up failure, before or
+ * beside the log) starts with: its syslog priority ("<3>") when stderr is
+ * the journal, else "". */
+const char *cx_log_stderr_prefix(int level);
+
 /* errnum: an errno value appended as "(N: text)", or 0. */
 void cx_log_write(int level, int errnum, const char *fmt, ...) CX_PRINTF(3, 4);
 

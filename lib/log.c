@@ -75,6 +75,17 @@ cx_log_close(void)
     pthread_mutex_unlock(&log_lock);
 }
 
+const char *
+cx_log_stderr_prefix(int level)
+{
+    int saved = errno; /* (the caller's strerror(errno) may come after) */
+    const char *p =
+        level >= CX_LOG_ERR && level <= CX_LOG_DEBUG && is_journal(2) ? journal_prefix[level] : "";
+
+    errno = saved;
+    return p;
+}
+
 int
 cx_log_level(void)
 {

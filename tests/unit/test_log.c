@@ -71,9 +71,12 @@ main(void)
         ok(cx_log_open(NULL, CX_LOG_INFO) == CX_OK, "logs to stderr");
         cx_log_err(0, "bad");
         cx_log_info("fine");
+        ok(!strcmp(cx_log_stderr_prefix(CX_LOG_WARN), "<4>"),
+           "a line written to stderr by hand starts with its priority too");
         setenv("JOURNAL_STREAM", "1:2", 1); /* another stream's */
         ok(cx_log_open("", CX_LOG_INFO) == CX_OK, "reopens stderr");
         cx_log_warn(0, "elsewhere");
+        is_str(cx_log_stderr_prefix(CX_LOG_ERR), "", "... and with none elsewhere");
         unsetenv("JOURNAL_STREAM");
         dup2(saved, 2);
         close(saved);
