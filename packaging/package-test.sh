@@ -106,6 +106,18 @@ check_hardening() {
     http://127.0.0.1:18888/api/terminals)
   [ "$code" = 404 ] || fail "the gateway offers terminals (POST /api/terminals answered $code)"
   say "hardening: in force (ProtectSystem=strict, NoNewPrivileges, PrivateTmp, ...); no terminals"
+  # Type=notify: the service is active only once codexec-fcgi said READY=1
+  # (a service that never says it fails its start after TimeoutStartSec)
+  systemctl show codexec.service -p Type | grep -qx Type=notify || fail "codexec.service is not Type=notify"
+  systemctl show codexec.service -p WatchdogUSec | grep -qx WatchdogUSec=30s ||
+    fail "codexec.service has no 30 s watchdog"
+  systemctl is-active -q codexec.service || fail "codexec.service is not active (no READY=1?)"
+  [ "$(systemctl show codexec.service -p StatusErrno --value)" = 0 ] || fail "codexec.service has an error"
+  systemctl show codexec.service -p SystemCallFilter | grep -q 'SystemCallFilter=.' ||
+    fail "codexec.service filters no system call"
+  [ "$(systemctl show codexec-gateway.service -p CapabilityBoundingSet --value)" = "" ] ||
+    fail "the gateway keeps capabilities"
+  say "notify: codexec.service said READY=1 (active, Type=notify, watchdog 30 s); system calls filtered; the gateway has no capabilities"
 }
 
 check_kernel_user_reads_nothing() {
