@@ -138,3 +138,51 @@ def install():
 
 
 install()
+
+
+# cgroup v2 under systemd (codexec-gateway.service, Delegate=yes): the
+# unit's cgroup is the server's to divide, but a cgroup that holds a
+# process can give its children no controller. So the server moves itself
+# into a leaf of its own, server/, and the unit's cgroup passes memory,
+# pids and cpu down to kernels/, below which codexec-kernel-launcher makes
+# each kernel's cgroup (sandbox.conf: cgroup =
+# system.slice/codexec-gateway.service/kernels). Anywhere else (cgroup v1,
+# the quickstart, a cgroup not ours) nothing is done here: the unit asks
+# for it (CODEXEC_GATEWAY_CGROUP=divide). The launcher
+# then finds the parent it was given, or refuses to start kernels with a
+# message saying why.
+CGROUP_CONTROLLERS = ("memory", "pids", "cpu")
+
+
+def divide_delegated_cgroup():
+    import os
+    import sys
+
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    if os.environ.get("CODEXEC_GATEWAY_CGROUP") != "divide" or len(lines) != 1 or \
+            not lines[0].startswith("0::/"):
+        return  # not codexec-gateway.service, or not on a unified hierarchy
+    unit = "/sys/fs/cgroup" + lines[0][3:]
+    try:
+        with open(os.path.join(unit, "cgroup.controllers")) as f:
+            have = f.read().split()
+        if not all(c in have for c in CGROUP_CONTROLLERS) or not os.access(unit, os.W_OK):
+            return  # not delegated to us: nothing to divide
+        for leaf in ("server", "kernels"):
+            os.makedirs(os.path.join(unit, leaf), exist_ok=True)
+        with open(os.path.join(unit, "server", "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        enable = " ".join("+" + c for c in CGROUP_CONTROLLERS)
+        for d in (unit, os.path.join(unit, "kernels")):
+            with open(os.path.join(d, "cgroup.subtree_control"), "w") as f:
+                f.write(enable)
+    except OSError as e:
+        print(f"codexec: the delegated cgroup {unit} could not be divided ({e}); "
+              "kernels with a cgroup in sandbox.conf will not start", file=sys.stderr)
+
+
+divide_delegated_cgroup()
