@@ -74,10 +74,10 @@ run_code() {  # run_code KEY CONVERSATION CODE -> the answer
 import json, sys, urllib.error, urllib.request
 key, conv, code = sys.argv[1:]
 req = urllib.request.Request("http://127.0.0.1/v1/runs",
-    data=json.dumps({"conversation_id": conv, "code": code}).encode(),
+    data=json.dumps({"conversation_id": conv, "code": code, "timeout": 120}).encode(),
     headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
 try:
-    print(urllib.request.urlopen(req, timeout=120).read().decode())
+    print(urllib.request.urlopen(req, timeout=300).read().decode())
 except urllib.error.HTTPError as e:
     print(e.code, e.read().decode())
 EOF
@@ -173,6 +173,30 @@ cgroups_here() {
   [ -d "/sys/fs/cgroup/memory/$unit" ] || grep -qw memory "/sys/fs/cgroup/$unit/cgroup.controllers" 2>/dev/null
 }
 
+# One tenant's bombs stay in its kernel's cgroup: a memory bomb ends that
+# kernel alone (memory.max), a fork bomb stops at pids.max, and another
+# tenant's run goes on after each. Only where kernels have cgroups (a host
+# or a VM: packaging/quickstart verify-host).
+check_tenants_bounded() {  # check_tenants_bounded KEY
+  local out
+  cgroups_here || return 0
+  out=$(run_code "$1" pkg-bomb $'x = bytearray(3 * 1024**3)\nprint(len(x))')
+  [ "$(field "$out" 'd.get("error_name")')" = KernelDied ] ||
+    fail "a 3 GiB allocation was not ended at memory.max: $out"
+  out=$(run_code "$1" pkg-other 'print("still here")')
+  [ "$(field "$out" 'd["stdout_tail"].strip()')" = "still here" ] ||
+    fail "another tenant's run after the memory bomb: $out"
+  out=$(run_code "$1" pkg-forks $'import os\nn = 0\ntry:\n    while n < 2000:\n        if os.fork() == 0:\n            import time; time.sleep(30); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print("stopped at", n)')
+  case "$(field "$out" 'd["stdout_tail"].strip()')" in
+    "stopped at "*) ;;
+    *) fail "a fork bomb was not stopped at pids.max: $out" ;;
+  esac
+  out=$(run_code "$1" pkg-other 'print("still here")')
+  [ "$(field "$out" 'd["stdout_tail"].strip()')" = "still here" ] ||
+    fail "another tenant's run after the fork bomb: $out"
+  say "tenants: a memory bomb ended at memory.max, a fork bomb held at pids.max, other runs unharmed"
+}
+
 check_cgroups() {  # check_cgroups KEY
   # Delegate=yes: the gateway's user owns its unit's cgroup, so the launcher
   # can make each kernel's cgroup below it.
@@ -199,7 +223,7 @@ check_cgroups() {  # check_cgroups KEY
     mem=$(cat "/sys/fs/cgroup/memory${line##*:}/memory.limit_in_bytes" 2>/dev/null || true)
   fi
   [ "$mem" = 2147483648 ] || fail "the kernel's cgroup (${line##*:}) has memory limit '$mem', not 2G"
-  say "cgroups: each kernel in its own cgroup below $parent, memory limited"
+  say "cgroups: each kernel in its own cgroup below $parent, memory limited ($([ "${line%%:*}" = 0 ] && echo "cgroup v2" || echo "cgroup v1"))"
 }
 
 phase_check() {
@@ -239,6 +263,7 @@ phase_check() {
   check_kernels_user
   check_kernel_user_reads_nothing
   check_cgroups "$key"
+  check_tenants_bounded "$key"
   say "/metrics (the operators' token only) shows the families operators alert on"
   local m f code
   code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1/metrics)
