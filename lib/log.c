@@ -72,6 +72,7 @@ cx_log_close(void)
     if (log_fd > 2)
         close(log_fd);
     log_fd = 2;
+    to_journal = -1; /* stderr again: whether it is the journal is asked anew */
     pthread_mutex_unlock(&log_lock);
 }
 
