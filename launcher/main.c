@@ -275,6 +275,27 @@ seal(struct launch *l)
     return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
+/* The kernel's sockets and connection file are there and sealed; or why
+ * not, said. */
+static bool
+ready_and_sealed(struct launch *l)
+{
+    char what[96];
+
+    if (!wait_ready(l)) {
+        if (l->reaped)
+            snprintf(what, sizeof(what),
+                     "the sandbox ended (status %d) before the kernel was ready", l->status);
+        else
+            snprintf(what, sizeof(what),
+                     "the kernel was not ready in time (readiness 0x%x of 0x%x)", l->ready,
+                     READY_ALL);
+        say(what, NULL);
+        return false;
+    }
+    return seal(l);
+}
+
 static void
 supervise(struct launch *l)
 {
@@ -474,8 +495,9 @@ main(int argc, char **argv)
     if (!prepare(&l, config, conn_path, &block) || !start_sandbox(&l, &old))
         goto out;
     /* the server's endpoints: the relay's, never the kernel's own */
-    if (l.sandbox <= 0 || !wait_ready(&l) || !seal(&l) ||
-        cx_relay_open(&l.conn, l.private_dir, &l.relay, msg, sizeof(msg))) {
+    if (l.sandbox <= 0 || !ready_and_sealed(&l) ||
+        (cx_relay_open(&l.conn, l.private_dir, &l.relay, msg, sizeof(msg)) &&
+         (say("cannot relay the kernel's sockets", msg), true))) {
         code = stop_unstarted(&l);
         goto out;
     }

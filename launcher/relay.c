@@ -501,16 +501,19 @@ accept_one(struct cx_relay *r, const struct listener *l)
 }
 
 /* The server's endpoint name: a socket of ours, bound under a temporary
- * name and renamed over whatever was there (an earlier launch's). */
+ * name and renamed over whatever was there (an earlier launch's). Bound
+ * through the directory's descriptor: the temporary name is longer than
+ * the endpoint's, and the runtime directory's path with it can be too long
+ * for a socket address (found: a checkout in /var/tmp/tmp.XXXXXXXXXX/). */
 static int
-listen_at(int rfd, const char *runtime, const char *name)
+listen_at(int rfd, const char *name)
 {
     struct sockaddr_un a;
-    char tmp[320], path[1400];
+    char tmp[320], path[400];
     int fd = unix_socket();
 
     snprintf(tmp, sizeof(tmp), ".%s.relay", name);
-    snprintf(path, sizeof(path), "%s/%s", runtime, tmp);
+    snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", rfd, tmp);
     (void)unlinkat(rfd, tmp, 0);
     if (fd < 0 || !set_path(&a, path) || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
         listen(fd, 64) != 0 || renameat(rfd, tmp, rfd, name) != 0) {
@@ -555,7 +558,7 @@ cx_relay_open(const struct cx_sandbox_conn *c, const char *private_dir, struct c
             !S_ISSOCK(st.st_mode)) {
             snprintf(msg, msglen, "the kernel's endpoint %s is not a socket", l->name);
             rc = CX_ERR_INVALID;
-        } else if ((l->fd = listen_at(rfd, c->runtime, l->name)) < 0) {
+        } else if ((l->fd = listen_at(rfd, l->name)) < 0) {
             snprintf(msg, msglen, "cannot listen on the endpoint %s", l->name);
             rc = CX_ERR_IO;
         } else {

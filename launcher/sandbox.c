@@ -813,9 +813,14 @@ cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg)
 void
 cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg)
 {
-    for (int i = 0; i < cg->n; i++)
+    for (int i = 0; i < cg->n; i++) {
+        /* v2: whatever is left ends at once, all together (cgroup.kill,
+         * Linux 5.14; older kernels have no such file) */
+        if (cg->v2[i])
+            (void)write_value(cg->dirs[i], "cgroup.kill", "1", true);
         for (int tries = 0; rmdir(cg->dirs[i]) != 0 && errno == EBUSY && tries < 50; tries++)
             usleep(20000); /* the sandbox's last processes are still exiting */
+    }
     cg->n = 0;
 }
 
@@ -970,6 +975,26 @@ list_descendants(int pid, int *pids, size_t max)
     return n;
 }
 
+/* cgroup v2's freezer over the kernel's cgroup dir: on, the listing
+ * of a reaping round is the whole truth (no process forks while frozen,
+ * and a SIGKILL still ends a frozen one). Waits, up to until_us, for
+ * cgroup.events to say so; a process that can't be frozen yet (in the
+ * middle of a system call that must finish) only costs the wait. Whether
+ * the write took. */
+static bool
+freeze(const char *dir, bool on, int64_t until_us)
+{
+    char path[CX_SANDBOX_PATH_MAX + 340], buf[512];
+
+    if (write_value(dir, "cgroup.freeze", on ? "1" : "0", false))
+        return false;
+    snprintf(path, sizeof(path), "%s/cgroup.events", dir);
+    while (on && read_proc(path, buf, sizeof(buf)) > 0 && !strstr(buf, "frozen 1") &&
+           cx_now_us() < until_us)
+        usleep(1000);
+    return true;
+}
+
 #define REAP_MAX      4096
 #define REAP_WAIT_FDS 256 /* the killed whose end a round waits for */
 #define REAP_ROUND_MS 20
@@ -1034,6 +1059,7 @@ cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid
     struct pollfd wait[REAP_WAIT_FDS];
     int64_t until = cx_now_us() + REAP_TOTAL_MS * 1000;
     ssize_t len;
+    bool frozen;
 
     *killed = 0;
     snprintf(path, sizeof(path), "/proc/%d/ns/pid", init_pid);
@@ -1052,7 +1078,9 @@ cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid
     }
     /* rounds until none is left (a fork bomb), each waiting a moment for
      * the killed to end; a process still ending when time is up has a
-     * SIGKILL pending: it runs no more code of its own, nor forks */
+     * SIGKILL pending: it runs no more code of its own, nor forks. On
+     * cgroup v2 the rounds run frozen: the first one sees them all. */
+    frozen = cg && cg->n && cg->v2[0] && freeze(cg->dirs[0], true, cx_now_us() + 100000);
     for (int round = 0; round < 64 && cx_now_us() < until; round++) {
         size_t n = cg && cg->n ? list_cgroup(cg, pids, REAP_MAX)
                                : list_descendants(init_pid, pids, REAP_MAX);
@@ -1065,6 +1093,9 @@ cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid
             break;
     }
     free(pids);
+    /* the kernel runs on: a cgroup left frozen would hang its next run */
+    if (frozen && !freeze(cg->dirs[0], false, 0))
+        return CX_ERR_IO;
     return CX_OK;
 }
 

@@ -108,7 +108,8 @@ enum cx_err cx_sandbox_cgroup_create(const struct cx_sandbox_conf *sc, const cha
                                      size_t msglen) CX_MUSTCHECK;
 /* Moves the calling process into the cgroup (before exec). */
 enum cx_err cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg) CX_MUSTCHECK;
-/* Removes the directories once the kernel's processes are gone. */
+/* Removes the directories once the kernel's processes are gone; on cgroup
+ * v2 any process left in them is ended first, all at once (cgroup.kill). */
 void cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg);
 
 /* The kernel process of the sandbox whose first process is init_pid (its
@@ -122,7 +123,9 @@ int cx_sandbox_kernel_pid(int init_pid);
  * (cg may be NULL), else from the init's descendants; each is signalled
  * through a pidfd after checking it is in the sandbox's pid namespace, so
  * a pid reused meanwhile is never hit. Rounds until none is left (a fork
- * bomb), at most 64. *killed counts the processes signalled. */
+ * bomb), at most 64; on cgroup v2 they run with the cgroup frozen, so the
+ * first round sees every process. *killed counts the processes signalled.
+ * CX_ERR_IO when the cgroup could not be thawed again. */
 enum cx_err cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid,
                             int *killed) CX_MUSTCHECK;
 

@@ -825,6 +825,13 @@ http {{
         """A Jupyter server with the stack's kernelspecs, token and users on
         port; its pid file and log are named name."""
         jdir = self.jdir if name == "jupyter" else os.path.join(self.var, name)
+        # A kernel's sockets are "<runtime>/kernel-<uuid>-ipc-<n>": a socket
+        # address holds 107 bytes, so the path must leave 50 of them.
+        runtime = os.path.join(jdir, "runtime")
+        if len(os.fsencode(runtime)) > 107 - 50:
+            raise StackError(f"the checkout's path is too long for the kernels' sockets: {runtime}"
+                             f" is {len(os.fsencode(runtime))} bytes, at most 57 fit; clone into a"
+                             " shorter path")
         if jdir != self.jdir:  # another server: its own runtime and home
             for path, owner, mode in ((jdir, "root", 0o755), (os.path.join(jdir, "home"), self.kernel_user, 0o700),
                                       (os.path.join(jdir, "runtime"), self.kernel_user, 0o700),

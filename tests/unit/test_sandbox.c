@@ -1,5 +1,6 @@
 /* launcher/sandbox.c: sandbox.conf, the connection file, removing what a kernel
- * left (never following it), the bwrap command line, the seccomp filter. */
+ * left (never following it), the bwrap command line, the seccomp filter, the
+ * run's end and the kernel's end on cgroup v2. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -446,6 +448,55 @@ test_conn(void)
     }
 }
 
+/* The longest runtime directory the stack allows (57 bytes: packaging/
+ * stack.py) with a kernel's real name: the relay's endpoints still bind
+ * (found: the relay's temporary name overflowed a socket address). */
+static void
+test_relay_long_runtime(void)
+{
+    static const char id[] = "kernel-4887e573-6818-46d2-af7c-717268c7c827";
+    char runtime[sizeof(dir) + 64], path[256], text[512], msg[256], private_dir[512];
+    struct cx_sandbox_conn c;
+    struct cx_relay *relay = NULL;
+    int fds[5] = {-1, -1, -1, -1, -1}, pfd;
+
+    snprintf(runtime, sizeof(runtime), "%s/%.*s", dir, (int)(56 - strlen(dir)),
+             "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr");
+    ok(mkdir(runtime, 0700) == 0, "a runtime directory of %zu bytes", strlen(runtime));
+    snprintf(path, sizeof(path), "%s/%s.json", runtime, id);
+    snprintf(text, sizeof(text),
+             "{\"transport\": \"ipc\", \"ip\": \"%s/%s-ipc\", \"shell_port\": 1, \"iopub_port\": 2,"
+             " \"stdin_port\": 3, \"control_port\": 4, \"hb_port\": 5, \"key\": \"k\"}",
+             runtime, id);
+    write_text(path, text);
+    ok(cx_sandbox_conn_read(path, "/", &c, msg, sizeof(msg)) == CX_OK &&
+           cx_sandbox_runtime_prepare(&c, private_dir, sizeof(private_dir), msg, sizeof(msg)) ==
+               CX_OK,
+       "its kernel's private directory");
+    pfd = open(private_dir, O_RDONLY | O_DIRECTORY);
+    for (int i = 0; i < 5 && pfd >= 0; i++) { /* the kernel's sockets, bound as it sees them */
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        fds[i] = socket(AF_UNIX, SOCK_STREAM, 0);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "/proc/self/fd/%d/%s-ipc-%d", pfd, id, i + 1);
+        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&sa, sizeof(sa)) || listen(fds[i], 8))
+            printf("# bind %s failed\n", sa.sun_path);
+    }
+    ok(cx_relay_open(&c, private_dir, &relay, msg, sizeof(msg)) == CX_OK, "relayed: %s",
+       relay ? "" : msg);
+    snprintf(path, sizeof(path), "%s/%s-ipc-5", runtime, id);
+    {
+        struct stat st;
+        ok(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && strlen(path) == 107,
+           "the server's endpoint, %zu bytes, is there", strlen(path));
+    }
+    cx_relay_free(relay);
+    for (int i = 0; i < 5; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    if (pfd >= 0)
+        close(pfd);
+}
+
 static void
 test_remove_tree(void)
 {
@@ -574,6 +625,139 @@ test_seccomp(void)
         close(fd);
 }
 
+/* The processes listed in dir's cgroup.procs, into pids; their count. */
+static int
+cgroup_procs(const char *cgdir, long *pids, int max)
+{
+    char path[sizeof(((struct cx_sandbox_cgroup *)0)->dirs[0]) + 16];
+    FILE *f;
+    int n = 0;
+
+    snprintf(path, sizeof(path), "%s/cgroup.procs", cgdir);
+    if (!(f = fopen(path, "re")))
+        return -1;
+    while (n < max && fscanf(f, "%ld", &pids[n]) == 1)
+        n++;
+    fclose(f);
+    return n;
+}
+
+/* A sandbox's shape in a cgroup, made for real: a host process (outside
+ * the namespace, in the cgroup), the namespace's init, the "kernel" under
+ * it, and the kernel's children: 200 asleep and one forking without end.
+ * Its pid (the host process) is returned, the init's into *init. */
+static pid_t
+start_tenant(const char *cgdir, pid_t *init)
+{
+    int fds[2];
+    pid_t host;
+    char path[sizeof(((struct cx_sandbox_cgroup *)0)->dirs[0]) + 16];
+
+    if (pipe(fds))
+        return -1;
+    host = fork();
+    if (host == 0) {
+        pid_t b;
+        int fd;
+
+        snprintf(path, sizeof(path), "%s/cgroup.procs", cgdir);
+        fd = open(path, O_WRONLY);
+        if (fd < 0 || write(fd, "0", 1) != 1 || unshare(CLONE_NEWPID))
+            _exit(1);
+        close(fd);
+        b = fork();
+        if (b == 0) { /* init */
+            if (fork() == 0) { /* the kernel */
+                for (int i = 0; i < 200; i++)
+                    if (fork() == 0)
+                        for (;;)
+                            pause();
+                if (fork() == 0) /* a forker that never stops */
+                    for (;;) {
+                        pid_t c = fork();
+                        if (c == 0)
+                            _exit(0);
+                        if (c > 0)
+                            waitpid(c, NULL, 0);
+                    }
+                for (;;)
+                    pause();
+            }
+            for (;;)
+                if (wait(NULL) < 0 && errno != EINTR)
+                    pause();
+        }
+        if (write(fds[1], &b, sizeof(b)) != sizeof(b))
+            _exit(1);
+        waitpid(b, NULL, 0);
+        _exit(0);
+    }
+    close(fds[1]);
+    if (host < 0 || read(fds[0], init, sizeof(*init)) != sizeof(*init))
+        *init = -1;
+    close(fds[0]);
+    return host;
+}
+
+/* cgroup v2 (a hierarchy of its own, mounted here: its freezer and
+ * cgroup.kill need no controller): the run's end kills all but init and
+ * the kernel, the forker included, and thaws; the kernel's end kills the
+ * rest and removes the cgroup. */
+static void
+test_cgroup_v2_end(void)
+{
+    char mnt[sizeof(dir) + 8], events[sizeof(((struct cx_sandbox_cgroup *)0)->dirs[0]) + 16];
+    struct cx_sandbox_cgroup cg = {.v2 = {true}, .mask = {7}, .n = 1};
+    long pids[1024];
+    pid_t host, init = -1;
+    int kernel = -1, killed = 0, n = 0, status = 0;
+
+    snprintf(mnt, sizeof(mnt), "%s/cg2", dir);
+    if (mkdir(mnt, 0700) || mount("none", mnt, "cgroup2", 0, NULL)) {
+        ok(0, "a cgroup2 hierarchy mounts (%s)", strerror(errno));
+        return;
+    }
+    snprintf(cg.dirs[0], sizeof(cg.dirs[0]), "%s/k-test", mnt);
+    ok(mkdir(cg.dirs[0], 0755) == 0, "a kernel's cgroup");
+    host = start_tenant(cg.dirs[0], &init);
+    for (int i = 0; i < 500 && (kernel < 0 || n < 204); i++, usleep(10000)) {
+        kernel = init > 0 ? cx_sandbox_kernel_pid(init) : -1;
+        n = cgroup_procs(cg.dirs[0], pids, 1024);
+    }
+    ok(host > 0 && kernel > 0 && n >= 204, "the tenant runs: %d processes", n);
+    ok(cx_sandbox_reap(&cg, init, kernel, &killed) == CX_OK && killed >= 201,
+       "the run's end: %d killed", killed);
+    for (int i = 0; i < 200 && (n = cgroup_procs(cg.dirs[0], pids, 1024)) > 3; i++)
+        usleep(10000);
+    ok(n == 3 && kill(kernel, 0) == 0, "host process, init and kernel are left: %d", n);
+    snprintf(events, sizeof(events), "%s/cgroup.events", cg.dirs[0]);
+    {
+        FILE *f = fopen(events, "re");
+        ok(f && fread(events, 1, sizeof(events) - 1, f) > 0 && strstr(events, "frozen 0"),
+           "and thawed");
+        if (f)
+            fclose(f);
+    }
+    snprintf(events, sizeof(events), "%s", cg.dirs[0]);
+    cx_sandbox_cgroup_remove(&cg);
+    ok(access(events, F_OK) != 0, "the kernel's end: the cgroup is gone");
+    for (int i = 0; i < 200 && waitpid(host, &status, WNOHANG) == 0; i++)
+        usleep(10000);
+    ok(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "its processes were killed");
+    if (access(events, F_OK) == 0) { /* the test's own clean-up, for a failure */
+        snprintf(events + strlen(events), sizeof(events) - strlen(events), "/cgroup.kill");
+        FILE *f = fopen(events, "we");
+        if (f)
+            fclose((fputs("1", f), f));
+        waitpid(host, &status, 0);
+        *strrchr(events, '/') = '\0';
+        for (int i = 0; i < 100 && rmdir(events) != 0; i++)
+            usleep(10000);
+    }
+    if (umount2(mnt, MNT_DETACH) || rmdir(mnt))
+        printf("# could not unmount %s\n", mnt);
+}
+
 int
 main(void)
 {
@@ -586,9 +770,11 @@ main(void)
         return 1;
     test_conf();
     test_conn();
+    test_relay_long_runtime();
     test_remove_tree();
     test_argv();
     test_seccomp();
+    test_cgroup_v2_end();
     {
         char cmd[128];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
