@@ -2,12 +2,26 @@
 #include <curl/curl.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sodium.h>
 
 #include "../lib/codexec.h"
+
+/* A message for the operator on stderr, which is the journal under
+ * systemd (ExecStartPre=codexec-admin migrate): with its priority there. */
+static void __attribute__((format(printf, 2, 3))) say(int level, const char *fmt, ...)
+{
+    va_list ap;
+
+    fputs(cx_log_stderr_prefix(level), stderr);
+    fputs("codexec-admin: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
 
 static void
 usage(FILE *f)
@@ -47,10 +61,10 @@ cmd_migrate(struct cx_ctx *cx)
     int applied = 0;
 
     if (cx_host_migrate(cx, &applied)) {
-        fprintf(stderr, "codexec-admin: migrate failed (see the log above)\n");
+        say(CX_LOG_ERR, "migrate failed (see the log above)\n");
         return 1;
     }
-    fprintf(stderr, "codexec-admin: %d migration(s) applied\n", applied);
+    say(CX_LOG_INFO, "%d migration(s) applied\n", applied);
     return 0;
 }
 
@@ -84,24 +98,24 @@ cmd_key_create(const struct cx_config *cfg, struct cx_db *db, int argc, char **a
         return 2;
     }
     if (!cx_auth_user_valid(user)) {
-        fprintf(stderr, "codexec-admin: --user must be 1 to 256 bytes of UTF-8 without control "
+        say(CX_LOG_ERR, "--user must be 1 to 256 bytes of UTF-8 without control "
                         "characters\n");
         return 2;
     }
     if (cx_auth_new(cfg->secret_file, &auth)) {
-        fprintf(stderr, "codexec-admin: cannot load the secret file %s\n", cfg->secret_file);
+        say(CX_LOG_ERR, "cannot load the secret file %s\n", cfg->secret_file);
         return 1;
     }
     rc = cx_auth_key_create(auth, db, user, label, approval, key, id);
     cx_auth_free(auth);
     if (rc) {
-        fprintf(stderr, "codexec-admin: key create failed: %s\n", cx_strerror(rc));
+        say(CX_LOG_ERR, "key create failed: %s\n", cx_strerror(rc));
         return 1;
     }
     printf("%s\n", key);
     fflush(stdout);
     sodium_memzero(key, sizeof(key));
-    fprintf(stderr, "codexec-admin: created key %s for the user\n", id);
+    say(CX_LOG_INFO, "created key %s for the user\n", id);
     return 0;
 }
 
@@ -144,7 +158,7 @@ cmd_list(int argc, char **argv, enum cx_err (*list)(void *, const char *, json_t
         return 2;
     }
     if (list(ctx, user, &rows)) {
-        fprintf(stderr, "codexec-admin: %s failed\n", argv[0]);
+        say(CX_LOG_ERR, "%s failed\n", argv[0]);
         return 1;
     }
     print_rows(rows, columns);
@@ -175,7 +189,7 @@ cmd_fsck(struct cx_ctx *cx, int argc, char **argv)
         return 2;
     }
     if (cx_artifact_fsck(cx, repair, stdout, &problems)) {
-        fprintf(stderr, "codexec-admin: fsck failed\n");
+        say(CX_LOG_ERR, "fsck failed\n");
         return 1;
     }
     printf("%d problem(s)%s\n", problems, repair ? " left after repair" : "");
@@ -189,14 +203,13 @@ cmd_storage_migrate(struct cx_ctx *cx)
     enum cx_err rc = cx_artifact_storage_migrate(cx, stdout, &copied, &problems);
 
     if (rc == CX_ERR_INVALID) {
-        fprintf(stderr, "codexec-admin: storage migrate needs storage = s3 in the configuration "
+        say(CX_LOG_ERR, "storage migrate needs storage = s3 in the configuration "
                         "(it copies from storage_dir)\n");
         return 2;
     }
     printf("%d version(s) copied, %d problem(s)\n", copied, problems);
     if (rc) {
-        fprintf(stderr, "codexec-admin: storage migrate stopped: %s (run it again to go on)\n",
-                cx_strerror(rc));
+        say(CX_LOG_ERR, "storage migrate stopped: %s (run it again to go on)\n", cx_strerror(rc));
         return 1;
     }
     return problems ? 1 : 0;
@@ -215,7 +228,7 @@ cmd_gc(struct cx_ctx *cx)
         total.artifacts += one.artifacts;
     } while (rc == CX_OK && one.sessions == 64);
     if (rc) {
-        fprintf(stderr, "codexec-admin: gc failed: %s\n", cx_strerror(rc));
+        say(CX_LOG_ERR, "gc failed: %s\n", cx_strerror(rc));
         return 1;
     }
     printf("closed %d expired session(s), expired %d run(s), removed %d deleted artifact(s)\n",
@@ -233,10 +246,10 @@ cmd_sessions(struct cx_ctx *cx, int argc, char **argv)
         enum cx_err rc = cx_session_close(cx, argv[2], argv[4]);
         if (rc == CX_OK)
             return 0;
-        fprintf(stderr, "codexec-admin: %s\n",
-                rc == CX_ERR_NOT_FOUND  ? "no such session"
-                : rc == CX_ERR_CONFLICT ? "a run holds this conversation; retry later"
-                                        : cx_strerror(rc));
+        say(CX_LOG_ERR, "%s\n",
+            rc == CX_ERR_NOT_FOUND  ? "no such session"
+            : rc == CX_ERR_CONFLICT ? "a run holds this conversation; retry later"
+                                    : cx_strerror(rc));
         return 1;
     }
     usage(stderr);
@@ -252,7 +265,7 @@ cmd_pool(struct cx_ctx *cx, int argc, char **argv)
     if (argc == 1 && !strcmp(argv[0], "drain")) {
         int n = 0;
         if (cx_prestart_drain(cx, &n)) {
-            fprintf(stderr, "codexec-admin: pool drain failed\n");
+            say(CX_LOG_ERR, "pool drain failed\n");
             return 1;
         }
         printf("deleted %d pooled kernel(s)\n", n);
@@ -268,14 +281,14 @@ cmd_secret_init(const struct cx_config *cfg)
     enum cx_err rc = cx_auth_secret_create(cfg->secret_file);
 
     if (rc == CX_ERR_CONFLICT) {
-        fprintf(stderr, "codexec-admin: %s exists; left as it is\n", cfg->secret_file);
+        say(CX_LOG_INFO, "%s exists; left as it is\n", cfg->secret_file);
         return 0;
     }
     if (rc) {
-        fprintf(stderr, "codexec-admin: cannot create %s\n", cfg->secret_file);
+        say(CX_LOG_ERR, "cannot create %s\n", cfg->secret_file);
         return 1;
     }
-    fprintf(stderr, "codexec-admin: created %s\n", cfg->secret_file);
+    say(CX_LOG_INFO, "created %s\n", cfg->secret_file);
     return 0;
 }
 
@@ -285,19 +298,19 @@ cmd_key_revoke(struct cx_ctx *cx, const char *id)
     enum cx_err rc = cx_auth_key_revoke(cx->db, id);
 
     if (rc == CX_ERR_NOT_FOUND)
-        fprintf(stderr, "codexec-admin: no active key with id %s\n", id);
+        say(CX_LOG_ERR, "no active key with id %s\n", id);
     else if (rc)
-        fprintf(stderr, "codexec-admin: revoke failed: %s\n", cx_strerror(rc));
+        say(CX_LOG_ERR, "revoke failed: %s\n", cx_strerror(rc));
     else
-        fprintf(stderr, "codexec-admin: revoked %s\n", id);
+        say(CX_LOG_INFO, "revoked %s\n", id);
     if (rc)
         return 1;
     /* its links die at the web server now, whether codexec-fcgi runs or not */
     if (cx->cfg->revoked_keys_dir[0] && cx_revoked_note(cx, id)) {
-        fprintf(stderr,
-                "codexec-admin: %s could not be added to revoked_keys_dir: nginx accepts its "
-                "links until codexec-fcgi lists it\n",
-                id);
+        say(CX_LOG_WARN,
+            "%s could not be added to revoked_keys_dir: nginx accepts its "
+            "links until codexec-fcgi lists it\n",
+            id);
         return 1;
     }
     return 0;
@@ -310,7 +323,7 @@ cmd_nginx_link_key(const struct cx_config *cfg)
     struct cx_auth *auth = NULL;
 
     if (cx_auth_new(cfg->secret_file, &auth)) {
-        fprintf(stderr, "codexec-admin: cannot read %s\n", cfg->secret_file);
+        say(CX_LOG_ERR, "cannot read %s\n", cfg->secret_file);
         return 1;
     }
     printf("# written by codexec-admin nginx-link-key: keep it readable by root only\n"
@@ -328,7 +341,7 @@ cmd_web_server_key(const struct cx_config *cfg, bool apache)
     struct cx_auth *auth = NULL;
 
     if (cx_auth_new(cfg->secret_file, &auth)) {
-        fprintf(stderr, "codexec-admin: cannot read %s\n", cfg->secret_file);
+        say(CX_LOG_ERR, "cannot read %s\n", cfg->secret_file);
         return 1;
     }
     printf("# written by codexec-admin web-server-key: keep it readable by root only\n");
@@ -347,7 +360,7 @@ cmd_metrics_token(const struct cx_config *cfg)
     struct cx_auth *auth = NULL;
 
     if (cx_auth_new(cfg->secret_file, &auth)) {
-        fprintf(stderr, "codexec-admin: cannot read %s\n", cfg->secret_file);
+        say(CX_LOG_ERR, "cannot read %s\n", cfg->secret_file);
         return 1;
     }
     printf("%s\n", cx_auth_ops_token(auth));
@@ -372,7 +385,7 @@ cmd_revoked_follow(struct cx_ctx *cx)
     struct sigaction sa = {.sa_handler = on_stop_signal};
 
     if (!cx->cfg->revoked_keys_dir[0]) {
-        fprintf(stderr, "codexec-admin: revoked follow needs revoked_keys_dir in the config\n");
+        say(CX_LOG_ERR, "revoked follow needs revoked_keys_dir in the config\n");
         return 2;
     }
     sigaction(SIGTERM, &sa, NULL);
@@ -380,7 +393,7 @@ cmd_revoked_follow(struct cx_ctx *cx)
     cx_log_set_request_id("revoked");
     cx_log_info("following the revocation list in %s", cx->cfg->revoked_keys_dir);
     if (cx_watch_follow(cx, &follow_stop, NULL)) {
-        fprintf(stderr, "codexec-admin: out of memory\n");
+        say(CX_LOG_ERR, "out of memory\n");
         return 1;
     }
     return 0;
@@ -418,7 +431,8 @@ dispatch(struct cx_ctx *cx, int argc, char **argv)
 }
 
 /* Takes "--config FILE" and "--config=FILE" out of argv wherever they
- * are (the last one wins); false when one lacks its FILE. */
+ * are before a "--" (the last one wins; "--" itself is taken out); false
+ * when one lacks its FILE. */
 static bool
 take_config(int *argc, char **argv, const char **path)
 {
@@ -431,6 +445,9 @@ take_config(int *argc, char **argv, const char **path)
             if (i + 1 >= *argc)
                 return false;
             *path = argv[++i];
+        } else if (!strcmp(argv[i], "--")) { /* the rest as it is, "--config" too */
+            while (++i < *argc)
+                argv[out++] = argv[i];
         } else {
             argv[out++] = argv[i];
         }
@@ -448,7 +465,7 @@ cmd_config_check(const char *path)
     char errbuf[512];
 
     if (cx_config_load(&cfg, path, errbuf, sizeof(errbuf))) {
-        fprintf(stderr, "codexec-admin: %s\n", errbuf);
+        say(CX_LOG_ERR, "%s\n", errbuf);
         return 1;
     }
     printf("%s: ok (%u gateway(s), storage %s, delivery %s)\n", path, cfg.ngateways,
@@ -485,7 +502,7 @@ main(int argc, char **argv)
     if (!strcmp(argv[i], "config") && argc == 3 && !strcmp(argv[2], "check"))
         return cmd_config_check(config_path);
     if (cx_config_load(&cfg, config_path, errbuf, sizeof(errbuf))) {
-        fprintf(stderr, "codexec-admin: %s\n", errbuf);
+        say(CX_LOG_ERR, "%s\n", errbuf);
         return 1;
     }
     if (cx_log_open(NULL, cfg.log_level) == CX_OK && sodium_init() >= 0 &&

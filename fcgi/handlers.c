@@ -313,7 +313,7 @@ send_from_store(struct cx_req *r, const struct cx_download *d, int status, uint6
                               "the artifact storage is unavailable; retry later");
 }
 
-/* The request's Range against the version (README: Downloads): CX_RANGE_ONE with
+/* The request's Range against the version (docs/api.md, "Downloads"): CX_RANGE_ONE with
  * first..last, or the whole; an unsatisfiable one is answered here (416),
  * and false returned. */
 static bool
@@ -393,7 +393,7 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     }
     /* The exact path and query that were signed, for proxy_pass to use as
      * they are (nginx would decode an X-Accel-Redirect URI and encode it
-     * again its own way), and the range as README: Downloads reads the request's
+     * again its own way), and the range as docs/api.md, "Downloads" reads the request's
      * (several ranges: the whole; unsatisfiable: 416 from here), not as
      * the store would: nginx/codexec-storage-s3.conf. */
     if (!want_range(r, d, &range, &first, &last))
@@ -409,7 +409,7 @@ send_presigned(struct cx_req *r, const struct cx_download *d, bool for_browser)
     cx_req_send_head(r, 200, d->mime, -1);
 }
 
-/* The headers the README's Downloads promises. proxied: nginx fetches the bytes from the store and
+/* The headers docs/api.md's Downloads promises. proxied: nginx fetches the bytes from the store and
  * puts the disposition on a success only (codexec-storage-s3.conf), as
  * the store's failure must not come as an attachment. */
 static void

@@ -274,7 +274,7 @@ struct cx_config {
     bool require_approval;
     int delivery; /* enum cx_delivery */
     char *x_accel_prefix;
-    /* limits (README: Configuration) */
+    /* limits (docs/configuration.md) */
     unsigned default_timeout, max_timeout;
     unsigned default_ttl, max_ttl;
     unsigned interrupt_grace;

@@ -15,7 +15,7 @@
 #define GiB   (1024ULL * MiB)
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
-/* Every key of codexec.conf with its default and range; README.md says what
+/* Every key of codexec.conf with its default and range; docs/configuration.md says what
  * each does. */
 static const struct cx_conf_key keys[] = {
     /* the process */
@@ -50,7 +50,7 @@ static const struct cx_conf_key keys[] = {
     {"require_approval", CX_CONF_BOOL, O(require_approval), "false", 0, 0},
     {"delivery", CX_CONF_DELIVERY, O(delivery), "direct", 0, 0},
     {"x_accel_prefix", CX_CONF_STR, O(x_accel_prefix), "/_codexec_storage/", 0, 0},
-    /* runs and sessions (README: Configuration) */
+    /* runs and sessions (docs/configuration.md) */
     {"default_timeout", CX_CONF_UINT, O(default_timeout), "30", 1, 86400},
     {"max_timeout", CX_CONF_UINT, O(max_timeout), "300", 1, 86400},
     {"default_ttl", CX_CONF_UINT, O(default_ttl), "600", 1, 30 * 86400},
@@ -59,14 +59,14 @@ static const struct cx_conf_key keys[] = {
     {"busy_wait", CX_CONF_UINT, O(busy_wait), "10", 0, 3600},
     {"approval_ttl", CX_CONF_UINT, O(approval_ttl), "3600", 1, 30 * 86400},
     {"run_answer_ttl", CX_CONF_UINT, O(run_answer_ttl), "604800", 0, 365 * 86400},
-    /* sizes (README: Configuration) */
+    /* sizes (docs/configuration.md) */
     {"tail_chars", CX_CONF_UINT, O(tail_chars), "4000", 1, 1000000},
     {"max_output_bytes", CX_CONF_SIZE, O(max_output_bytes), "8M", 1024, 1 * GiB},
     {"max_code_bytes", CX_CONF_SIZE, O(max_code_bytes), "1M", 16, 64 * MiB},
     {"max_body_bytes", CX_CONF_SIZE, O(max_body_bytes), "64M", 1024, 64 * GiB},
     {"max_run_body_bytes", CX_CONF_SIZE, O(max_run_body_bytes), "4M", 1024, 1 * GiB},
     {"max_artifact_bytes", CX_CONF_SIZE, O(max_artifact_bytes), "100M", 1, 64 * GiB},
-    /* counts and quotas (README: Configuration) */
+    /* counts and quotas (docs/configuration.md) */
     {"max_captured_files", CX_CONF_UINT, O(max_captured_files), "64", 0, 100000},
     {"max_inputs", CX_CONF_UINT, O(max_inputs), "32", 0, 10000},
     {"user_quota_bytes", CX_CONF_SIZE, O(user_quota_bytes), "5G", 0, 1024 * GiB * 1024},

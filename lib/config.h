@@ -1,6 +1,6 @@
 /* codexec: codexec.conf, "key = value" lines, '#' comment lines.
  *
- * Every key has a default (README: Configuration); unknown keys and bad values are refused
+ * Every key has a default (docs/configuration.md); unknown keys and bad values are refused
  * with the line number. The struct is plain data so handlers can read it. */
 #ifndef CX_CONFIG_H
 #define CX_CONFIG_H

@@ -472,7 +472,7 @@ cx_download_presign(struct cx_ctx *cx, const struct cx_download *d, bool for_bro
     cx_buf_init(&extra, 8192);
     if (for_browser) {
         /* the store answers with the headers a download has (what else
-         * the README's "Downloads" promises it can't send is said in its
+         * docs/api.md's "Downloads" promises it can't send is said in its
          * "Object storage (S3)") */
         cx_http_content_disposition(d->filename, disp, sizeof(disp));
         cx_buf_adds(&extra, "response-cache-control=private&response-content-disposition=");

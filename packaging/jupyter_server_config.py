@@ -12,7 +12,7 @@ import zmq
 
 # ZeroMQ's default of 1023 sockets per context (a few per kernel and per
 # channels connection) would make sockets, not memory, the ceiling on
-# kernels (about 175). See README.md, "Capacity".
+# kernels (about 175). See docs/configuration.md, "Capacity".
 zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)
 
 c = get_config()  # noqa: F821 (the config loader's)

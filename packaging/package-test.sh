@@ -10,7 +10,7 @@
 #       nginx, codexec-gateway.service and codexec.socket started by systemd
 #       itself, under every hardening directive of the shipped units.
 #
-# `check` creates the database as the README says, runs code and downloads
+# `check` creates the database as docs/operations.md says, runs code and downloads
 # its artifact through nginx, checks socket activation, the units'
 # hardening, the kernels' user, /metrics, logrotate's SIGHUP, reload and a
 # stopped service coming back on the next request. It ends with
@@ -20,24 +20,32 @@ say() { printf 'package-test: %s\n' "$*"; }
 fail() { say "FAILED: $*"; exit 1; }
 here=/var/tmp/pkg
 
+# A block of docs/operations.md marked "<!-- verify-host: NAME -->", run as
+# written (in $here, beside the packages), each command echoed.
+docs_block() {  # docs_block NAME -> its stdout
+  local script
+  script=$(sed -n "/^<!-- verify-host: $1 -->\$/,/^<!-- \\/verify-host -->\$/p" "$here/operations.md" |
+    grep -v -e '^<!--' -e '^```')
+  [ -n "$script" ] || fail "no block '$1' in docs/operations.md"
+  (cd "$here" && bash -euxo pipefail -c "$script")
+}
+
 phase_install() {
   local deb=$1 mod=$2
   export DEBIAN_FRONTEND=noninteractive
   say "apt install $deb and $mod (and what they recommend), PostgreSQL, nginx, systemd"
   apt-get update -qq
-  apt-get install -y -qq "$deb" "$mod" postgresql nginx curl systemd procps logrotate >/dev/null
+  apt-get install -y -qq curl systemd procps logrotate >/dev/null
+  grep -qF "./$(basename "$deb") ./$(basename "$mod")" "$here/operations.md" ||
+    fail "docs/operations.md does not install $(basename "$deb") and $(basename "$mod")"
+  say "docs/operations.md's install block: the packages, the nginx site"
+  docs_block install >/dev/null
   [ -L /etc/nginx/modules-enabled/50-mod-http-codexec-link.conf ] ||
     fail "the link module's package did not enable it"
   local unit=/lib/systemd/system
   say "systemd-analyze verify"
   systemd-analyze verify --man=no $unit/codexec.socket $unit/codexec.service \
     $unit/codexec-gateway.service
-  say "the nginx site, enabled as the README says"
-  ln -sf /etc/nginx/sites-available/codexec /etc/nginx/sites-enabled/codexec
-  rm -f /etc/nginx/sites-enabled/default
-  sed -i 's/server_name codexec.example.com;/server_name localhost;/' \
-    /etc/nginx/sites-available/codexec
-  nginx -t
   cat >/etc/systemd/system/codexec-package-test.service <<EOF
 [Unit]
 Description=codexec package test (second phase)
@@ -227,12 +235,12 @@ check_cgroups() {  # check_cgroups KEY
 }
 
 phase_check() {
+  local key
   say "systemd $(systemctl --version | head -1 | cut -d' ' -f2) is PID 1: $(ps -o comm= -p 1)"
   wait_for 120 "PostgreSQL did not start" runuser -u postgres -- psql -qc 'SELECT 1'
-  say "PostgreSQL: the codexec role and database, then codexec-admin migrate"
-  runuser -u postgres -- psql -qc "CREATE ROLE codexec LOGIN"
-  runuser -u postgres -- createdb -O codexec codexec
-  runuser -u codexec -- codexec-admin migrate
+  say "docs/operations.md's database block: the role, the database, migrate, a key"
+  key=$(docs_block database | tail -1)
+  [[ "$key" = cx_* ]] || fail "the database block printed no key last: $key"
   systemctl is-active -q codexec.socket || fail "codexec.socket is not listening"
   [ "$(systemctl show -p ActiveState --value codexec.service)" = inactive ] &&
     [ "$(systemctl show -p NRestarts --value codexec.service)" = 0 ] ||
@@ -249,8 +257,7 @@ phase_check() {
   if ! cgroups_here; then
     sed -i 's|^cgroup =.*|cgroup =|' /etc/codexec/sandbox.conf
   fi
-  local key out url got
-  key=$(runuser -u codexec -- codexec-admin key create --user pkg)
+  local out url got
   say "a run through nginx"
   out=$(run_code "$key" pkg $'open("hello.txt", "w").write("hi from the package")\nx = 6 * 7\nprint(x)')
   [ "$(field "$out" 'd["stdout_tail"].strip()')" = 42 ] || fail "the run answered: $out"
@@ -297,8 +304,71 @@ check_edge_link() {
   [ "$got" = "served at the edge" ] || fail "the signed link with codexec stopped gave: $got"
 }
 
+# verify-host (packaging/quickstart) drives a VM through this agent: the
+# host writes commands into a shared directory (9p, tag "verify"), one file
+# each (cmd.N); the agent runs them in order as root, across reboots, and
+# answers with out.N and rc.N. "reboot" and "poweroff" are answered first.
+install_agent() {
+  systemctl disable -q codexec-package-test.service
+  cat >/etc/systemd/system/codexec-verify-agent.service <<EOF
+[Unit]
+Description=verify-host's agent (packaging/package-test.sh agent)
+After=multi-user.target postgresql.service nginx.service codexec-gateway.service codexec.socket
+
+[Service]
+ExecStart=/bin/bash $here/package-test.sh agent
+
+[Install]
+WantedBy=multi-user.target
+EOF
+  systemctl enable -q codexec-verify-agent.service
+  echo 'verify /mnt/verify 9p trans=virtio,version=9p2000.L,nofail 0 0' >>/etc/fstab
+  mkdir -p /mnt/verify
+}
+
+phase_agent() {
+  local share=/mnt/verify n rc
+  mountpoint -q $share || mount -t 9p -o trans=virtio,version=9p2000.L verify $share
+  touch "$share/boot-$(cat /proc/sys/kernel/random/boot_id)"
+  while :; do
+    n=1
+    while [ -e "$share/rc.$n" ]; do n=$((n + 1)); done
+    while [ ! -e "$share/cmd.$n" ]; do sleep 0.2; done
+    case "$(cat "$share/cmd.$n")" in
+    reboot | poweroff)
+      echo 0 >"$share/rc.$n"; sync; systemctl "$(cat "$share/cmd.$n")"; sleep 600 ;;
+    *)
+      rc=0
+      (cd $here && bash -c "$(cat "$share/cmd.$n")") >"$share/out.$n" 2>&1 || rc=$?
+      echo $rc >"$share/rc.$n.tmp"; mv "$share/rc.$n.tmp" "$share/rc.$n" ;;
+    esac
+  done
+}
+
+# While another tenant's CPU hog runs (four processes spinning: two CPUs'
+# worth), the share its cgroup got over 5 s: cpu.max holds it to one CPU.
+check_cpu_quota() {
+  local parent=/sys/fs/cgroup/system.slice/codexec-gateway.service/kernels cg="" a b max
+  for _ in $(seq 120); do
+    for d in "$parent"/k-*; do
+      if [ "$(wc -l <"$d/cgroup.procs" 2>/dev/null || echo 0)" -ge 5 ]; then cg=$d; fi
+    done
+    [ -n "$cg" ] && break
+    sleep 0.5
+  done
+  [ -n "$cg" ] || fail "no kernel's cgroup with the hog's processes"
+  sleep 2
+  a=$(sed -n 's/^usage_usec //p' "$cg/cpu.stat"); sleep 5; b=$(sed -n 's/^usage_usec //p' "$cg/cpu.stat")
+  max=$(cat "$cg/cpu.max")
+  say "cpu: the hog's cgroup used $(((b - a) / 50000))% of one CPU over 5 s (cpu.max $max)"
+  [ $(((b - a) / 50000)) -le 115 ] || fail "the hog used more than its cpu.max"
+}
+
 case "${1:-}" in
 install) phase_install "$2" "$3" ;;
+install-agent) install_agent ;;
+agent) phase_agent ;;
+cpu-quota) check_cpu_quota ;;
 check)
   rc=0
   ( phase_check ) || rc=$?
@@ -308,5 +378,5 @@ check)
   fi
   exit "$rc"
   ;;
-*) echo "usage: package-test.sh install DEB MODULE-DEB | check" >&2; exit 2 ;;
+*) echo "usage: package-test.sh install DEB MODULE-DEB | check | install-agent | agent | cpu-quota" >&2; exit 2 ;;
 esac

@@ -352,7 +352,7 @@ class Stack:
     def raise_inotify_limit(self):
         """Each sandboxed kernel's launcher holds an inotify instance of the
         kernel user, and Linux allows 128 by default: the stack raises it
-        (README.md, "Capacity"), as an operator should."""
+        (docs/configuration.md, "Capacity"), as an operator should."""
         path = "/proc/sys/fs/inotify/max_user_instances"
         if os.geteuid() != 0:
             return
@@ -641,7 +641,7 @@ class Stack:
         }
         lines.update(self.sandbox_extra)
         text = ("# Written by packaging/stack.py: the limits of every kernel, read by\n"
-                "# codexec-kernel-launcher (see README.md, \"The sandbox\").\n")
+                "# codexec-kernel-launcher (see docs/sandbox.md).\n")
         text += "".join(f"{k} = {v}\n" for k, v in lines.items())
         self.write_file(self.sandbox_conf, text, 0o644, "root")
 
@@ -675,7 +675,7 @@ class Stack:
             "kernel_preload": "numpy, pandas, matplotlib.pyplot",
         }
         lines.update(self.conf_extra)
-        text = "# Written by packaging/stack.py; see README.md for every key.\n"
+        text = "# Written by packaging/stack.py; see docs/configuration.md for every key.\n"
         text += "".join(f"{k} = {v}\n" for k, v in lines.items())
         self.write_file(self.conf, text, 0o640)
 
@@ -685,7 +685,7 @@ class Stack:
                      "codexec-links.conf"):
             with open(os.path.join(REPO, "nginx", name)) as f:
                 self.write_file(os.path.join(ndir, name), f.read(), 0o644)
-        # Signed links checked by nginx itself (README, "Signed links at the
+        # Signed links checked by nginx itself (docs/api.md, "Signed links at the
         # edge"), with storage_dir only: the store's objects are not files.
         # Without the module (a build without nginx's source), links go to
         # codexec, as with Apache.

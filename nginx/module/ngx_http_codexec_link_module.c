@@ -2,7 +2,7 @@
  * ngx_http_codexec_link_module: codexec's signed links checked by nginx
  * itself, and the version's file served from storage_dir, so that a
  * browser's download never waits for codexec-fcgi. Its directives are in
- * ../codexec-links.conf; README.md, "Signed links at the edge", says how
+ * ../codexec-links.conf; docs/api.md, "Signed links at the edge", says how
  * it is built and loaded.
  *
  * A link (POST /v1/artifacts/{id}/links, the artifacts page) is

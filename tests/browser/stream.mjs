@@ -1,5 +1,5 @@
 // Reads a streaming run in Debian's Chromium (headless) with fetch(), using
-// the reader the README documents. Input: one JSON argument {base, key,
+// the reader docs/api.md documents. Input: one JSON argument {base, key,
 // reader, code, cid}. Output: one JSON line {events: [[ms, name, data]...]}.
 import { launchChromium } from './launch.mjs';
 

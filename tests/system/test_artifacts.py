@@ -508,7 +508,7 @@ def metric_value(text, line_re, default=None):
 
 
 def test_metrics_families_after_a_run(ctx):
-    """The families an operator alerts on (README, "Metrics") are on
+    """The families an operator alerts on (docs/operations.md, "Metrics") are on
     /metrics after a run that captured a file and a download of it, with
     values that moved by what happened."""
     user = "a-metrics"

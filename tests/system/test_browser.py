@@ -97,16 +97,16 @@ def test_page_escapes_and_scopes(ctx):
 
 
 def readme_reader():
-    """The fetch() reader the README documents, verbatim."""
-    with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "README.md")) as f:
+    """The fetch() reader docs/api.md documents, verbatim."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "api.md")) as f:
         text = f.read()
     m = re.search(r"```js\n(async function runStreaming.*?)```", text, re.S)
-    check(m is not None, "the README shows the stream reader")
+    check(m is not None, "docs/api.md shows the stream reader")
     return m.group(1)
 
 
 def test_chromium_reads_a_stream_with_fetch(ctx):
-    """The README's fetch() reader, run in Chromium against nginx: stdout
+    """docs/api.md's fetch() reader, run in Chromium against nginx: stdout
     arrives while the code sleeps, and the result event is the answer."""
     key = ctx.key("b-stream")
     cfg = {"base": f"http://127.0.0.1:{ctx.st.http_port}", "key": key, "reader": readme_reader(),

@@ -1,4 +1,4 @@
-"""GET/HEAD /v1/artifacts/{id}/content and signed links (README: Downloads), through
+"""GET/HEAD /v1/artifacts/{id}/content and signed links (docs/api.md, "Downloads"), through
 nginx, in the x-accel mode the stack runs and in direct mode."""
 
 import base64
@@ -230,7 +230,7 @@ def signed_links(ctx, user):
 def test_signed_links_at_the_edge(ctx):
     """nginx checks a signed link itself (the link module, nginx/module/) and serves
     the file: codexec-fcgi, stopped meanwhile, is never asked. Every header
-    and rule of README: Downloads holds; revoking the key kills its links within a
+    and rule of docs/api.md, "Downloads" holds; revoking the key kills its links within a
     second; whatever the script does not accept still gets codexec's
     answers. nginx holds a key for links only, never the server secret."""
     st = ctx.st

@@ -6,6 +6,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -89,6 +90,19 @@ def test_admin_version_config_check_and_options_anywhere(ctx):
     eq(r.returncode, 0, "--config after the command")
     r = st.run([st.admin, "key", "list", "--config"], check=False)
     eq(r.returncode, 2, "--config without its file is a usage error")
+    r = st.run([st.admin, "--config", st.conf, "key", "create", "--user", "--", "--config"])
+    check(re.fullmatch(r"cx_[A-Za-z0-9_-]{43}\n", r.stdout), "after --, --config is an argument")
+    # Under systemd stderr is the journal (ExecStartPre=codexec-admin
+    # migrate): each message carries its priority.
+    with tempfile.TemporaryFile() as err:
+        fst = os.fstat(err.fileno())
+        env = dict(os.environ, JOURNAL_STREAM=f"{fst.st_dev}:{fst.st_ino}")
+        rc = subprocess.run([st.admin, f"--config={bad}", "config", "check"], stderr=err,
+                            env=env).returncode
+        err.seek(0)
+        text = err.read().decode()
+    check(rc == 1 and text.startswith("<3>codexec-admin: ") and "no_such_key" in text,
+          f"an error at priority 3 in the journal: {text!r}")
     os.unlink(bad)
 
 

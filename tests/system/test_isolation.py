@@ -413,7 +413,7 @@ def test_a_basic_header_never_makes_a_user(ctx):
 
 
 def test_nginx_auth_basic_example_from_the_readme(ctx):
-    """The README's auth_basic example: nginx checks the password and passes
+    """The auth_basic example of docs/web-servers.md: nginx checks the password and passes
     REMOTE_USER with AUTH_TYPE; codexec serves that user."""
     st = ctx.st
     import stack

@@ -146,7 +146,7 @@ main(void)
     cx_config_cleanup(&cfg);
     if (cx_config_defaults(&cfg) != CX_OK)
         return 1;
-    /* README: Configuration defaults */
+    /* docs/configuration.md defaults */
     is_int(cfg.default_timeout, 30, "default timeout 30 s");
     is_int(cfg.max_timeout, 300, "max timeout 300 s");
     is_int(cfg.default_ttl, 600, "default ttl 600 s");
