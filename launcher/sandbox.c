@@ -614,6 +614,10 @@ write_limits(const struct cx_sandbox_conf *sc, const char *dir, bool v2, unsigne
     if (mask & 1u) {
         snprintf(v, sizeof(v), "%llu", (unsigned long long)sc->memory);
         rc = write_value(dir, v2 ? "memory.max" : "memory.limit_in_bytes", v, false);
+        /* v2: an out-of-memory kill takes the whole sandbox, whose end
+         * frees its tmpfs pages too (no process's score counts them) */
+        if (rc == CX_OK && v2)
+            rc = write_value(dir, "memory.oom.group", "1", true);
         /* no swap beyond the limit, where swap accounting exists */
         if (rc == CX_OK)
             rc = v2 ? write_value(dir, "memory.swap.max", "0", true)
@@ -1093,9 +1097,12 @@ cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid
             break;
     }
     free(pids);
-    /* the kernel runs on: a cgroup left frozen would hang its next run */
-    if (frozen && !freeze(cg->dirs[0], false, 0))
+    /* the kernel runs on: a cgroup left frozen would hang its next run,
+     * so one that can't be thawed is ended (the next run says so) */
+    if (frozen && !freeze(cg->dirs[0], false, 0) && !freeze(cg->dirs[0], false, 0)) {
+        (void)write_value(cg->dirs[0], "cgroup.kill", "1", true);
         return CX_ERR_IO;
+    }
     return CX_OK;
 }
 

@@ -125,7 +125,8 @@ int cx_sandbox_kernel_pid(int init_pid);
  * a pid reused meanwhile is never hit. Rounds until none is left (a fork
  * bomb), at most 64; on cgroup v2 they run with the cgroup frozen, so the
  * first round sees every process. *killed counts the processes signalled.
- * CX_ERR_IO when the cgroup could not be thawed again. */
+ * CX_ERR_IO when the cgroup could not be thawed again: the sandbox is
+ * then ended (cgroup.kill) rather than left frozen. */
 enum cx_err cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid,
                             int *killed) CX_MUSTCHECK;
 

@@ -180,6 +180,18 @@ def divide_delegated_cgroup():
         for d in (unit, os.path.join(unit, "kernels")):
             with open(os.path.join(d, "cgroup.subtree_control"), "w") as f:
                 f.write(enable)
+        # All kernels together stay below the unit's own limit (MemoryMax=),
+        # so memory they run out of is reclaimed and killed among them,
+        # never from the server (an attacker's review: tmpfs pages count in
+        # no process's OOM score, and the server could be the one killed).
+        with open(os.path.join(unit, "memory.max")) as f:
+            unit_max = f.read().strip()
+        if unit_max != "max":
+            total = int(unit_max)
+            with open(os.path.join(unit, "kernels", "memory.max"), "w") as f:
+                f.write(str(max(total - max(512 << 20, total // 10), total // 2)))
+        with open(os.path.join(unit, "kernels", "cgroup.max.descendants"), "w") as f:
+            f.write("4096")  # a cgroup per kernel: max_kernels is far below
     except OSError as e:
         print(f"codexec: the delegated cgroup {unit} could not be divided ({e}); "
               "kernels with a cgroup in sandbox.conf will not start", file=sys.stderr)

@@ -231,6 +231,14 @@ check_cgroups() {  # check_cgroups KEY
     mem=$(cat "/sys/fs/cgroup/memory${line##*:}/memory.limit_in_bytes" 2>/dev/null || true)
   fi
   [ "$mem" = 2147483648 ] || fail "the kernel's cgroup (${line##*:}) has memory limit '$mem', not 2G"
+  if [ "${line%%:*}" = 0 ]; then
+    local unit=/sys/fs/cgroup/system.slice/codexec-gateway.service all
+    all=$(cat "$unit/kernels/memory.max")
+    [ "$(cat "/sys/fs/cgroup${line##*:}/memory.oom.group")" = 1 ] &&
+      [ "$all" != max ] && [ "$all" -lt "$(cat "$unit/memory.max")" ] ||
+      fail "kernels/ is not below the unit's memory.max ($all) or oom.group is off"
+    say "cgroups: all kernels together below the unit's MemoryMax ($all bytes), an OOM kill takes a whole sandbox"
+  fi
   say "cgroups: each kernel in its own cgroup below $parent, memory limited ($([ "${line%%:*}" = 0 ] && echo "cgroup v2" || echo "cgroup v1"))"
 }
 
