@@ -377,6 +377,7 @@ install) phase_install "$2" "$3" ;;
 install-agent) install_agent ;;
 agent) phase_agent ;;
 cpu-quota) check_cpu_quota ;;
+block) docs_block "$2" ;;
 check)
   rc=0
   ( phase_check ) || rc=$?
@@ -386,5 +387,5 @@ check)
   fi
   exit "$rc"
   ;;
-*) echo "usage: package-test.sh install DEB MODULE-DEB | check | install-agent | agent | cpu-quota" >&2; exit 2 ;;
+*) echo "usage: package-test.sh install DEB MODULE-DEB | check | install-agent | agent | cpu-quota | block NAME" >&2; exit 2 ;;
 esac
