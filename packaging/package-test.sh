@@ -330,6 +330,10 @@ ExecStart=/bin/bash $here/package-test.sh agent
 WantedBy=multi-user.target
 EOF
   systemctl enable -q codexec-verify-agent.service
+  # the VM's network (qemu's user network, DHCP): verify-host reaches its
+  # nginx from outside through a forwarded port
+  printf '[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n' >/etc/systemd/network/10-verify-host.network
+  systemctl enable -q systemd-networkd.service
   echo 'verify /mnt/verify 9p trans=virtio,version=9p2000.L,nofail 0 0' >>/etc/fstab
   mkdir -p /mnt/verify
 }
