@@ -666,7 +666,7 @@ start_tenant(const char *cgdir, pid_t *init)
             _exit(1);
         close(fd);
         b = fork();
-        if (b == 0) { /* init */
+        if (b == 0) {          /* init */
             if (fork() == 0) { /* the kernel */
                 for (int i = 0; i < 200; i++)
                     if (fork() == 0)
@@ -730,6 +730,8 @@ test_cgroup_v2_end(void)
     for (int i = 0; i < 200 && (n = cgroup_procs(cg.dirs[0], pids, 1024)) > 3; i++)
         usleep(10000);
     ok(n == 3 && kill(kernel, 0) == 0, "host process, init and kernel are left: %d", n);
+    ok(cx_sandbox_reap(&cg, init, kernel, &killed) == CX_OK && killed == 0 && kill(kernel, 0) == 0,
+       "the next run's end: nothing to kill (%d)", killed);
     snprintf(events, sizeof(events), "%s/cgroup.events", cg.dirs[0]);
     {
         FILE *f = fopen(events, "re");
