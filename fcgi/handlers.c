@@ -518,3 +518,168 @@ cx_h_artifacts_page(struct cx_req *r)
     }
     cx_buf_cleanup(&b);
 }
+
+/* --- A conversation's files ------------------------------------------------ */
+
+/* The workspace path of a files route (its "{**}"), decoded and checked;
+ * false once the 400 is sent. */
+static bool
+file_path(struct cx_req *r, char path[CX_FILE_PATH_MAX + 1])
+{
+    char msg[CX_MSG_MAX] = "";
+    enum cx_err rc = cx_files_path(r->path + r->rest, true, false, path, msg, sizeof(msg));
+
+    if (rc)
+        cx_req_send_lib_error(r, rc, msg);
+    return rc == CX_OK;
+}
+
+void
+cx_h_files_put(struct cx_req *r)
+{
+    char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1];
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r) || !file_path(r, path))
+        return;
+    rc = cx_files_write(r->cx, r->who.user, r->captures[0], path, cx_req_param(r, "CONTENT_LENGTH"),
+                        cx_req_read, r->fr->in, &out, msg, sizeof(msg));
+    answer(r, rc, 201, out, msg, "no such conversation");
+}
+
+struct file_out {
+    struct cx_req *r;
+    bool not_modified;
+};
+
+static bool
+file_head(void *ctx, uint64_t size, const char *sha256, const char *mime)
+{
+    struct file_out *f = ctx;
+    char etag[70];
+
+    snprintf(etag, sizeof(etag), "\"%s\"", sha256);
+    cx_req_header(f->r, "ETag", etag);
+    cx_req_header(f->r, "Content-Security-Policy", "sandbox; default-src 'none'");
+    cx_req_header(f->r, "Cache-Control", "private, no-cache");
+    if (cx_http_etag_matches(cx_req_param(f->r, "HTTP_IF_NONE_MATCH"), sha256)) {
+        f->not_modified = true;
+        cx_req_send_empty(f->r, 304);
+        return false;
+    }
+    cx_req_send_head(f->r, 200, mime, (long long)size);
+    return true;
+}
+
+static bool
+file_data(void *ctx, const void *data, size_t len)
+{
+    return cx_req_send_bytes(((struct file_out *)ctx)->r, data, len);
+}
+
+void
+cx_h_files_get(struct cx_req *r)
+{
+    char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1];
+    struct file_out f = {.r = r};
+    struct cx_files_reader rd = {file_head, file_data, &f, strcmp(r->method, "HEAD") != 0};
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r) || !file_path(r, path))
+        return;
+    rc = cx_files_read(r->cx, r->who.user, r->captures[0], path, &rd, msg, sizeof(msg));
+    if (rc && r->status)
+        cx_req_cut(r); /* the head promised bytes that will not come */
+    else if (rc)
+        cx_req_send_lib_error(r, rc, msg);
+}
+
+void
+cx_h_files_delete(struct cx_req *r)
+{
+    char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1], rec[8] = "";
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r) || !file_path(r, path))
+        return;
+    if (cx_http_query_get(r->query, "recursive", rec, sizeof(rec)))
+        rec[0] = '\0';
+    rc = cx_files_delete(r->cx, r->who.user, r->captures[0], path, !strcmp(rec, "true"), msg,
+                         sizeof(msg));
+    answer(r, rc, 204, NULL, msg, "no such file");
+}
+
+void
+cx_h_files_list(struct cx_req *r)
+{
+    char msg[CX_MSG_MAX] = "", raw[3 * CX_FILE_PATH_MAX + 1] = "", rec[8] = "";
+    char dir[CX_FILE_PATH_MAX + 1];
+    json_t *out = NULL;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r))
+        return;
+    /* the query's value is decoded once here: kept encoded for the check */
+    rc = cx_http_query_get(r->query, "path", raw, sizeof(raw));
+    if (rc == CX_OK || rc == CX_ERR_NOT_FOUND)
+        rc = cx_files_path(rc == CX_OK ? raw : "", false, true, dir, msg, sizeof(msg));
+    else
+        rc = CX_ERR_INVALID_PATH;
+    if (rc) {
+        cx_req_send_lib_error(r, rc, msg);
+        return;
+    }
+    if (cx_http_query_get(r->query, "recursive", rec, sizeof(rec)))
+        rec[0] = '\0';
+    rc = cx_files_list(r->cx, r->who.user, r->captures[0], dir, !strcmp(rec, "true"), &out, msg,
+                       sizeof(msg));
+    answer(r, rc, 200, out, msg, "no such directory");
+}
+
+/* --- Sessions ---------------------------------------------------------------- */
+
+/* On a run thread (cx_req_defer): starting a kernel is a run's kind of work. */
+static void
+session_open_run(struct cx_req *r)
+{
+    const char *cl = cx_req_param(r, "CONTENT_LENGTH");
+    char msg[CX_MSG_MAX] = "";
+    json_t *body = NULL, *out = NULL;
+    bool created = false;
+    enum cx_err rc;
+
+    if (cl && *cl && strcmp(cl, "0") != 0) {
+        body = cx_req_json_body(r, r->cx->cfg->max_run_body_bytes);
+        if (!body)
+            return;
+    }
+    rc =
+        cx_session_open(r->cx, r->who.user, r->captures[0], body, &out, &created, msg, sizeof(msg));
+    json_decref(body);
+    answer(r, rc, created ? 201 : 200, out, msg, NULL);
+}
+
+void
+cx_h_session_open(struct cx_req *r)
+{
+    if (cx_req_authenticate(r))
+        (void)cx_req_defer(r, session_open_run);
+}
+
+void
+cx_h_session_get(struct cx_req *r)
+{
+    get_named(r, cx_session_get, "this conversation has no session");
+}
+
+void
+cx_h_conversations_list(struct cx_req *r)
+{
+    json_t *out = NULL;
+
+    if (cx_req_authenticate(r)) {
+        enum cx_err rc = cx_session_list_live(r->cx, r->who.user, &out);
+        answer(r, rc, 200, out, NULL, NULL);
+    }
+}

@@ -300,6 +300,8 @@ static const struct answer {
     [CX_ERR_PROTOCOL] = {502, "gateway_error", "the gateway broke its protocol", NULL, false},
     [CX_ERR_KERNEL_DIED] = {502, "gateway_error", "the kernel died", NULL, false},
     [CX_ERR_INTERNAL] = {500, "internal_error", "internal error", NULL, false},
+    [CX_ERR_INVALID_PATH] = {400, "invalid_path", "the path is invalid", NULL, false},
+    [CX_ERR_NOT_A_FILE] = {409, "not_a_file", "the path names no regular file", NULL, false},
 };
 
 static const struct answer *

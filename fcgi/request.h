@@ -15,10 +15,11 @@ struct cx_req {
     FCGX_Request *fr;
     struct cx_ctx *cx; /* the worker thread's library context */
     const char *method;
-    char path[1024];
+    char path[16384];  /* as sent (percent-encoded): a workspace path is up to 4096 bytes */
     const char *query; /* "" when absent */
     const char *route; /* metrics label, a static string */
     char captures[CX_MAX_CAPTURES][160];
+    size_t rest; /* where a route's "{**}" begins in path (an offset: r is copied) */
     struct cx_principal who;
     char id[33];
     int status;            /* once a response is written */

@@ -6,7 +6,7 @@
 
 struct route {
     const char *method;
-    const char *pattern; /* "{}" matches one non-empty segment */
+    const char *pattern; /* "{}" matches one non-empty segment, a last "{**}" the rest */
     const char *name;
     void (*fn)(struct cx_req *r);
 };
@@ -18,7 +18,14 @@ static const struct route routes[] = {
     {"GET", "/v1/runs/{}", "runs_get", cx_h_runs_get},
     {"POST", "/v1/runs/{}/approve", "runs_approve", cx_h_runs_approve},
     {"POST", "/v1/runs/{}/reject", "runs_reject", cx_h_runs_reject},
+    {"GET", "/v1/conversations", "conversations_list", cx_h_conversations_list},
+    {"POST", "/v1/conversations/{}/session", "session_open", cx_h_session_open},
+    {"GET", "/v1/conversations/{}/session", "session_get", cx_h_session_get},
     {"DELETE", "/v1/conversations/{}/session", "session_delete", cx_h_session_delete},
+    {"GET", "/v1/conversations/{}/files", "files_list", cx_h_files_list},
+    {"PUT", "/v1/conversations/{}/files/{**}", "files_put", cx_h_files_put},
+    {"GET", "/v1/conversations/{}/files/{**}", "files_get", cx_h_files_get},
+    {"DELETE", "/v1/conversations/{}/files/{**}", "files_delete", cx_h_files_delete},
     {"GET", "/v1/conversations/{}/artifacts.html", "artifacts_page", cx_h_artifacts_page},
     {"GET", "/v1/artifacts", "artifacts_list", cx_h_artifacts_list},
     {"POST", "/v1/artifacts", "artifacts_upload", cx_h_artifacts_upload},
@@ -33,8 +40,14 @@ static bool
 match(const char *pattern, const char *path, struct cx_req *r)
 {
     int ncap = 0;
+    const char *start = path;
 
     while (*pattern && *path) {
+        if (!strcmp(pattern, "{**}")) {
+            if (r)
+                r->rest = (size_t)(path - start);
+            return true; /* the rest, not empty */
+        }
         if (pattern[0] == '{' && pattern[1] == '}') {
             size_t n = strcspn(path, "/");
             if (n == 0 || ncap >= CX_MAX_CAPTURES || n >= sizeof(r->captures[0]))

@@ -3,7 +3,9 @@
  * The sandboxed kernelspec's argv: the Jupyter server runs it, as the
  * gateway's user, for every start and restart of a kernel. It prepares a
  * fresh private runtime directory and a cgroup (sandbox.c), starts
- * ipykernel inside bubblewrap with a seccomp filter, waits until the kernel
+ * ipykernel inside bubblewrap with a seccomp filter (in the workspace
+ * keeper's namespaces, keeper.c: the workspace outlives the kernel's
+ * process), waits until the kernel
  * has bound its sockets and written its connection file, seals that
  * directory read-only inside the sandbox, then points the server's endpoint
  * names at it. It stays as the kernel's supervisor: signals go to bwrap,
@@ -28,6 +30,7 @@
 
 #include <jansson.h>
 
+#include "keeper.h"
 #include "relay.h"
 #include "sandbox.h"
 
@@ -54,6 +57,7 @@ struct launch {
     struct cx_sandbox_conf sc;
     struct cx_sandbox_conn conn;
     struct cx_sandbox_cgroup cg;
+    struct cx_keeper keeper; /* the workspace, kept across the kernel's restarts */
     char private_dir[CX_SANDBOX_PATH_MAX + 64];
     int seccomp_fd, inotify_fd, signal_fd;
     pid_t bwrap;            /* our child */
@@ -86,7 +90,14 @@ exec_bwrap(struct launch *l, int info_fd, int out_fd, sigset_t *old)
         say("cannot join the kernel's cgroup", NULL);
         _exit(127);
     }
-    if (cx_sandbox_argv(&l->sc, &l->conn, l->private_dir, l->seccomp_fd, info_fd, &argv)) {
+    /* bwrap's mount namespace is then a copy of the keeper's: the
+     * workspace is there to bind */
+    if (cx_keeper_enter(&l->keeper)) {
+        say("cannot enter the workspace keeper's namespaces", strerror(errno));
+        _exit(127);
+    }
+    if (cx_sandbox_argv(&l->sc, &l->conn, l->private_dir, l->keeper.files, l->keeper.state,
+                        l->seccomp_fd, info_fd, &argv)) {
         say("out of memory", NULL);
         _exit(127);
     }
@@ -332,7 +343,7 @@ cleanup(struct launch *l)
     int rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
     cx_relay_free(l->relay);
-
+    cx_keeper_release(&l->keeper);
     cx_sandbox_cgroup_remove(&l->cg);
     if (rfd >= 0 && l->private_dir[0]) {
         if (cx_sandbox_remove_tree(rfd, strrchr(l->private_dir, '/') + 1))
@@ -344,7 +355,7 @@ cleanup(struct launch *l)
 
 /* Everything up to the fork. */
 static bool
-prepare(struct launch *l, const char *config, const char *conn_path, sigset_t *block)
+prepare(struct launch *l, const char *config, const char *conn_path, pid_t server, sigset_t *block)
 {
     char msg[CX_MSG_MAX], cwd[PATH_MAX];
 
@@ -354,6 +365,7 @@ prepare(struct launch *l, const char *config, const char *conn_path, sigset_t *b
     }
     if (!getcwd(cwd, sizeof(cwd)) ||
         cx_sandbox_conn_read(conn_path, cwd, &l->conn, msg, sizeof(msg)) ||
+        cx_keeper_hold(&l->conn, l->sc.max_workspace_bytes, server, &l->keeper, msg, sizeof(msg)) ||
         cx_sandbox_runtime_prepare(&l->conn, l->private_dir, sizeof(l->private_dir), msg,
                                    sizeof(msg)) ||
         cx_sandbox_cgroup_create(&l->sc, l->conn.base, &l->cg, msg, sizeof(msg)) ||
@@ -471,7 +483,8 @@ main(int argc, char **argv)
                        .kernel = -1,
                        .init_fd = -1,
                        .kernel_fd = -1,
-                       .out_fd = -1};
+                       .out_fd = -1,
+                       .keeper = {.sock = -1, .userns = -1, .mntns = -1}};
     pid_t server = getppid();
     const char *config = NULL, *conn_path;
     sigset_t block, old;
@@ -492,7 +505,7 @@ main(int argc, char **argv)
      * one started in its place knows none of them. */
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != server)
         goto out;
-    if (!prepare(&l, config, conn_path, &block) || !start_sandbox(&l, &old))
+    if (!prepare(&l, config, conn_path, server, &block) || !start_sandbox(&l, &old))
         goto out;
     /* the server's endpoints: the relay's, never the kernel's own */
     if (l.sandbox <= 0 || !ready_and_sealed(&l) ||

@@ -1760,7 +1760,7 @@ add_identity(struct argv *a, const struct cx_sandbox_conf *sc)
  * writes, its private directory, the root and /dev read-only once built. */
 static void
 add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
-               const char *private_dir)
+               const char *private_dir, const char *workspace, const char *state)
 {
     add3(a, "--ro-bind", "/usr", "/usr");
     for (size_t i = 0; etc_files[i]; i++) {
@@ -1780,7 +1780,17 @@ add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx
     add_tmpfs(a, sc->tmp_bytes, "/tmp");
     add3(a, "--dir", "/tmp/.matplotlib", NULL);
     add_caches(a, sc);
-    add_tmpfs(a, sc->max_workspace_bytes, "/workspace");
+    if (workspace) {
+        /* the keeper's tmpfs (keeper.h), sized max_workspace_bytes: it
+         * outlives this sandbox; codexec's state (the capture's record)
+         * beside it, out of the kernel's listing */
+        add3(a, "--bind", workspace, "/workspace");
+        add3(a, "--bind", state, "/run/codexec");
+    } else {
+        add_tmpfs(a, sc->max_workspace_bytes, "/workspace");
+    }
+    /* where models trained on other code interpreters write */
+    add3(a, "--symlink", "/workspace", "/mnt/data");
     if (*sc->python_env && strncmp(sc->python_env, "/usr/", 5) != 0)
         add3(a, "--ro-bind", sc->python_env, sc->python_env);
     /* Its sockets and connection file: the private directory, sealed
@@ -1819,12 +1829,13 @@ add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx_san
 
 enum cx_err
 cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
-                const char *private_dir, int seccomp_fd, int info_fd, char ***argv_out)
+                const char *private_dir, const char *workspace, const char *state, int seccomp_fd,
+                int info_fd, char ***argv_out)
 {
     struct argv a = {0};
 
     add_identity(&a, sc);
-    add_filesystem(&a, sc, c, private_dir);
+    add_filesystem(&a, sc, c, private_dir, workspace, state);
     if (seccomp_fd >= 0) {
         add(&a, "--seccomp");
         addn(&a, "", (unsigned long long)seccomp_fd);

@@ -138,10 +138,12 @@ enum cx_err cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, in
 enum cx_err cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen) CX_MUSTCHECK;
 
 /* The bwrap command line (NULL-terminated; cx_sandbox_argv_free). A
- * descriptor < 0 leaves its option out. */
+ * descriptor < 0 leaves its option out. workspace and state: the keeper's
+ * directories (keeper.h), bound at /workspace and /run/codexec; NULL: a
+ * tmpfs of the sandbox's own at /workspace. */
 enum cx_err cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
-                            const char *private_dir, int seccomp_fd, int info_fd,
-                            char ***argv_out) CX_MUSTCHECK;
+                            const char *private_dir, const char *workspace, const char *state,
+                            int seccomp_fd, int info_fd, char ***argv_out) CX_MUSTCHECK;
 void cx_sandbox_argv_free(char **argv);
 
 #endif

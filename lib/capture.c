@@ -201,17 +201,28 @@ cx_capture_on_result(struct cx_capture *c, json_t *done)
         cx_capture_on_message(c, done, NULL, 0);
 }
 
+const char *
+cx_capture_state_path(const char *kernel_id)
+{
+    static __thread char state[128];
+
+    /* The sandbox's /run/codexec, beside the workspace in the keeper's
+     * tmpfs: it outlives a restart of the kernel, as the files do (the
+     * helpers fall back to /tmp/.codexec where it is missing, an
+     * unsandboxed kernel's); the kernel id keeps unsandboxed kernels that
+     * share a /tmp apart. */
+    snprintf(state, sizeof(state), "/run/codexec/%s.json", kernel_id);
+    return state;
+}
+
 json_t *
 cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
                     bool rescan, bool with_source)
 {
     const char *sha = cx_sha256_kept(&helper_sha, cx_capture_helper_py);
-    char state[128];
+    const char *state = cx_capture_state_path(kernel_id);
     json_t *m;
 
-    /* /tmp is private to the sandbox; the kernel id keeps unsandboxed
-     * kernels that share a /tmp apart. */
-    snprintf(state, sizeof(state), "/tmp/.codexec/%s.json", kernel_id);
     if (!sha)
         return NULL;
     m = json_pack("{s:{s:s,s:b,s:I,s:I,s:I,s:O?,s:s}}", "codexec_capture", "state", state, "rescan",

@@ -56,6 +56,9 @@ uint64_t cx_capture_staged_for(const char *user);
  * kernel_id, and the helper's sha256, and its source with with_source
  * (the kernel keeps the helper once it has had it). rescan: ignore the
  * record of the last scan (every file is offered). */
+/* The kernel's file of the capture's last scan (a thread's buffer). */
+const char *cx_capture_state_path(const char *kernel_id);
+
 json_t *cx_capture_metadata(const struct cx_config *cfg, const char *kernel_id, json_t *outputs,
                             bool rescan, bool with_source);
 

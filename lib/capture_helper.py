@@ -33,8 +33,18 @@ EXCLUDED_SUFFIXES = (".tmp", ".lock", ".pyc", ".pyo")  # the globs *.tmp, *.lock
 MAX_SCAN = 100000
 
 
+def state_path(meta):
+    """The record's file: /run/codexec in codexec's sandbox (it outlives a
+    restart of the kernel), /tmp/.codexec for a kernel without it."""
+    p = meta["state"]
+    if not os.path.isdir(os.path.dirname(p)):
+        p = "/tmp/.codexec/" + os.path.basename(p)
+    return p
+
+
 def main(ip):
-    meta = ip.kernel.get_parent("shell")["metadata"]["codexec_capture"]
+    meta = dict(ip.kernel.get_parent("shell")["metadata"]["codexec_capture"])
+    meta["state"] = state_path(meta)
     publish = ip.display_pub.publish
     root = ip.starting_dir
     outputs = meta.get("outputs")
@@ -79,23 +89,26 @@ def main(ip):
             return False
         return not parts[-1].endswith(EXCLUDED_SUFFIXES)
 
+    # The last scan's record: kept in the kernel process (reading 500
+    # files' record back from JSON cost more than scanning them), else
+    # from its file (beside the workspace: it outlives a restart).
     prev = None
-    if not meta.get("rescan"):
-        # The last scan's record: kept in the kernel process (reading 500
-        # files' record back from JSON cost more than scanning them), else
-        # from its file.
-        c = getattr(sys, "_codexec_scan", None)
-        if type(c) is tuple and len(c) == 2 and c[0] == meta["state"] and type(c[1]) is dict:
-            prev = c[1]
-        else:
-            try:
-                with open(meta["state"]) as f:
-                    prev = json.load(f)
-            except (OSError, ValueError):
-                pass
-    # Without a previous scan (a new or restarted kernel) every file is
-    # offered; codexec keeps no new version of an unchanged one.
+    c = getattr(sys, "_codexec_scan", None)
+    if type(c) is tuple and len(c) == 2 and c[0] == meta["state"] and type(c[1]) is dict:
+        prev = c[1]
+    else:
+        try:
+            with open(meta["state"]) as f:
+                prev = json.load(f)
+        except (OSError, ValueError):
+            pass
+    # Without a previous scan (a new kernel) every file is offered; codexec
+    # keeps no new version of an unchanged one. A rescan trusts only the
+    # record's inputs (files the file API wrote, marked "input", never the
+    # code's until the code changes them).
     prev = prev if type(prev) is dict else {}
+    if meta.get("rescan"):
+        prev = {k: v for k, v in prev.items() if type(v) is list and len(v) == 5 and v[4] == "input"}
 
     # The scan allocates a few objects per file: no collection of the whole
     # kernel's heap (the user's objects) in the middle of it.
@@ -202,12 +215,12 @@ def scan(root, prev, wanted, plain):
                 continue
             size = st.st_size
             old = prev_get(rel)
-            if (type(old) is list and len(old) == 4 and old[0] == size
+            if (type(old) is list and len(old) in (4, 5) and old[0] == size
                     and old[1] == st.st_mtime_ns and old[2] == st.st_ino):
                 state[rel] = old  # unchanged
                 continue
             key = [size, st.st_mtime_ns, st.st_ino]
-            if not (type(old) is list and len(old) == 4 and isinstance(old[3], str)) or old[0] != size:
+            if not (type(old) is list and len(old) in (4, 5) and isinstance(old[3], str)) or old[0] != size:
                 # New, or of another size: it has changed, so it is sent,
                 # and hashed once, as it is read for sending (the record
                 # keeps that digest).

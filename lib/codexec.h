@@ -70,6 +70,8 @@ enum cx_err {
     CX_ERR_PROTOCOL,    /* a peer broke its protocol (WebSocket, Jupyter) */
     CX_ERR_KERNEL_DIED, /* the kernel exited or was restarted during a run */
     CX_ERR_INTERNAL,
+    CX_ERR_INVALID_PATH, /* a workspace path that breaks its rules */
+    CX_ERR_NOT_A_FILE,   /* a path through a symlink, or naming no regular file */
     CX_ERR__COUNT
 };
 
@@ -550,6 +552,7 @@ struct cx_run_request {
     double timeout;    /* seconds, clamped to (0, max_timeout] */
     unsigned ttl;      /* seconds, clamped to [1, max_ttl] */
     json_t *arguments; /* object, or NULL */
+    bool output_full;  /* output: "full": stdout and stderr whole in the answer */
 };
 
 /* Validates body (a JSON object) against docs/openapi.yaml and the limits in cfg.
@@ -692,6 +695,53 @@ enum cx_err cx_artifact_storage_migrate(struct cx_ctx *cx, FILE *report, int *co
 void cx_artifact_test_hooks(void);
 #endif
 
+/* --- A conversation's files (lib/files.c) ------------------------------------ */
+
+#define CX_FILE_PATH_MAX    4096
+#define CX_FILE_SEGMENT_MAX 255
+
+/* A workspace path, percent-encoded (a URL's path: encoded) or not (a
+ * query's value, decoded already): decoded into out, then held to SPEC §10.1's rules:
+ * "/"-separated, no empty, "." or ".." segment, no NUL or control character, UTF-8, at most 4096
+ * bytes, each segment at most 255. CX_ERR_INVALID_PATH with msg saying which rule; "" only with
+ * empty_ok (the workspace itself). */
+enum cx_err cx_files_path(const char *raw, bool encoded, bool empty_ok,
+                          char out[CX_FILE_PATH_MAX + 1], char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* PUT .../files/{path}: the body (content_length bytes, at most
+ * max_artifact_bytes, read through read_fn a chunk at a time) written to the
+ * path, parents made, the session created if there is none. The file is
+ * the caller's input: the next run's capture does not take it. *out:
+ * {"path", "size", "sha256"} (the SHA-256 of the bytes read). */
+enum cx_err cx_files_write(struct cx_ctx *cx, const char *user, const char *cid, const char *path,
+                           const char *content_length, cx_http_read_fn read_fn, void *rctx,
+                           json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* Where a read goes: head() once, before any byte, with the file's size,
+ * SHA-256 and libmagic type (false: no body wanted after all, as for a
+ * matching If-None-Match); then, when body, data() for every piece in order
+ * (false: stop). */
+struct cx_files_reader {
+    bool (*head)(void *ctx, uint64_t size, const char *sha256, const char *mime);
+    bool (*data)(void *ctx, const void *data, size_t len);
+    void *ctx;
+    bool body;
+};
+
+/* GET/HEAD .../files/{path}. CX_ERR_NOT_FOUND without a session or file;
+ * an error after head() means the body was cut short. */
+enum cx_err cx_files_read(struct cx_ctx *cx, const char *user, const char *cid, const char *path,
+                          const struct cx_files_reader *rd, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* GET .../files?path=DIR&recursive=: *out = {"files": [{"path", "type",
+ * "size", "mtime"}], "truncated"}, at most 10000 entries. */
+enum cx_err cx_files_list(struct cx_ctx *cx, const char *user, const char *cid, const char *dir,
+                          bool recursive, json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* DELETE .../files/{path}: a file, or a directory tree with recursive. */
+enum cx_err cx_files_delete(struct cx_ctx *cx, const char *user, const char *cid, const char *path,
+                            bool recursive, char *msg, size_t msglen) CX_MUSTCHECK;
+
 /* --- What a download knows of an artifact ------------------------------------ */
 
 struct cx_download {
@@ -790,6 +840,21 @@ enum cx_err cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who,
     "'none'; frame-ancestors 'none'"
 
 /* --- Sessions (lib/session.c) ------------------------------------------------ */
+
+/* POST /v1/conversations/{cid}/session: body {"ttl"?, "language"?}
+ * (borrowed, may be NULL). Creates the session and answers once its
+ * kernel is ready (*created), or extends an existing one's expiry (never
+ * shortens it). *out: the session's object (lib/sessapi.c). */
+enum cx_err cx_session_open(struct cx_ctx *cx, const char *user, const char *cid, json_t *body,
+                            json_t **out, bool *created, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* GET /v1/conversations/{cid}/session: the object, or CX_ERR_NOT_FOUND. */
+enum cx_err cx_session_get(struct cx_ctx *cx, const char *user, const char *cid,
+                           json_t **out) CX_MUSTCHECK;
+
+/* GET /v1/conversations: {"conversations": [object, ...]}, the user's live
+ * sessions, most recently used first. */
+enum cx_err cx_session_list_live(struct cx_ctx *cx, const char *user, json_t **out) CX_MUSTCHECK;
 
 /* DELETE /v1/conversations/{cid}/session: CX_ERR_NOT_FOUND if none,
  * CX_ERR_CONFLICT if a run holds it. */

@@ -24,6 +24,8 @@ static const char *const messages[CX_ERR__COUNT] = {
     [CX_ERR_PROTOCOL] = "protocol error",
     [CX_ERR_KERNEL_DIED] = "the kernel died",
     [CX_ERR_INTERNAL] = "internal error",
+    [CX_ERR_INVALID_PATH] = "invalid path",
+    [CX_ERR_NOT_A_FILE] = "not a regular file",
 };
 
 const char *

@@ -133,18 +133,6 @@ cx_http_parse_json_object(const char *body, size_t len, json_t **out, char *msg,
     return CX_OK;
 }
 
-static int
-hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 enum cx_err
 cx_http_query_get(const char *query, const char *name, char *out, size_t outlen)
 {
@@ -168,7 +156,8 @@ cx_http_query_get(const char *query, const char *name, char *out, size_t outlen)
                     c = ' ';
                 } else if (c == '%') {
                     int hi, lo;
-                    if (end - v < 3 || (hi = hexval(v[1])) < 0 || (lo = hexval(v[2])) < 0)
+                    if (end - v < 3 || (hi = cx_hex_digit(v[1])) < 0 ||
+                        (lo = cx_hex_digit(v[2])) < 0)
                         return CX_ERR_INVALID;
                     c = hi * 16 + lo;
                     v += 2;

@@ -398,6 +398,43 @@ send_message(struct cx_kernel_conn *c, json_t *m)
     return rc;
 }
 
+static void
+put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* A message with one binary buffer, in the Jupyter Server's binary frame:
+ * the part count (2), the offsets of the JSON and of the buffer, then
+ * both. */
+static enum cx_err
+send_binary(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
+{
+    char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+    size_t tlen = text ? strlen(text) : 0;
+    unsigned char *frame = NULL;
+    enum cx_err rc = CX_ERR_NOMEM;
+
+    json_decref(m);
+    if (text && len <= CX_KERNEL_MAX_MESSAGE && tlen <= CX_KERNEL_MAX_MESSAGE)
+        frame = malloc(12 + tlen + len);
+    if (frame) {
+        put_be32(frame, 2);
+        put_be32(frame + 4, 12);
+        put_be32(frame + 8, (uint32_t)(12 + tlen));
+        memcpy(frame + 12, text, tlen);
+        if (len)
+            memcpy(frame + 12 + tlen, buf, len);
+        rc = cx_ws_send(c->ws, CX_WS_BINARY, frame, 12 + tlen + len);
+    }
+    free(frame);
+    free(text);
+    return rc;
+}
+
 /* A kernel_info_request; msg_id receives its id. */
 static enum cx_err
 send_kernel_info(struct cx_kernel_conn *c, char msg_id[40])
@@ -504,7 +541,7 @@ cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
         json_object_set_new(m, "metadata", json_object());
     if (!e->user_expressions)
         json_object_set_new(json_object_get(m, "content"), "user_expressions", json_object());
-    rc = send_message(c, m);
+    rc = e->buffer ? send_binary(c, m, e->buffer, e->buffer_len) : send_message(c, m);
     if (rc == CX_OK)
         e->sent = true;
     return rc;

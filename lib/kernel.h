@@ -27,6 +27,8 @@ struct cx_exec {
     json_t *user_expressions; /* borrowed, may be NULL */
     json_t *metadata;         /* borrowed, may be NULL */
     bool ends_run;            /* its reply leaves the sandbox once the run's processes are gone */
+    const void *buffer;       /* borrowed, may be NULL: the message's one binary buffer */
+    size_t buffer_len;
     /* out */
     char msg_id[64];
     bool sent;

@@ -416,6 +416,12 @@ run_payload(struct run *r, json_t **out)
         json_object_set(payload, "skipped", cx_capture_skipped(cap));
     if ((err = cx_runexec_stderr(r->st)))
         json_object_set_new(payload, "stderr_tail", err);
+    if (r->req->output_full) {
+        json_object_set_new(payload, "stdout", cx_runexec_full(r->st, false));
+        json_object_set_new(payload, "stderr", cx_runexec_full(r->st, true));
+    }
+    json_object_set_new(payload, "result_present", json_boolean(f->have_result));
+    json_object_set_new(payload, "results", cx_runexec_results(r->st, r->artifacts));
     run_error(r, payload);
     *out = payload;
     return CX_OK;
@@ -484,7 +490,7 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     enum cx_err rc;
 
     *out = NULL;
-    rc = cx_runexec_new(cx, in, req->capture_artifacts, sink, &r.st);
+    rc = cx_runexec_new(cx, in, req->capture_artifacts, req->output_full, sink, &r.st);
     if (rc == CX_OK && cx_runexec_capture(r.st))
         cx_capture_set_owner(cx_runexec_capture(r.st), who->user, quota_left, cx);
     if (rc == CX_OK) {

@@ -67,7 +67,14 @@ struct cx_runexec {
     int64_t said_us;       /* when the sink last heard from us */
     bool capturing;        /* "capturing" was said */
     unsigned displays;     /* "display" events said */
+    /* output "full": stdout and stderr whole (within max_output_bytes) */
+    bool full;
+    struct cx_buf full_out, full_err;
+    json_t *results; /* the user cell's execute_result and display_data, in order */
 };
+
+#define RESULTS_MAX     256         /* entries of "results" */
+#define RESULT_TEXT_MAX (64 * 1024) /* bytes of one inline value */
 
 static void
 tail_init(struct tail *t, unsigned chars)
@@ -237,8 +244,8 @@ count_output(struct cx_runexec *st, size_t n)
 
 /* Images and other rich outputs of the user's cell become artifacts, and
  * a listener hears of each under the name it gets. */
-static void
-rich_outputs(struct cx_runexec *st, json_t *data)
+static const char *
+rich_outputs(struct cx_runexec *st, json_t *data, const char **mime_out)
 {
     static const char *const binary[] = {"image/png", "image/jpeg", "image/gif", "application/pdf"};
     static const char *const text[] = {"image/svg+xml"};
@@ -276,6 +283,57 @@ rich_outputs(struct cx_runexec *st, json_t *data)
         st->displays++;
         cx_runexec_say(st, "display", json_pack("{s:s,s:s?}", "mime_type", mime, "path", path));
     }
+    *mime_out = mime;
+    return path;
+}
+
+/* The size of an inline value: a string's bytes, else its JSON's. */
+static size_t
+inline_size(const json_t *v)
+{
+    char *text;
+    size_t n;
+
+    if (json_is_string(v))
+        return json_string_length(v);
+    text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    n = text ? strlen(text) : RESULT_TEXT_MAX + 1;
+    free(text);
+    return n;
+}
+
+/* One entry of "results": the text types inline (longer ones replaced by
+ * {"truncated": true}), the binary one captured (path: its artifact, named
+ * once the capture is stored: cx_runexec_results). */
+static void
+add_result(struct cx_runexec *st, const char *type, json_t *data, const char *mime,
+           const char *path)
+{
+    static const char *const text[] = {"text/plain", "text/html", "text/markdown",
+                                       "application/json", "image/svg+xml"};
+    json_t *d;
+
+    if (st->f.truncated || !st->results || json_array_size(st->results) >= RESULTS_MAX)
+        return;
+    d = json_object();
+    for (size_t i = 0; d && i < sizeof(text) / sizeof(text[0]); i++) {
+        json_t *v = json_object_get(data, text[i]);
+        size_t n;
+
+        if (!v || (!json_is_string(v) && strcmp(text[i], "application/json") != 0))
+            continue;
+        n = inline_size(v);
+        if (strcmp(type, "display_data") == 0)
+            count_output(st, n); /* (an execute_result's text/plain is counted as the result) */
+        json_object_set_new(
+            d, text[i], n > RESULT_TEXT_MAX ? json_pack("{s:b}", "truncated", 1) : json_incref(v));
+    }
+    if (d && mime && path && strcmp(mime, "image/svg+xml") != 0)
+        json_object_set_new(d, mime, json_pack("{s:s}", "path", path));
+    if (d && json_object_size(d) > 0)
+        json_array_append_new(st->results, json_pack("{s:s,s:o}", "type", type, "data", d));
+    else
+        json_decref(d);
 }
 
 static bool
@@ -302,6 +360,8 @@ on_stream(struct cx_runexec *st, json_t *content)
     if (st->f.truncated)
         return CX_OK;
     tail_add(err ? &st->err : &st->out, json_string_value(text), n);
+    if (st->full)
+        cx_buf_add(err ? &st->full_err : &st->full_out, json_string_value(text), n);
     if (pend_add(st, err, json_string_value(text), n))
         return CX_AGAIN; /* wait_windows() ticks the sink and comes back */
     return CX_OK;
@@ -329,16 +389,19 @@ on_result(struct cx_runexec *st, int index, const char *type, json_t *content)
         set_result(st, value);
         return;
     }
+    const char *mime = NULL, *path = NULL;
+
     if (index != CX_REQ_USER)
         return;
     if (st->cap || st->sink)
-        rich_outputs(st, data);
+        path = rich_outputs(st, data, &mime);
     plain = json_object_get(data, "text/plain");
     if (!strcmp(type, "execute_result") && json_is_string(plain)) {
         count_output(st, json_string_length(plain));
         if (!st->f.truncated)
             set_result(st, plain);
     }
+    add_result(st, type, data, mime, path);
 }
 
 static enum cx_err
@@ -644,7 +707,7 @@ out:
 }
 
 enum cx_err
-cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture,
+cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture, bool full,
                const struct cx_run_sink *sink, struct cx_runexec **out)
 {
     struct cx_runexec *st = calloc(1, sizeof(*st));
@@ -660,6 +723,10 @@ cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture,
     tail_init(&st->err, cx->cfg->tail_chars);
     /* counted output only, told in PEND_MAX pieces */
     cx_buf_init(&st->pend, (size_t)cx->cfg->max_output_bytes + PEND_MAX);
+    st->full = full;
+    cx_buf_init(&st->full_out, full ? (size_t)cx->cfg->max_output_bytes + 1 : 1);
+    cx_buf_init(&st->full_err, full ? (size_t)cx->cfg->max_output_bytes + 1 : 1);
+    st->results = json_array();
     st->all = calloc((size_t)st->nreq, sizeof(*st->all));
     if (!st->all)
         return CX_ERR_NOMEM;
@@ -683,6 +750,9 @@ cx_runexec_free(struct cx_runexec *st)
     cx_buf_cleanup(&st->out.b);
     cx_buf_cleanup(&st->err.b);
     cx_buf_cleanup(&st->pend);
+    cx_buf_cleanup(&st->full_out);
+    cx_buf_cleanup(&st->full_err);
+    json_decref(st->results);
     free(st);
 }
 
@@ -710,6 +780,56 @@ json_t *
 cx_runexec_stderr(struct cx_runexec *st)
 {
     return st->err.b.len ? tail_json(&st->err, st->cx->cfg->tail_chars) : NULL;
+}
+
+json_t *
+cx_runexec_full(struct cx_runexec *st, bool err)
+{
+    struct cx_buf *b = err ? &st->full_err : &st->full_out;
+
+    if (!st->full)
+        return NULL;
+    return json_stringn(b->len ? b->data : "", b->len);
+}
+
+/* A captured output's placeholder {"path"} as its artifact's id and
+ * version, found in artifacts (the run's entries); dropped when it was
+ * not stored. */
+static void
+name_artifacts(json_t *data, const json_t *artifacts)
+{
+    const char *mime;
+    json_t *v, *tmp;
+
+    json_object_foreach_safe(data, tmp, mime, v)
+    {
+        const char *path = json_string_value(json_object_get(v, "path"));
+        json_t *named = NULL;
+
+        if (!path)
+            continue;
+        for (size_t i = 0; !named && i < json_array_size(artifacts); i++) {
+            json_t *a = json_array_get(artifacts, i);
+            const char *p = json_string_value(json_object_get(a, "path"));
+            if (p && !strcmp(p, path))
+                named = json_pack("{s:O,s:O}", "artifact_id", json_object_get(a, "artifact_id"),
+                                  "version", json_object_get(a, "version"));
+        }
+        if (named)
+            json_object_set_new(data, mime, named);
+        else
+            json_object_del(data, mime);
+    }
+}
+
+json_t *
+cx_runexec_results(struct cx_runexec *st, const json_t *artifacts)
+{
+    json_t *out = json_deep_copy(st->results);
+
+    for (size_t i = 0; out && i < json_array_size(out); i++)
+        name_artifacts(json_object_get(json_array_get(out, i), "data"), artifacts);
+    return out ? out : json_array();
 }
 
 void

@@ -57,7 +57,7 @@ struct cx_runexec_facts {
 
 /* A run's execution: its requests sized for in, a capture when capture,
  * events for sink (NULL: none). Free with cx_runexec_free(). */
-enum cx_err cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture,
+enum cx_err cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture, bool full,
                            const struct cx_run_sink *sink, struct cx_runexec **out) CX_MUSTCHECK;
 void cx_runexec_free(struct cx_runexec *st);
 
@@ -69,6 +69,13 @@ struct cx_capture *cx_runexec_capture(const struct cx_runexec *st);
  * stderr's NULL when the run wrote none. */
 json_t *cx_runexec_stdout(struct cx_runexec *st);
 json_t *cx_runexec_stderr(struct cx_runexec *st);
+/* With full (output "full"): stdout or stderr whole, a new JSON string;
+ * else NULL. */
+json_t *cx_runexec_full(struct cx_runexec *st, bool err);
+/* The user cell's execute_result and display_data bundles in order, each
+ * {"type", "data": {mime: value}}, captured binary outputs named by their
+ * artifacts (a new array). */
+json_t *cx_runexec_results(struct cx_runexec *st, const json_t *artifacts);
 
 /* Tells the sink an event (data: taken, may be NULL for {}), after the
  * stream text that waits; nothing when nobody listens. */

@@ -143,6 +143,32 @@ f_capture(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, ch
 }
 
 static enum cx_err
+f_output(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+         size_t msglen)
+{
+    (void)cfg;
+    req->output_full = false;
+    if (!v)
+        return CX_OK;
+    if (json_is_string(v) && !strcmp(json_string_value(v), "full"))
+        req->output_full = true;
+    else if (!json_is_string(v) || strcmp(json_string_value(v), "tail") != 0)
+        return fail(msg, msglen, CX_ERR_INVALID, "output must be \"tail\" or \"full\"");
+    return CX_OK;
+}
+
+static enum cx_err
+f_language(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
+           size_t msglen)
+{
+    (void)cfg;
+    (void)req;
+    if (v && (!json_is_string(v) || strcmp(json_string_value(v), "python") != 0))
+        return fail(msg, msglen, CX_ERR_INVALID, "language: this server runs \"python\"");
+    return CX_OK;
+}
+
+static enum cx_err
 f_timeout(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
           size_t msglen)
 {
@@ -218,6 +244,8 @@ static const struct field {
     {"timeout", f_timeout},
     {"ttl", f_ttl},
     {"arguments", f_arguments},
+    {"output", f_output},
+    {"language", f_language},
 };
 #define NFIELDS (sizeof(fields) / sizeof(fields[0]))
 

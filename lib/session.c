@@ -542,7 +542,7 @@ place_and_start(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msgle
 }
 
 static enum cx_err
-create(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
+create_session(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
 {
     char ttl_s[16];
     const char *p[6] = {s->id, s->user, s->conversation_id, s->gateway_url, ttl_s, s->workspace};
@@ -606,9 +606,9 @@ cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_
     return rc;
 }
 
-enum cx_err
-cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
-                   struct cx_session *s, char *msg, size_t msglen)
+static enum cx_err
+acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl, bool create,
+        struct cx_session *s, char *msg, size_t msglen)
 {
     char ttl_s[16];
     PGresult *r = NULL;
@@ -629,7 +629,12 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
     }
     if (PQntuples(r) == 0) {
         PQclear(r);
-        rc = create(cx, s, ttl, msg, msglen);
+        if (!create) {
+            cx_session_release(cx, s);
+            snprintf(msg, msglen, "this conversation has no session");
+            return CX_ERR_NOT_FOUND;
+        }
+        rc = create_session(cx, s, ttl, msg, msglen);
         if (rc)
             goto fail;
         return CX_OK;
@@ -653,6 +658,20 @@ cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigne
 fail:
     cx_session_release(cx, s);
     return rc;
+}
+
+enum cx_err
+cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
+                   struct cx_session *s, char *msg, size_t msglen)
+{
+    return acquire(cx, user, cid, ttl, true, s, msg, msglen);
+}
+
+enum cx_err
+cx_session_attach(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
+                  struct cx_session *s, char *msg, size_t msglen)
+{
+    return acquire(cx, user, cid, ttl, false, s, msg, msglen);
 }
 
 void

@@ -50,6 +50,12 @@ enum cx_err cx_session_acquire(struct cx_ctx *cx, const char *user, const char *
                                unsigned ttl, struct cx_session *s, char *msg,
                                size_t msglen) CX_MUSTCHECK;
 
+/* cx_session_acquire() of a session that exists: CX_ERR_NOT_FOUND (and
+ * nothing held) when the conversation has none. */
+enum cx_err cx_session_attach(struct cx_ctx *cx, const char *user, const char *conversation_id,
+                              unsigned ttl, struct cx_session *s, char *msg,
+                              size_t msglen) CX_MUSTCHECK;
+
 /* Records the kernel's state after a run and unlocks. Safe to call twice. */
 void cx_session_release(struct cx_ctx *cx, struct cx_session *s);
 

@@ -330,3 +330,15 @@ cx_json_cost(const char *s, size_t len)
     }
     return cost;
 }
+
+int
+cx_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}

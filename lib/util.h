@@ -18,6 +18,9 @@ bool cx_uuid_valid(const char *s);
  * CX_CONVERSATION_MAX of [A-Za-z0-9._:-]. */
 #define CX_CONVERSATION_MAX 128
 bool cx_conversation_id_valid(const char *s);
+
+/* The value of a hex digit, or -1 (percent-decoding). */
+int cx_hex_digit(char c);
 /* What a client is told when it is not (every place that checks one). */
 #define CX_CONVERSATION_RULE "conversation_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -"
 

@@ -684,7 +684,9 @@ class Stack:
         for name in ("codexec-locations.conf", "codexec-storage.conf", "codexec-storage-s3.conf",
                      "codexec-links.conf"):
             with open(os.path.join(REPO, "nginx", name)) as f:
-                self.write_file(os.path.join(ndir, name), f.read(), 0o644)
+                self.write_file(os.path.join(ndir, name),
+                                f.read().replace("client_max_body_size 64m;",
+                                                 f"client_max_body_size {self.nginx_body};"), 0o644)
         # Signed links checked by nginx itself (docs/api.md, "Signed links at the
         # edge"), with storage_dir only: the store's objects are not files.
         # Without the module (a build without nginx's source), links go to
@@ -716,9 +718,7 @@ class Stack:
                             f.read().replace("/etc/codexec/nginx-web-key*.conf",
                                              os.path.join(ndir, "web-key*.conf")), 0o644)
         with open(os.path.join(REPO, "nginx", "codexec-pass.conf")) as f:
-            self.write_file(os.path.join(ndir, "snippets", "codexec-pass.conf"),
-                            f.read().replace("client_max_body_size 64m;",
-                                             f"client_max_body_size {self.nginx_body};"), 0o644)
+            self.write_file(os.path.join(ndir, "snippets", "codexec-pass.conf"), f.read(), 0o644)
         tmp = os.path.join(ndir, "tmp")
         conf = f"""# Written by packaging/stack.py.
 {edge_module}daemon off;

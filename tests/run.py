@@ -190,6 +190,8 @@ def main():
         "reaper_interval": "1",
         "interrupt_grace": "2",
         "max_output_bytes": "1M",
+        # test_files writes and reads a 500 MiB file (the workspace is 512M)
+        "max_artifact_bytes": "600M",
         "user_quota_artifacts": "100",
         "kernel_pool_size": "0",  # test_pool turns it on
         # The suite's sessions live default_ttl (10 minutes) and outnumber

@@ -22,7 +22,10 @@ class Spec:
         self.resolver = jsonschema.RefResolver.from_schema(self.doc)
         self.paths = []
         for template, item in self.doc["paths"].items():
-            rx = "^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$"
+            # a trailing {path} is a workspace path: slashes and all
+            esc = re.escape(template)
+            esc = re.sub(r"\\\{path\\\}$", ".+", esc)
+            rx = "^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", esc) + "$"
             self.paths.append((re.compile(rx), template, item))
         self.problems = []
         self.checked = 0

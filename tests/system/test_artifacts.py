@@ -108,7 +108,7 @@ def test_exclusions_and_outputs(ctx):
 def test_caps_are_listed_and_not_offered_again(ctx):
     user = "a-caps"
     r = run(ctx, user, "c1", "with open('big.bin', 'wb') as f:\n"
-                             "    f.seek(110 * 1024 * 1024); f.write(b'x')\n"
+                             "    f.seek(700 * 1024 * 1024); f.write(b'x')  # sparse: past max_artifact_bytes (600M)\n"
                              "open('small.txt', 'w').write('s')", timeout=120)
     eq(sorted(by_path(r)), ["small.txt"], "the small one")
     eq(skipped(r), {"big.bin": "too_large"}, "the big one skipped as too_large")

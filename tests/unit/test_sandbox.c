@@ -561,7 +561,7 @@ test_argv(void)
     need(cx_sandbox_conf_parse(&sc, "s", "max_workspace_bytes = 300M\npython_env = /opt/env\n", err,
                                sizeof(err)) == CX_OK,
          "conf for argv");
-    ok(cx_sandbox_argv(&sc, &c, "/run/x/sbx-kernel-abc.123456", 7, 9, &argv) == CX_OK, "argv");
+    ok(cx_sandbox_argv(&sc, &c, "/run/x/sbx-kernel-abc.123456", NULL, NULL, 7, 9, &argv) == CX_OK, "argv");
     for (char **a = argv; a && *a; a++) {
         strncat(joined, *a, sizeof(joined) - strlen(joined) - 2);
         strncat(joined, " ", sizeof(joined) - strlen(joined) - 1);
