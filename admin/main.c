@@ -39,7 +39,7 @@ usage(FILE *f)
         "                                  server's key (web_server_key = true)\n"
         "  metrics-token                   print the operators' Bearer token for /metrics\n"
         "                                  (metrics_token = true)\n"
-        "  key create --user NAME [--label L] [--require-approval]\n"
+        "  key create --user NAME [--label L] [--require-approval] [--on-behalf]\n"
         "                                  create an API key; prints only the key\n"
         "  key revoke ID                   revoke a key by id\n"
         "  key list [--user NAME]          list keys (never the keys themselves)\n"
@@ -75,21 +75,23 @@ cmd_key_create(const struct cx_config *cfg, struct cx_db *db, int argc, char **a
         {"user", required_argument, NULL, 'u'},
         {"label", required_argument, NULL, 'l'},
         {"require-approval", no_argument, NULL, 'a'},
+        {"on-behalf", no_argument, NULL, 'o'},
         {NULL, 0, NULL, 0},
     };
     const char *user = NULL, *label = NULL;
     char key[CX_KEY_CHARS + 1], id[37];
     struct cx_auth *auth = NULL;
-    bool approval = false;
+    unsigned flags = 0;
     enum cx_err rc;
     int c;
 
     optind = 1;
-    while ((c = getopt_long(argc, argv, "u:l:a", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "u:l:ao", opts, NULL)) != -1) {
         switch (c) {
         case 'u': user = optarg; break;
         case 'l': label = optarg; break;
-        case 'a': approval = true; break;
+        case 'a': flags |= CX_KEY_APPROVAL; break;
+        case 'o': flags |= CX_KEY_ON_BEHALF; break;
         default: usage(stderr); return 2;
         }
     }
@@ -106,7 +108,7 @@ cmd_key_create(const struct cx_config *cfg, struct cx_db *db, int argc, char **a
         say(CX_LOG_ERR, "cannot load the secret file %s\n", cfg->secret_file);
         return 1;
     }
-    rc = cx_auth_key_create(auth, db, user, label, approval, key, id);
+    rc = cx_auth_key_create(auth, db, user, label, flags, key, id);
     cx_auth_free(auth);
     if (rc) {
         say(CX_LOG_ERR, "key create failed: %s\n", cx_strerror(rc));

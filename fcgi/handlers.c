@@ -436,7 +436,8 @@ cx_h_artifacts_content(struct cx_req *r)
     struct cx_download_request q = {.id = r->captures[0],
                                     .query = r->query,
                                     .remote_user = cx_req_remote_user(r),
-                                    .authorization = cx_req_param(r, "HTTP_AUTHORIZATION")};
+                                    .authorization = cx_req_param(r, "HTTP_AUTHORIZATION"),
+                                    .on_behalf = cx_req_param(r, "HTTP_ON_BEHALF_OF")};
     struct cx_download d;
     char msg[CX_MSG_MAX] = "", path[4096];
     bool hit;

@@ -478,12 +478,18 @@ bool
 cx_req_authenticate(struct cx_req *r)
 {
     const char *remote = cx_req_remote_user(r);
+    char msg[CX_MSG_MAX] = "";
     enum cx_err rc;
 
     rc = cx_auth_request(r->cx->auth, r->cx->db, remote != NULL, remote,
                          cx_req_param(r, "HTTP_AUTHORIZATION"), &r->who);
     if (!cx_req_auth_result(r, rc))
         return false;
+    rc = cx_auth_act_for(&r->who, cx_req_param(r, "HTTP_ON_BEHALF_OF"), msg, sizeof(msg));
+    if (rc) {
+        cx_req_send_lib_error(r, rc, msg);
+        return false;
+    }
     /* The web server's authentication travels with every request a
      * browser makes, also those another site makes it send: such a
      * credential changes nothing from another site. A key does not

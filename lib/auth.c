@@ -259,6 +259,7 @@ cx_auth_check_key_with(const struct cx_auth *a, struct cx_db *db, const char *ke
     snprintf(p->key_id, sizeof(p->key_id), "%s", PQgetvalue(r, 0, 0));
     snprintf(p->user, sizeof(p->user), "%s", PQgetvalue(r, 0, 1));
     p->require_approval = PQgetvalue(r, 0, 2)[0] == 't';
+    p->on_behalf = PQgetvalue(r, 0, 5)[0] == 't';
     if (PQgetvalue(r, 0, 4)[0] == 't') {
         const char *id[1] = {p->key_id};
         if (cx_db_exec(db, &q_key_touch, id, NULL))
@@ -296,17 +297,17 @@ cx_auth_request(const struct cx_auth *a, struct cx_db *db, bool trust_remote_use
     return cx_auth_check_key(a, db, token, len, p);
 }
 
-CX_SQL(q_key_insert, 5,
-       "INSERT INTO api_keys (user_id, label, key_hash, key_prefix, require_approval)"
-       " VALUES ($1, $2, $3::bytea, $4, $5::boolean) RETURNING id");
+CX_SQL(q_key_insert, 6,
+       "INSERT INTO api_keys (user_id, label, key_hash, key_prefix, require_approval, on_behalf)"
+       " VALUES ($1, $2, $3::bytea, $4, $5::boolean, $6::boolean) RETURNING id");
 
 enum cx_err
 cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const char *user, const char *label,
-                   bool require_approval, char *key_out, char *id_out)
+                   unsigned flags, char *key_out, char *id_out)
 {
     unsigned char raw[32], hash[32];
     char hexparam[2 + 64 + 1], prefix[12];
-    const char *params[5];
+    const char *params[6];
     PGresult *r = NULL;
     enum cx_err rc;
 
@@ -323,7 +324,8 @@ cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const char *user, 
     params[1] = label;
     params[2] = hexparam;
     params[3] = prefix;
-    params[4] = require_approval ? "true" : "false";
+    params[4] = flags & CX_KEY_APPROVAL ? "true" : "false";
+    params[5] = flags & CX_KEY_ON_BEHALF ? "true" : "false";
     rc = cx_db_exec(db, &q_key_insert, params, &r);
     if (rc == CX_OK)
         snprintf(id_out, 37, "%s", PQgetvalue(r, 0, 0));
@@ -366,4 +368,26 @@ cx_auth_key_list(struct cx_db *db, const char *user, json_t **out)
     const char *p[1] = {user};
 
     return cx_db_rows(db, &q_key_list, p, CX_AUTH_KEY_LIST_COLUMNS, out);
+}
+
+enum cx_err
+cx_auth_act_for(struct cx_principal *p, const char *header, char *msg, size_t msglen)
+{
+    size_t n = header ? strlen(header) : 0;
+
+    if (!header)
+        return CX_OK;
+    if (!p->key_id[0] || !p->on_behalf) {
+        snprintf(msg, msglen, "On-Behalf-Of needs a key made with --on-behalf");
+        return CX_ERR_FORBIDDEN;
+    }
+    if (n < 1 || n > CX_ON_BEHALF_MAX || !cx_name_chars(header, n, "._:@-") ||
+        strlen(p->user) + 1 + n > CX_USER_MAX) {
+        snprintf(msg, msglen, "On-Behalf-Of must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ -");
+        return CX_ERR_INVALID;
+    }
+    /* (the principal keeps its key: links and revocation follow the key) */
+    snprintf(p->user + strlen(p->user), sizeof(p->user) - strlen(p->user), ":%s", header);
+    p->on_behalf = false; /* applied once */
+    return CX_OK;
 }

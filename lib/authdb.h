@@ -18,9 +18,9 @@ struct cx_sql;
  * the table api_keys is named k. */
 #define CX_AUTH_KEY_COLUMNS                                                                        \
     "k.id, k.user_id, k.require_approval, k.key_hash,"                                             \
-    " k.last_used_at IS NULL OR k.last_used_at < now() - interval '5 minutes'"
+    " k.last_used_at IS NULL OR k.last_used_at < now() - interval '5 minutes', k.on_behalf"
 #define CX_AUTH_KEY_MATCH "k.key_hash = $1::bytea AND k.revoked_at IS NULL"
-#define CX_AUTH_KEY_NCOLS 5
+#define CX_AUTH_KEY_NCOLS 6
 
 /* cx_auth_check_key() with the caller's statement q (see above; at most one
  * row), whose parameters after $1 are more[0..nmore). On CX_OK *res holds

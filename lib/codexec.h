@@ -359,7 +359,15 @@ struct cx_principal {
     char user[CX_USER_MAX + 1];
     char key_id[37]; /* "" when authenticated by REMOTE_USER */
     bool require_approval;
+    bool on_behalf; /* the key may act for end users (On-Behalf-Of) */
 };
+
+/* cx_auth_key_create()'s flags. */
+#define CX_KEY_APPROVAL  1u /* its runs wait for approval */
+#define CX_KEY_ON_BEHALF 2u /* it may send On-Behalf-Of (SPEC §10.4) */
+
+/* An end user's id in On-Behalf-Of: 1 to 128 of [A-Za-z0-9._:@-]. */
+#define CX_ON_BEHALF_MAX 128
 
 /* Writes a new secret file (mode 0600, fails if it exists). */
 enum cx_err cx_auth_secret_create(const char *path) CX_MUSTCHECK;
@@ -400,11 +408,18 @@ enum cx_err cx_auth_request(const struct cx_auth *a, struct cx_db *db, bool trus
                             const char *remote_user, const char *authorization,
                             struct cx_principal *p) CX_MUSTCHECK;
 
-/* Creates a key for user; key_out receives the key (CX_KEY_CHARS + 1 bytes)
- * and id_out its row id (37 bytes). */
+/* Creates a key for user with flags (CX_KEY_*); key_out receives the key
+ * (CX_KEY_CHARS + 1 bytes) and id_out its row id (37 bytes). */
 enum cx_err cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const char *user,
-                               const char *label, bool require_approval, char *key_out,
+                               const char *label, unsigned flags, char *key_out,
                                char *id_out) CX_MUSTCHECK;
+
+/* On-Behalf-Of (header, NULL when absent) applied to p: p->user becomes
+ * "<user>:<id>", as if that user's own key had sent the request.
+ * CX_ERR_FORBIDDEN for a principal that is not an on-behalf key,
+ * CX_ERR_INVALID for a malformed id (msg says why). */
+enum cx_err cx_auth_act_for(struct cx_principal *p, const char *header, char *msg,
+                            size_t msglen) CX_MUSTCHECK;
 
 /* Revokes by row id. CX_ERR_NOT_FOUND if no active key has that id. */
 enum cx_err cx_auth_key_revoke(struct cx_db *db, const char *id) CX_MUSTCHECK;
@@ -763,6 +778,7 @@ struct cx_download_request {
     const char *query;         /* the query string, "" when absent */
     const char *remote_user;   /* REMOTE_USER when the web server authenticated, else NULL */
     const char *authorization; /* the Authorization header, or NULL */
+    const char *on_behalf;     /* the On-Behalf-Of header, or NULL */
 };
 
 /* GET /v1/artifacts/{id}/content: who may read what. A valid signed link

@@ -274,7 +274,8 @@ signature_ok(struct cx_ctx *cx, const unsigned char *tag, size_t taglen, const c
     return good;
 }
 
-CX_SQL(q_link_key, 1, "SELECT user_id FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");
+CX_SQL(q_link_key, 1,
+       "SELECT user_id, on_behalf FROM api_keys WHERE id = $1::uuid AND revoked_at IS NULL");
 
 /* Whether the key that made a link (key_id, "" for a link of a user the
  * web server authenticated) is still live and the user's: CX_OK, else
@@ -294,7 +295,12 @@ link_key_live(struct cx_ctx *cx, const char *key_id, const char *user)
     rc = cx_db_exec(cx->db, &q_link_key, p, &r);
     if (rc)
         return rc;
-    live = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), user);
+    /* the key's own user, or one of its end users (On-Behalf-Of) */
+    live =
+        PQntuples(r) == 1 && (!strcmp(PQgetvalue(r, 0, 0), user) ||
+                              (PQgetvalue(r, 0, 1)[0] == 't' &&
+                               !strncmp(PQgetvalue(r, 0, 0), user, strlen(PQgetvalue(r, 0, 0))) &&
+                               user[strlen(PQgetvalue(r, 0, 0))] == ':'));
     PQclear(r);
     return live ? CX_OK : CX_ERR_FORBIDDEN; /* the key that made it was revoked */
 }
@@ -420,8 +426,11 @@ cx_download_authorize(struct cx_ctx *cx, const struct cx_download_request *q,
         snprintf(msg, msglen, "version must be a positive integer");
         return rc ? rc : CX_ERR_INVALID;
     }
-    if (q->remote_user) {
+    if (q->remote_user || q->on_behalf) {
+        /* the principal first, then the artifact by its user */
         rc = credentials(cx, q, who);
+        if (rc == CX_OK)
+            rc = cx_auth_act_for(who, q->on_behalf, msg, msglen);
         return rc ? rc : cx_download_resolve(cx, who->user, q->id, version, d);
     }
     rc = cx_auth_parse_bearer(q->authorization, &key, &len);

@@ -127,5 +127,34 @@ main(void)
     cx_auth_free(a);
     unlink(secret);
     pgtest_drop();
+    /* On-Behalf-Of: only an on-behalf key, a well-formed id, applied once */
+    {
+        struct cx_principal svc = {.user = "svc", .key_id = "k", .on_behalf = true}, plain = svc;
+        struct cx_principal web = {.user = "web"};
+        char m[CX_MSG_MAX], big[140];
+
+        plain.on_behalf = false;
+        ok(cx_auth_act_for(&svc, NULL, m, sizeof(m)) == CX_OK && !strcmp(svc.user, "svc"),
+           "no header: the key's own user");
+        ok(cx_auth_act_for(&svc, "alice@example.org", m, sizeof(m)) == CX_OK &&
+               !strcmp(svc.user, "svc:alice@example.org"),
+           "the end user: svc:alice@example.org");
+        ok(cx_auth_act_for(&svc, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "applied once only");
+        ok(cx_auth_act_for(&plain, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "a plain key: 403");
+        ok(cx_auth_act_for(&web, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "REMOTE_USER: 403");
+        memset(big, 'x', 129);
+        big[129] = '\0';
+        static const char *const bad[] = {"", "a b", "a/b", "\xc3\xa9", "a\tb"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            struct cx_principal q = {.user = "svc", .key_id = "k", .on_behalf = true};
+            ok(cx_auth_act_for(&q, bad[i], m, sizeof(m)) == CX_ERR_INVALID &&
+                   !strcmp(q.user, "svc"),
+               "malformed id %zu refused, the user unchanged", i);
+        }
+        struct cx_principal q = {.user = "svc", .key_id = "k", .on_behalf = true};
+        ok(cx_auth_act_for(&q, big, m, sizeof(m)) == CX_ERR_INVALID, "129 characters refused");
+        big[128] = '\0';
+        ok(cx_auth_act_for(&q, big, m, sizeof(m)) == CX_OK, "128 accepted");
+    }
     return tap_done();
 }
