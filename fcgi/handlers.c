@@ -535,14 +535,14 @@ file_path(struct cx_req *r, char path[CX_FILE_PATH_MAX + 1])
     return rc == CX_OK;
 }
 
-void
-cx_h_files_put(struct cx_req *r)
+static void
+files_put_run(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1];
     json_t *out = NULL;
     enum cx_err rc;
 
-    if (!cx_req_authenticate(r) || !file_path(r, path))
+    if (!file_path(r, path))
         return;
     rc = cx_files_write(r->cx, r->who.user, r->captures[0], path, cx_req_param(r, "CONTENT_LENGTH"),
                         cx_req_read, r->fr->in, &out, msg, sizeof(msg));
@@ -579,15 +579,15 @@ file_data(void *ctx, const void *data, size_t len)
     return cx_req_send_bytes(((struct file_out *)ctx)->r, data, len);
 }
 
-void
-cx_h_files_get(struct cx_req *r)
+static void
+files_get_run(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1];
     struct file_out f = {.r = r};
     struct cx_files_reader rd = {file_head, file_data, &f, strcmp(r->method, "HEAD") != 0};
     enum cx_err rc;
 
-    if (!cx_req_authenticate(r) || !file_path(r, path))
+    if (!file_path(r, path))
         return;
     rc = cx_files_read(r->cx, r->who.user, r->captures[0], path, &rd, msg, sizeof(msg));
     if (rc && r->status)
@@ -596,13 +596,13 @@ cx_h_files_get(struct cx_req *r)
         cx_req_send_lib_error(r, rc, msg);
 }
 
-void
-cx_h_files_delete(struct cx_req *r)
+static void
+files_delete_run(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1], rec[8] = "";
     enum cx_err rc;
 
-    if (!cx_req_authenticate(r) || !file_path(r, path))
+    if (!file_path(r, path))
         return;
     if (cx_http_query_get(r->query, "recursive", rec, sizeof(rec)))
         rec[0] = '\0';
@@ -611,16 +611,14 @@ cx_h_files_delete(struct cx_req *r)
     answer(r, rc, 204, NULL, msg, "no such file");
 }
 
-void
-cx_h_files_list(struct cx_req *r)
+static void
+files_list_run(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", raw[3 * CX_FILE_PATH_MAX + 1] = "", rec[8] = "";
     char dir[CX_FILE_PATH_MAX + 1];
     json_t *out = NULL;
     enum cx_err rc;
 
-    if (!cx_req_authenticate(r))
-        return;
     /* the query's value is decoded once here: kept encoded for the check */
     rc = cx_http_query_get(r->query, "path", raw, sizeof(raw));
     if (rc == CX_OK || rc == CX_ERR_NOT_FOUND)
@@ -683,4 +681,35 @@ cx_h_conversations_list(struct cx_req *r)
         enum cx_err rc = cx_session_list_live(r->cx, r->who.user, &out);
         answer(r, rc, 200, out, NULL, NULL);
     }
+}
+
+/* A file operation holds the conversation and its kernel as a run does: on
+ * a run thread (cx_req_defer), within the user's max_concurrent_runs_per_user,
+ * so slow bodies or kernels never hold the workers that answer everyone. */
+void
+cx_h_files_put(struct cx_req *r)
+{
+    if (cx_req_authenticate(r))
+        (void)cx_req_defer(r, files_put_run);
+}
+
+void
+cx_h_files_get(struct cx_req *r)
+{
+    if (cx_req_authenticate(r))
+        (void)cx_req_defer(r, files_get_run);
+}
+
+void
+cx_h_files_delete(struct cx_req *r)
+{
+    if (cx_req_authenticate(r))
+        (void)cx_req_defer(r, files_delete_run);
+}
+
+void
+cx_h_files_list(struct cx_req *r)
+{
+    if (cx_req_authenticate(r))
+        (void)cx_req_defer(r, files_list_run);
 }

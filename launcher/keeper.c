@@ -121,7 +121,12 @@ mount_ws(struct keeper *kp, const char *base, unsigned long long size)
     if (mkdirat(kp->root_fd, base, 0700) != 0 && errno != EEXIST)
         return false;
     snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", kp->root_fd, base);
-    snprintf(opts, sizeof(opts), "size=%llu,mode=0700", size);
+    /* inodes too: empty files cost no size but kernel memory that outlives
+     * a restart of the kernel that made them */
+    snprintf(opts, sizeof(opts), "size=%llu,nr_inodes=%llu,mode=0700", size,
+             size / 16384 < 4096        ? 4096ULL
+             : size / 16384 > (1 << 20) ? 1ULL << 20
+                                        : size / 16384);
     if (mount("codexec-workspace", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0)
         return false;
     fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -394,6 +399,12 @@ static enum cx_err
 start_keeper(int rfd, const char *runtime, pid_t server, char *msg, size_t msglen)
 {
     int pipefd[2], lfd, sfd = pidfd_open(server, 0), st;
+
+    if (sfd >= 0 && getppid() != server) { /* it died and its pid went to another */
+        close(sfd);
+        sfd = -1;
+        errno = ESRCH;
+    }
     char why[128] = "";
     ssize_t n;
     pid_t pid;
@@ -464,13 +475,17 @@ hold_answer(struct cx_keeper *k, char *msg, size_t msglen)
     ssize_t n = recvmsg(k->sock, &m, MSG_CMSG_CLOEXEC);
 
     h = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
-    if (n > 0 && text[0] == '0' && h && h->cmsg_type == SCM_RIGHTS &&
+    if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS &&
         h->cmsg_len == CMSG_LEN(2 * sizeof(int))) {
         int ns[2];
         memcpy(ns, CMSG_DATA(h), sizeof(ns));
-        k->userns = ns[0];
-        k->mntns = ns[1];
-        return CX_OK;
+        if (text[0] == '0') {
+            k->userns = ns[0];
+            k->mntns = ns[1];
+            return CX_OK;
+        }
+        close(ns[0]);
+        close(ns[1]);
     }
     text[n > 0 ? n : 0] = '\0';
     snprintf(msg, msglen, "the workspace keeper refused: %s", n > 1 ? text + 1 : "no answer");
@@ -493,6 +508,12 @@ cx_keeper_hold(const struct cx_sandbox_conn *c, uint64_t size, pid_t server, str
         goto out;
     }
     k->sock = keeper_connect(rfd, c->runtime, server, msg, msglen);
+    if (k->sock >= 0) {
+        /* a keeper that stopped answering fails the start, never hangs it */
+        struct timeval tv = {.tv_sec = 10};
+        (void)setsockopt(k->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        (void)setsockopt(k->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    }
     n = snprintf(req, sizeof(req), "H%llu%c%s%c%s", (unsigned long long)size, 0, c->base, 0,
                  c->path);
     if (k->sock >= 0 && n > 0 && (size_t)n < sizeof(req) &&

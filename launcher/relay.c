@@ -43,8 +43,8 @@ static const uint64_t role_max[] = {0, 128, 16384, PARENT_MAX, 65536, CONTENT_MA
 #define BURST_MSGS    8000.0
 #define RATE_BYTES    (512.0 * 1024 * 1024)
 #define BURST_BYTES   (512.0 * 1024 * 1024)
-#define RATE_CONTENT  (64.0 * 1024 * 1024)
-#define BURST_CONTENT (128.0 * 1024 * 1024)
+#define RATE_CONTENT  (16.0 * 1024 * 1024)
+#define BURST_CONTENT (16.0 * 1024 * 1024)
 
 /* The run-end requests the server sent whose reply has not come: a few
  * (one a run; more only when replies never came, after a restart). */

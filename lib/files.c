@@ -115,6 +115,7 @@ struct fileop {
     /* a read's: the file's header ({"op": "file"}), its bytes */
     json_t *file;
     json_t *list; /* a listing's entries, as the pages come */
+    size_t list_bytes;
     bool (*data)(void *ctx, const void *data, size_t len);
     void *data_ctx;
 };
@@ -234,16 +235,27 @@ list_entry(const json_t *e)
                      json_integer_value(size), "mtime", mtime);
 }
 
-/* A page of the listing into list: each entry checked, at most LIST_MAX. */
+/* A page of the listing into list: each entry checked (its path held to
+ * the rules of a path), at most LIST_MAX entries and about LIST_BYTES of
+ * paths in all (*bytes: so far), whatever the kernel says. */
 static enum cx_err
-list_page(json_t *list, const json_t *files)
+list_page(json_t *list, const json_t *files, size_t *bytes)
 {
+    char path[CX_FILE_PATH_MAX + 1], msg[CX_MSG_MAX];
+
     if (!json_is_array(files) || json_array_size(list) + json_array_size(files) > LIST_MAX)
         return CX_ERR_PROTOCOL;
     for (size_t i = 0; i < json_array_size(files); i++) {
         json_t *e = list_entry(json_array_get(files, i));
-        if (!e || json_array_append_new(list, e))
+        const char *p = json_string_value(json_object_get(e, "path"));
+
+        if (!e || cx_files_path(p, false, false, path, msg, sizeof(msg)) ||
+            (*bytes += strlen(p) + 96) > LIST_BYTES) {
+            json_decref(e);
             return CX_ERR_PROTOCOL;
+        }
+        if (json_array_append_new(list, e))
+            return CX_ERR_NOMEM;
     }
     return CX_OK;
 }
@@ -277,7 +289,7 @@ on_message(void *ctx, int index, const char *type, json_t *content,
     }
     if (o->list && json_is_string(json_object_get(a, "op")) &&
         !strcmp(json_string_value(json_object_get(a, "op")), "page")) {
-        if (list_page(o->list, json_object_get(a, "files")))
+        if (list_page(o->list, json_object_get(a, "files"), &o->list_bytes))
             o->rc = o->rc ? o->rc : CX_ERR_PROTOCOL;
         return CX_OK;
     }

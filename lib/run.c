@@ -93,7 +93,8 @@ static char *
 answer_text(json_t *payload)
 {
     static const char *const long_parts[] = {"result",      "error",       "traceback",
-                                             "stdout_tail", "stderr_tail", "skipped"};
+                                             "stdout_tail", "stderr_tail", "skipped",
+                                             "stdout",      "stderr",      "results"};
     char *text = json_dumps(payload, JSON_COMPACT);
     json_t *copy;
 

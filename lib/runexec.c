@@ -323,8 +323,11 @@ add_result(struct cx_runexec *st, const char *type, json_t *data, const char *mi
         if (!v || (!json_is_string(v) && strcmp(text[i], "application/json") != 0))
             continue;
         n = inline_size(v);
-        if (strcmp(type, "display_data") == 0)
-            count_output(st, n); /* (an execute_result's text/plain is counted as the result) */
+        /* (an execute_result's text/plain is counted as the result) */
+        if (strcmp(type, "execute_result") != 0 || strcmp(text[i], "text/plain") != 0)
+            count_output(st, n);
+        if (st->f.truncated)
+            break;
         json_object_set_new(
             d, text[i], n > RESULT_TEXT_MAX ? json_pack("{s:b}", "truncated", 1) : json_incref(v));
     }
