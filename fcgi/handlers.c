@@ -535,8 +535,8 @@ file_path(struct cx_req *r, char path[CX_FILE_PATH_MAX + 1])
     return rc == CX_OK;
 }
 
-static void
-files_put_run(struct cx_req *r)
+void
+cx_h_files_put(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1];
     json_t *out = NULL;
@@ -579,8 +579,8 @@ file_data(void *ctx, const void *data, size_t len)
     return cx_req_send_bytes(((struct file_out *)ctx)->r, data, len);
 }
 
-static void
-files_get_run(struct cx_req *r)
+void
+cx_h_files_get(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1];
     struct file_out f = {.r = r};
@@ -596,8 +596,8 @@ files_get_run(struct cx_req *r)
         cx_req_send_lib_error(r, rc, msg);
 }
 
-static void
-files_delete_run(struct cx_req *r)
+void
+cx_h_files_delete(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", path[CX_FILE_PATH_MAX + 1], rec[8] = "";
     enum cx_err rc;
@@ -611,8 +611,8 @@ files_delete_run(struct cx_req *r)
     answer(r, rc, 204, NULL, msg, "no such file");
 }
 
-static void
-files_list_run(struct cx_req *r)
+void
+cx_h_files_list(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "", raw[3 * CX_FILE_PATH_MAX + 1] = "", rec[8] = "";
     char dir[CX_FILE_PATH_MAX + 1];
@@ -638,9 +638,9 @@ files_list_run(struct cx_req *r)
 
 /* --- Sessions ---------------------------------------------------------------- */
 
-/* On a run thread (cx_req_defer): starting a kernel is a run's kind of work. */
-static void
-session_open_run(struct cx_req *r)
+/* On a run thread (the router's lane): starting a kernel is a run's kind of work. */
+void
+cx_h_session_open(struct cx_req *r)
 {
     const char *cl = cx_req_param(r, "CONTENT_LENGTH");
     char msg[CX_MSG_MAX] = "";
@@ -660,13 +660,6 @@ session_open_run(struct cx_req *r)
 }
 
 void
-cx_h_session_open(struct cx_req *r)
-{
-    if (cx_req_authenticate(r))
-        (void)cx_req_defer(r, session_open_run);
-}
-
-void
 cx_h_session_get(struct cx_req *r)
 {
     get_named(r, cx_session_get, "this conversation has no session");
@@ -681,35 +674,4 @@ cx_h_conversations_list(struct cx_req *r)
         enum cx_err rc = cx_session_list_live(r->cx, r->who.user, &out);
         answer(r, rc, 200, out, NULL, NULL);
     }
-}
-
-/* A file operation holds the conversation and its kernel as a run does: on
- * a run thread (cx_req_defer), within the user's max_concurrent_runs_per_user,
- * so slow bodies or kernels never hold the workers that answer everyone. */
-void
-cx_h_files_put(struct cx_req *r)
-{
-    if (cx_req_authenticate(r))
-        (void)cx_req_defer(r, files_put_run);
-}
-
-void
-cx_h_files_get(struct cx_req *r)
-{
-    if (cx_req_authenticate(r))
-        (void)cx_req_defer(r, files_get_run);
-}
-
-void
-cx_h_files_delete(struct cx_req *r)
-{
-    if (cx_req_authenticate(r))
-        (void)cx_req_defer(r, files_delete_run);
-}
-
-void
-cx_h_files_list(struct cx_req *r)
-{
-    if (cx_req_authenticate(r))
-        (void)cx_req_defer(r, files_list_run);
 }

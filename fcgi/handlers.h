@@ -1,4 +1,5 @@
-/* codexec-fcgi: route handlers. Each parses, calls lib/, and responds. */
+/* codexec-fcgi: route handlers. Each parses, calls lib/, and responds; those the
+ * router runs on the lane (router.c) come authenticated, on a run thread. */
 #ifndef CX_FCGI_HANDLERS_H
 #define CX_FCGI_HANDLERS_H
 

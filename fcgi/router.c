@@ -9,6 +9,11 @@ struct route {
     const char *pattern; /* "{}" matches one non-empty segment, a last "{**}" the rest */
     const char *name;
     void (*fn)(struct cx_req *r);
+    /* authenticated, then on a run thread (cx_req_defer): it holds a
+     * conversation and its kernel as a run does, within the user's
+     * max_concurrent_runs_per_user, so a slow body or kernel never holds
+     * the workers that answer everyone */
+    bool lane;
 };
 
 static const struct route routes[] = {
@@ -19,13 +24,13 @@ static const struct route routes[] = {
     {"POST", "/v1/runs/{}/approve", "runs_approve", cx_h_runs_approve},
     {"POST", "/v1/runs/{}/reject", "runs_reject", cx_h_runs_reject},
     {"GET", "/v1/conversations", "conversations_list", cx_h_conversations_list},
-    {"POST", "/v1/conversations/{}/session", "session_open", cx_h_session_open},
+    {"POST", "/v1/conversations/{}/session", "session_open", cx_h_session_open, true},
     {"GET", "/v1/conversations/{}/session", "session_get", cx_h_session_get},
     {"DELETE", "/v1/conversations/{}/session", "session_delete", cx_h_session_delete},
-    {"GET", "/v1/conversations/{}/files", "files_list", cx_h_files_list},
-    {"PUT", "/v1/conversations/{}/files/{**}", "files_put", cx_h_files_put},
-    {"GET", "/v1/conversations/{}/files/{**}", "files_get", cx_h_files_get},
-    {"DELETE", "/v1/conversations/{}/files/{**}", "files_delete", cx_h_files_delete},
+    {"GET", "/v1/conversations/{}/files", "files_list", cx_h_files_list, true},
+    {"PUT", "/v1/conversations/{}/files/{**}", "files_put", cx_h_files_put, true},
+    {"GET", "/v1/conversations/{}/files/{**}", "files_get", cx_h_files_get, true},
+    {"DELETE", "/v1/conversations/{}/files/{**}", "files_delete", cx_h_files_delete, true},
     {"GET", "/v1/conversations/{}/artifacts.html", "artifacts_page", cx_h_artifacts_page},
     {"GET", "/v1/artifacts", "artifacts_list", cx_h_artifacts_list},
     {"POST", "/v1/artifacts", "artifacts_upload", cx_h_artifacts_upload},
@@ -81,7 +86,10 @@ cx_router_dispatch(struct cx_req *r)
         if (strcmp(routes[i].method, method) == 0) {
             match(routes[i].pattern, r->path, r);
             r->route = routes[i].name;
-            routes[i].fn(r);
+            if (!routes[i].lane)
+                routes[i].fn(r);
+            else if (cx_req_authenticate(r))
+                (void)cx_req_defer(r, routes[i].fn);
             return;
         }
         size_t n = strlen(allow);
