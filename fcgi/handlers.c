@@ -3,6 +3,7 @@
  * error it is) are the library's; the answer's status comes from one table
  * (cx_req_send_lib_error). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -89,6 +90,56 @@ cx_h_runs_get(struct cx_req *r)
     get_named(r, cx_run_get, "no such run");
 }
 
+/* A detached run's client: answered 202 at the run's first event, which
+ * names it; told nothing more (the events are kept for /events). */
+struct detached {
+    struct cx_req *r;
+    bool answered;
+};
+
+static bool
+detached_event(void *ctx, const char *name, json_t *data, unsigned id)
+{
+    struct detached *d = ctx;
+    const char *run_id = json_string_value(json_object_get(data, "run_id"));
+    char location[64];
+    json_t *body;
+    (void)id;
+
+    if (d->answered || !name || strcmp(name, "run") || !run_id)
+        return false;
+    body = json_pack("{s:s,s:s}", "run_id", run_id, "status", "running");
+    snprintf(location, sizeof(location), "/v1/runs/%s", run_id);
+    cx_req_header(d->r, "Location", location);
+    if (body)
+        cx_req_send_json(d->r, 202, body);
+    else
+        cx_req_send_lib_error(d->r, CX_ERR_NOMEM, NULL); /* (the run goes on) */
+    json_decref(body);
+    cx_req_end_early(d->r);
+    d->answered = true;
+    return false;
+}
+
+/* wait: false. Until the run is named, its refusals are answered as any
+ * run's; after, its end is its record's. */
+static void
+runs_create_detached(struct cx_req *r, struct cx_run_request *req)
+{
+    struct detached d = {.r = r};
+    struct cx_run_sink sink = {.fn = detached_event, .ctx = &d};
+    char msg[CX_MSG_MAX] = "";
+    json_t *out = NULL;
+    bool pending = false;
+    enum cx_err rc;
+
+    rc = cx_run_submit_stream(r->cx, &r->who, req, &sink, &out, &pending, msg, sizeof(msg));
+    if (!d.answered)
+        answer(r, rc, pending ? 202 : 200, out, msg, NULL);
+    else
+        json_decref(out);
+}
+
 /* On a run thread (cx_req_defer): the body, then the run. */
 static void
 runs_create_run(struct cx_req *r)
@@ -106,6 +157,11 @@ runs_create_run(struct cx_req *r)
         return;
     rc = cx_run_request_parse(r->cx->cfg, body, &req, msg, sizeof(msg));
     json_decref(body);
+    if (rc == CX_OK && req.detach) {
+        runs_create_detached(r, &req);
+        cx_run_request_cleanup(&req);
+        return;
+    }
     if (rc == CX_OK && cx_req_wants_events(r)) {
         struct cx_sse sse;
         struct cx_run_sink sink;
@@ -184,6 +240,60 @@ void
 cx_h_runs_reject(struct cx_req *r)
 {
     decide(r, cx_run_reject);
+}
+
+void
+cx_h_runs_cancel(struct cx_req *r)
+{
+    char msg[CX_MSG_MAX] = "";
+    json_t *out = NULL;
+
+    if (cx_req_authenticate(r)) {
+        enum cx_err rc = cx_run_cancel(r->cx, r->who.user, r->captures[0], &out, msg, sizeof(msg));
+        answer(r, rc, 202, out, msg, NULL);
+    }
+}
+
+/* Last-Event-ID: the id of the last event the client has (digits), or
+ * none. False (answered 400) when it is something else. */
+static bool
+last_event_id(struct cx_req *r, unsigned *after)
+{
+    const char *v = cx_req_param(r, "HTTP_LAST_EVENT_ID");
+    size_t n = v ? strlen(v) : 0;
+
+    *after = 0;
+    if (!v || !*v)
+        return true;
+    if (n > 9 || strspn(v, "0123456789") != n) {
+        cx_req_send_error(r, 400, "invalid_request", "Last-Event-ID must be an event's id");
+        return false;
+    }
+    *after = (unsigned)strtoul(v, NULL, 10);
+    return true;
+}
+
+/* The run's events from the start (or after Last-Event-ID), live while it
+ * runs, its result last: on this request thread, bounded by the library. */
+void
+cx_h_runs_events(struct cx_req *r)
+{
+    char msg[CX_MSG_MAX] = "";
+    struct cx_sse sse;
+    struct cx_run_sink sink;
+    unsigned after;
+    enum cx_err rc;
+
+    if (!cx_req_authenticate(r) || !last_event_id(r, &after))
+        return;
+    cx_req_sse_sink(r, &sse, &sink);
+    rc = cx_run_events(r->cx, &r->who, r->captures[0], after, &sink, msg, sizeof(msg));
+    if (rc == CX_OK && !sse.started) {
+        rc = CX_ERR_BUSY; /* stopping before the stream began */
+        snprintf(msg, sizeof(msg), "the server is stopping; retry shortly");
+    }
+    if (rc)
+        cx_req_sse_end(&sse, rc, 200, NULL, msg);
 }
 
 /* DELETE of the user's object named by the path: 204, or 404 saying what. */

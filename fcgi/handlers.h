@@ -11,6 +11,8 @@ void cx_h_runs_create(struct cx_req *r);
 void cx_h_runs_get(struct cx_req *r);
 void cx_h_runs_approve(struct cx_req *r);
 void cx_h_runs_reject(struct cx_req *r);
+void cx_h_runs_events(struct cx_req *r);
+void cx_h_runs_cancel(struct cx_req *r);
 void cx_h_session_delete(struct cx_req *r);
 void cx_h_session_open(struct cx_req *r);
 void cx_h_session_get(struct cx_req *r);

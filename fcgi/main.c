@@ -604,6 +604,7 @@ stop_threads(struct threads *t)
     stopping = 1;
     pthread_cond_broadcast(&reaper_cond);
     pthread_mutex_unlock(&reaper_lock);
+    cx_run_events_stop(); /* event streams end; a client resumes elsewhere */
     /* Wakes the worker waiting for a connection; connections already
      * accepted finish normally. */
     if (stop_pipe[1] >= 0 && write(stop_pipe[1], "x", 1) != 1)

@@ -69,12 +69,26 @@ run_deferred(struct cx_ctx *cx, void *arg)
     } else if (cx) {
         d->fn(&d->r);
     }
-    cx_req_finish(&d->r);
-    cx_lane_answered(); /* before the answer's last bytes go out */
-    FCGX_Finish_r(fr);
+    if (!d->r.ended) {
+        cx_req_finish(&d->r);
+        cx_lane_answered(); /* before the answer's last bytes go out */
+        FCGX_Finish_r(fr);
+    }
     FCGX_Free(fr, 1);
     free(fr);
     free(d);
+}
+
+void
+cx_req_end_early(struct cx_req *r)
+{
+    if (!r->deferred || r->ended)
+        return;
+    cx_req_finish(r);
+    FCGX_Finish_r(r->fr);
+    r->method = r->query = "";
+    r->ended = true;
+    cx_log_set_request_id(r->id); /* the run's lines still carry it */
 }
 
 bool
@@ -89,6 +103,7 @@ cx_req_defer(struct cx_req *r, void (*fn)(struct cx_req *r))
         return false;
     }
     d->r = *r; /* the headers' buffer moves with it */
+    d->r.deferred = true;
     d->fn = fn;
     rc = cx_lane_submit(r->who.user, run_deferred, d, msg, sizeof(msg));
     if (rc) {
@@ -302,6 +317,12 @@ static const struct answer {
     [CX_ERR_INTERNAL] = {500, "internal_error", "internal error", NULL, false},
     [CX_ERR_INVALID_PATH] = {400, "invalid_path", "the path is invalid", NULL, false},
     [CX_ERR_NOT_A_FILE] = {409, "not_a_file", "the path names no regular file", NULL, false},
+    [CX_ERR_RUN_ENDED] = {409, "run_ended", "the run already ended", NULL, false},
+    [CX_ERR_IDEMPOTENCY] = {422, "idempotency_mismatch",
+                            "this Idempotency-Key was used for another request", NULL, false},
+    [CX_ERR_IN_PROGRESS] = {409, "idempotency_in_progress",
+                            "the first request with this Idempotency-Key is still in progress", "1",
+                            false},
 };
 
 static const struct answer *
@@ -589,7 +610,7 @@ write_records(struct cx_sse *sse, const char *data, size_t len)
 }
 
 static bool
-sse_event(void *ctx, const char *name, json_t *data)
+sse_event(void *ctx, const char *name, json_t *data, unsigned id)
 {
     struct cx_sse *sse = ctx;
     struct cx_buf b;
@@ -612,6 +633,10 @@ sse_event(void *ctx, const char *name, json_t *data)
             return true; /* this event is lost, not the stream */
     }
     cx_buf_init(&b, strlen(text ? text : "") + 64);
+    if (name && id) {
+        cx_buf_addf(&b, "id: %u\n", id);
+        sse->last_id = id;
+    }
     if (name)
         cx_buf_addf(&b, "event: %s\ndata: %s\n\n", name, text);
     else
@@ -672,13 +697,13 @@ cx_req_sse_end(struct cx_sse *sse, enum cx_err rc, int status, json_t *out, cons
         return;
     }
     if (rc == CX_OK) {
-        sse_event(sse, "result", out);
+        sse_event(sse, "result", out, sse->last_id ? sse->last_id + 1 : 0);
         return;
     }
     error = cx_http_error_json(a->code, msg && *msg ? msg : a->message);
     if (a->refusal)
         cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code);
     if (error)
-        sse_event(sse, "result", error);
+        sse_event(sse, "result", error, sse->last_id ? sse->last_id + 1 : 0);
     json_decref(error);
 }

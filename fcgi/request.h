@@ -26,6 +26,7 @@ struct cx_req {
     struct cx_buf headers; /* extra headers for the response */
     int64_t t0_us;         /* when it was accepted */
     bool deferred;         /* handed to the run lane: no longer the worker's */
+    bool ended;            /* answered and given back before its job ended */
 };
 
 /* Hands the rest of the request to the run lane (lib/lane.h): fn(r) runs on
@@ -35,6 +36,12 @@ struct cx_req {
  * request is still the caller's. On true, r is no longer the caller's:
  * its worker needs a new FCGX_Request for the next connection. */
 bool cx_req_defer(struct cx_req *r, void (*fn)(struct cx_req *r));
+
+/* On a run thread, after its answer: ends the request now (the log line,
+ * the connection given back) while the job goes on, still counted as its
+ * user's run (a detached run). Nothing of r but its copies may be used
+ * after. */
+void cx_req_end_early(struct cx_req *r);
 
 /* The end of every request: a 500 if nothing was answered, the metrics,
  * the access log line, the request's buffers. */
@@ -88,6 +95,7 @@ struct cx_sse {
     bool started;       /* the head was sent */
     bool gone;          /* a write failed: the client went away */
     int64_t stalled_ms; /* spent waiting for the connection to take events */
+    unsigned last_id;   /* of the last event with one: the result's is the next */
 };
 
 /* Whether the client asked for a stream (Accept: text/event-stream). */

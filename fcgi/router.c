@@ -23,6 +23,8 @@ static const struct route routes[] = {
     {"GET", "/v1/runs/{}", "runs_get", cx_h_runs_get},
     {"POST", "/v1/runs/{}/approve", "runs_approve", cx_h_runs_approve},
     {"POST", "/v1/runs/{}/reject", "runs_reject", cx_h_runs_reject},
+    {"GET", "/v1/runs/{}/events", "runs_events", cx_h_runs_events},
+    {"POST", "/v1/runs/{}/cancel", "runs_cancel", cx_h_runs_cancel},
     {"GET", "/v1/conversations", "conversations_list", cx_h_conversations_list},
     {"POST", "/v1/conversations/{}/session", "session_open", cx_h_session_open, true},
     {"GET", "/v1/conversations/{}/session", "session_get", cx_h_session_get},

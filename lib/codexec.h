@@ -72,6 +72,9 @@ enum cx_err {
     CX_ERR_INTERNAL,
     CX_ERR_INVALID_PATH, /* a workspace path that breaks its rules */
     CX_ERR_NOT_A_FILE,   /* a path through a symlink, or naming no regular file */
+    CX_ERR_RUN_ENDED,    /* a run that already ended (cancel) */
+    CX_ERR_IDEMPOTENCY,  /* an Idempotency-Key reused for another request */
+    CX_ERR_IN_PROGRESS,  /* the first request of an Idempotency-Key is still in progress */
     CX_ERR__COUNT
 };
 
@@ -568,6 +571,7 @@ struct cx_run_request {
     unsigned ttl;      /* seconds, clamped to [1, max_ttl] */
     json_t *arguments; /* object, or NULL */
     bool output_full;  /* output: "full": stdout and stderr whole in the answer */
+    bool detach;       /* wait: false: answered 202 at the "run" event, run without the client */
 };
 
 /* Validates body (a JSON object) against docs/openapi.yaml and the limits in cfg.
@@ -584,14 +588,16 @@ void cx_run_request_cleanup(struct cx_run_request *req);
  * "stderr" {text} (coalesced over CX_RUN_COALESCE_MS, whole characters),
  * "display" {mime_type, path} for a rich output that becomes an artifact
  * under path; NULL name when nothing was said for CX_RUN_HEARTBEAT_MS (a
- * heartbeat is due). data is borrowed. The final answer is not an event:
- * it is the call's *out, or its error. Returns false once the client is
- * gone: the run goes on to its end and its record, and fn is not called
- * again. */
+ * heartbeat is due). data is borrowed; id is the event's (1, 2, ...: the
+ * SSE id a client resumes after, GET /v1/runs/{id}/events), 0 for none.
+ * The final answer is not an event: it is the call's *out, or its error
+ * (the follower of cx_run_events() tells it as "result"). Returns false
+ * once the client is gone: the run goes on to its end and its record, and
+ * fn is not called again. */
 #define CX_RUN_COALESCE_MS  25
 #define CX_RUN_HEARTBEAT_MS 15000
 struct cx_run_sink {
-    bool (*fn)(void *ctx, const char *name, json_t *data);
+    bool (*fn)(void *ctx, const char *name, json_t *data, unsigned id);
     void *ctx;
 };
 
@@ -634,6 +640,28 @@ enum cx_err cx_run_approve_stream(struct cx_ctx *cx, const struct cx_principal *
                                   char *msg, size_t msglen) CX_MUSTCHECK;
 enum cx_err cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
                           json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* POST /v1/runs/{id}/cancel: the run, running or waiting for approval,
+ * ends with error_name "Cancelled" (a running one once its process hears
+ * of it: interrupted, restarted if it ignores that). *out: {run_id,
+ * status}. CX_ERR_NOT_FOUND for another user's or no run, CX_ERR_RUN_ENDED
+ * when it already ended. */
+enum cx_err cx_run_cancel(struct cx_ctx *cx, const char *user, const char *run_id, json_t **out,
+                          char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* GET /v1/runs/{id}/events (lib/journal.c): tells sink the run's kept
+ * events after id after, then the new ones as they are kept while it
+ * runs (polling), then "result": the run's record with its answer. On
+ * the calling thread for as long as the run: bounded per user and per
+ * process (CX_ERR_TOO_MANY_RUNS, CX_ERR_BUSY). CX_ERR_NOT_FOUND for no
+ * run of the user's. Returns once the client is gone, at the longest a
+ * run lasts, or after cx_run_events_stop(). */
+enum cx_err cx_run_events(struct cx_ctx *cx, const struct cx_principal *who, const char *run_id,
+                          unsigned after, const struct cx_run_sink *sink, char *msg,
+                          size_t msglen) CX_MUSTCHECK;
+/* At shutdown, before the request threads are joined: every follower
+ * returns within a quarter second. */
+void cx_run_events_stop(void);
 
 /* --- Run threads (lib/lane.c) ------------------------------------------------ */
 

@@ -26,6 +26,9 @@ static const char *const messages[CX_ERR__COUNT] = {
     [CX_ERR_INTERNAL] = "internal error",
     [CX_ERR_INVALID_PATH] = "invalid path",
     [CX_ERR_NOT_A_FILE] = "not a regular file",
+    [CX_ERR_RUN_ENDED] = "the run already ended",
+    [CX_ERR_IDEMPOTENCY] = "the idempotency key was used for another request",
+    [CX_ERR_IN_PROGRESS] = "the first request of this idempotency key is in progress",
 };
 
 const char *

@@ -31,6 +31,7 @@ cx_http_reason(int status)
     case 413: return "Payload Too Large";
     case 415: return "Unsupported Media Type";
     case 416: return "Range Not Satisfiable";
+    case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
     case 502: return "Bad Gateway";

@@ -5,12 +5,14 @@
 #include "artifact.h"
 #include "auth.h"
 #include "buf.h"
+#include "cancel.h"
 #include "capture.h"
 #include "config.h"
 #include "db.h"
 #include "digest.h"
 #include "runend.h"
 #include "gateway.h"
+#include "journal.h"
 #include "kernel.h"
 #include "log.h"
 #include "metrics.h"
@@ -75,10 +77,12 @@ CX_SQL(q_run_status, 2,
        " THEN now() ELSE started_at END, finished_at = CASE WHEN $2 <> 'running'"
        " THEN now() ELSE finished_at END WHERE id = $1::uuid");
 
+/* owner_*: this connection, whose end (a crash) ends the run (cx_run_expire) */
 CX_SQL(q_run_insert, 6,
        "INSERT INTO runs (id, user_id, conversation_id, api_key_id, status, code_length,"
-       " code_sha256, started_at) VALUES ($1::uuid, $2, $3, nullif($4, '')::uuid, 'running',"
-       " $5::int, $6, now())");
+       " code_sha256, started_at, owner_pid, owner_started) VALUES ($1::uuid, $2, $3,"
+       " nullif($4, '')::uuid, 'running', $5::int, $6, now(), pg_backend_pid(),"
+       " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()))");
 CX_SQL(q_run_finish, 7,
        "UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
        " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now(),"
@@ -214,6 +218,7 @@ static const struct {
                                  "the inputs could not be written to inputs/"},
     [CX_OUTCOME_DIED] = {"KernelDied", "the kernel exited during the run; its state was lost"},
     [CX_OUTCOME_TIMEOUT] = {"TimeoutError", NULL},
+    [CX_OUTCOME_CANCELLED] = {"Cancelled", "the run was cancelled"},
 };
 
 struct run {
@@ -227,6 +232,7 @@ struct run {
     struct cx_session s;
     int64_t ms;
     json_t *artifacts;
+    const struct cx_cancel *cancel;
 };
 
 /* Frees the connection (broken, or of a replaced kernel). */
@@ -295,7 +301,7 @@ run_execute(struct run *r, char *msg, size_t msglen)
         t0 = cx_now_us();
         rc = cx_runexec_execute(r->st, r->conn, &r->s, r->req, r->in, msg, msglen);
         const struct cx_runexec_facts *f = cx_runexec_facts(r->st);
-        bool again = (rc == CX_ERR_NOT_FOUND && !(f->events & CX_EVENT(CX_OUTCOME_TIMEOUT))) ||
+        bool again = (rc == CX_ERR_NOT_FOUND && !(f->events & CX_EVENTS_STOPPED)) ||
                      (rc == CX_ERR_IO && reused && !f->any_message);
         if (!again || attempt == 1)
             break;
@@ -347,17 +353,17 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
     bool died = f->events & CX_EVENT(CX_OUTCOME_DIED);
     if (!died && cx_runexec_says_fresh(r->st) && !r->s.kernel_fresh)
         r->s.reset = true; /* restarted behind our back since the last run */
-    if (!died && !(f->events & CX_EVENT(CX_OUTCOME_TIMEOUT)))
+    if (!died && !(f->events & CX_EVENTS_STOPPED))
         r->s.kernel_fresh = false;
     return CX_OK;
 }
 
-/* A timed-out run captures nothing; the next one rescans everything, so
+/* A timed-out (or cancelled) run captures nothing; the next one rescans everything, so
  * what it wrote before the deadline is not lost. */
 static void
 run_capture(struct run *r)
 {
-    bool timed_out = cx_runexec_facts(r->st)->events & CX_EVENT(CX_OUTCOME_TIMEOUT);
+    bool timed_out = cx_runexec_facts(r->st)->events & CX_EVENTS_STOPPED;
     struct cx_capture *cap = cx_runexec_capture(r->st);
 
     r->artifacts = json_array();
@@ -431,12 +437,13 @@ run_payload(struct run *r, json_t **out)
 /* The session's kernel connection back to the pool (or closed), the
  * session released, the run's record finished. */
 static void
-run_end(struct run *r, json_t *payload)
+run_end(struct run *r, json_t *payload, const char *failure)
 {
     const char *status = payload ? json_string_value(json_object_get(payload, "status")) : "error";
     const char *en = payload ? json_string_value(json_object_get(payload, "error_name")) : NULL;
     char ms[24];
-    char *answer = payload && r->cx->cfg->run_answer_ttl ? answer_text(payload) : NULL;
+    json_t *failed = payload ? NULL : json_pack("{s:s}", "error", failure ? failure : "");
+    char *answer = r->cx->cfg->run_answer_ttl ? answer_text(payload ? payload : failed) : NULL;
     const char *p[7] = {r->id,
                         status,
                         en ? en : (payload ? NULL : "RequestFailed"),
@@ -458,6 +465,7 @@ run_end(struct run *r, json_t *payload)
     /* one round trip and one COMMIT: the session's state, the run's end */
     cx_session_release_with(r->cx, &r->s, &finish);
     free(answer);
+    json_decref(failed);
     /* static label values only: ok, error (the code raised), timeout,
      * failed (the request failed: no answer of the code's) */
     cx_metrics_count_by(CX_FAMILY_RUNS, !payload                            ? "failed"
@@ -485,9 +493,9 @@ quota_left(void *ctx, const char *user, uint64_t *left)
 static enum cx_err
 run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
                const struct cx_inputs *in, const char *run_id, const struct cx_run_sink *sink,
-               json_t **out, char *msg, size_t msglen)
+               const struct cx_cancel *cancel, json_t **out, char *msg, size_t msglen)
 {
-    struct run r = {.cx = cx, .who = who, .req = req, .in = in, .id = run_id};
+    struct run r = {.cx = cx, .who = who, .req = req, .in = in, .id = run_id, .cancel = cancel};
     enum cx_err rc;
 
     *out = NULL;
@@ -495,17 +503,20 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     if (rc == CX_OK && cx_runexec_capture(r.st))
         cx_capture_set_owner(cx_runexec_capture(r.st), who->user, quota_left, cx);
     if (rc == CX_OK) {
+        cx_runexec_cancel_by(r.st, cancel);
         cx_runexec_status(r.st, "queued"); /* for the conversation and its kernel */
         rc = cx_session_acquire(cx, who->user, req->conversation_id, req->ttl, &r.s, msg, msglen);
     }
-    if (rc == CX_OK)
+    if (rc == CX_OK && cx_cancel_requested(cancel))
+        cx_runexec_note(r.st, CX_OUTCOME_CANCELLED); /* cancelled while it waited */
+    else if (rc == CX_OK)
         rc = run_settle(&r, run_execute(&r, msg, msglen), msg, msglen);
     if (rc == CX_OK) {
         run_capture(&r);
         cx_runexec_flush(r.st);
         rc = run_payload(&r, out);
     }
-    run_end(&r, *out);
+    run_end(&r, *out, msg);
     json_decref(r.artifacts);
     drop_conn(&r);
     cx_runexec_free(r.st);
@@ -513,19 +524,25 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
 }
 
 /* Loads the inputs (again: they may be gone since the request was checked)
- * and runs. A missing input now fails the run as a 404. */
+ * and runs. A missing input now fails the run as a 404. A run with a
+ * listener, or detached, keeps its events (lib/journal.h). */
 static enum cx_err
 run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-                const char *run_id, const struct cx_run_sink *sink, json_t **out, char *msg,
-                size_t msglen)
+                const char *run_id, const struct cx_run_sink *sink, const struct cx_cancel *cancel,
+                json_t **out, char *msg, size_t msglen)
 {
+    struct cx_journal journal;
     struct cx_inputs in;
     enum cx_err rc;
 
+    if (sink || req->detach) {
+        cx_journal_open(&journal, cx, run_id, sink);
+        sink = &journal.sink;
+    }
     if (sink) {
         json_t *ev =
             json_pack("{s:s,s:s}", "run_id", run_id, "conversation_id", req->conversation_id);
-        if (ev && !sink->fn(sink->ctx, "run", ev))
+        if (ev && !sink->fn(sink->ctx, "run", ev, 0))
             sink = NULL; /* gone already: the run goes on */
         json_decref(ev);
     }
@@ -536,7 +553,7 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
         if (cx_db_exec(cx->db, &q_run_status, p, NULL))
             cx_log_warn(0, "could not fail run %s", run_id);
     } else {
-        rc = run_in_session(cx, who, req, &in, run_id, sink, out, msg, msglen);
+        rc = run_in_session(cx, who, req, &in, run_id, sink, cancel, out, msg, msglen);
     }
     cx_stage_cleanup(&in);
     return rc;
@@ -628,12 +645,19 @@ cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct c
         *pending = true;
         return *out ? CX_OK : CX_ERR_NOMEM;
     }
+    /* A cancel that finds the record finds the run here. */
+    struct cx_cancel cancel;
+    cx_cancel_register(&cancel, run_id);
     /* Made durable by the run's end (its durable COMMIT flushes the WAL
-     * written before it), so this one does not wait for the disk. */
-    rc = cx_db_exec_all(cx->db, &(struct cx_db_call){&q_run_insert, p, NULL}, 1, false);
-    if (rc)
-        return rc;
-    return run_with_inputs(cx, who, req, run_id, sink, out, msg, msglen);
+     * written before it), so this one does not wait for the disk; unless
+     * its id is told before the end (a stream, a detached run): a client
+     * that heard of it finds it after a crash. */
+    rc = cx_db_exec_all(cx->db, &(struct cx_db_call){&q_run_insert, p, NULL}, 1,
+                        sink || req->detach);
+    if (rc == CX_OK)
+        rc = run_with_inputs(cx, who, req, run_id, sink, &cancel, out, msg, msglen);
+    cx_cancel_unregister(&cancel);
+    return rc;
 }
 
 CX_SQL(q_pending_take, 2,
@@ -736,24 +760,31 @@ cx_run_approve_stream(struct cx_ctx *cx, const struct cx_principal *who, const c
                       const struct cx_run_sink *sink, json_t **out, char *msg, size_t msglen)
 {
     struct cx_run_request req;
+    struct cx_cancel cancel;
     json_t *request = NULL;
     enum cx_err rc;
 
     *out = NULL;
+    if (!cx_uuid_valid(run_id))
+        return CX_ERR_NOT_FOUND;
+    cx_cancel_register(&cancel, run_id);
     rc = decide(cx, who, run_id, "running", &request, msg, msglen);
-    if (rc)
-        return rc;
     /* Validated again: the limits may have changed while it waited. */
-    rc = cx_run_request_parse(cx->cfg, request, &req, msg, msglen);
-    json_decref(request);
-    if (rc) {
-        const char *p[2] = {run_id, "error"};
-        if (cx_db_exec(cx->db, &q_run_status, p, NULL))
-            cx_log_warn(0, "could not fail run %s", run_id);
-        return rc;
+    if (rc == CX_OK) {
+        rc = cx_run_request_parse(cx->cfg, request, &req, msg, msglen);
+        if (rc) {
+            const char *p[2] = {run_id, "error"};
+            if (cx_db_exec(cx->db, &q_run_status, p, NULL))
+                cx_log_warn(0, "could not fail run %s", run_id);
+        }
     }
-    rc = run_with_inputs(cx, who, &req, run_id, sink, out, msg, msglen);
-    cx_run_request_cleanup(&req);
+    json_decref(request);
+    if (rc == CX_OK) {
+        req.detach = false; /* the approver waits for it, as it always has */
+        rc = run_with_inputs(cx, who, &req, run_id, sink, &cancel, out, msg, msglen);
+        cx_run_request_cleanup(&req);
+    }
+    cx_cancel_unregister(&cancel);
     return rc;
 }
 
@@ -779,9 +810,65 @@ CX_SQL(q_expire_pending, 0,
 CX_SQL(q_forget_answers, 1,
        "UPDATE runs SET answer = NULL WHERE id IN (SELECT id FROM runs WHERE answer IS NOT NULL"
        " AND finished_at < now() - make_interval(secs => $1::int) LIMIT 1000)");
+/* A run whose connection is gone lost its process; one older than any run
+ * can last too (its record from before owners were kept, or a connection
+ * that lingers). Its answer says which. */
 CX_SQL(q_abandon, 1,
-       "UPDATE runs SET status = 'error', error_name = 'Abandoned', finished_at = now()"
-       " WHERE status = 'running' AND started_at < now() - make_interval(secs => $1::int)");
+       "UPDATE runs SET status = 'error', error_name = CASE WHEN cancel_requested"
+       " THEN 'Cancelled' ELSE 'Abandoned' END, finished_at = now(),"
+       " answer = '{\"error\":\"the run was lost with the process that ran it\"}'"
+       " WHERE status = 'running' AND (started_at < now() - make_interval(secs => $1::int)"
+       " OR (owner_pid IS NOT NULL AND started_at < now() - interval '1 second'"
+       " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = runs.owner_pid"
+       " AND a.backend_start = runs.owner_started)))");
+
+/* One snapshot: the status before, a running run marked (and announced to
+ * the process that runs it), a pending one ended. */
+CX_SQL(q_run_cancel, 2,
+       "WITH c AS (UPDATE runs SET cancel_requested = true WHERE id = $1::uuid AND user_id = $2"
+       " AND status = 'running' RETURNING id),"
+       " p AS (DELETE FROM pending_runs WHERE run_id IN (SELECT id FROM runs WHERE id = $1::uuid"
+       " AND user_id = $2 AND status = 'pending_approval') RETURNING run_id),"
+       " u AS (UPDATE runs SET status = 'error', error_name = 'Cancelled', finished_at = now(),"
+       " answer = '{\"error\":\"the run was cancelled\"}' FROM p WHERE runs.id = p.run_id"
+       " RETURNING runs.id)"
+       " SELECT (SELECT status FROM runs WHERE id = $1::uuid AND user_id = $2),"
+       " (SELECT count(pg_notify('codexec_changes', 'cancel ' || id::text)) FROM c),"
+       " (SELECT count(*) FROM u)");
+
+enum cx_err
+cx_run_cancel(struct cx_ctx *cx, const char *user, const char *run_id, json_t **out, char *msg,
+              size_t msglen)
+{
+    const char *p[2] = {run_id, user};
+    PGresult *r = NULL;
+    enum cx_err rc;
+    bool running;
+
+    *out = NULL;
+    snprintf(msg, msglen, "no such run");
+    if (!cx_uuid_valid(run_id))
+        return CX_ERR_NOT_FOUND;
+    rc = cx_db_exec_row(cx->db, &q_run_cancel, p, &r);
+    if (rc)
+        return rc;
+    if (PQgetisnull(r, 0, 0)) {
+        PQclear(r);
+        return CX_ERR_NOT_FOUND;
+    }
+    running = PQgetvalue(r, 0, 1)[0] != '0';
+    if (!running && PQgetvalue(r, 0, 2)[0] == '0') {
+        snprintf(msg, msglen, "the run already ended (%s)", PQgetvalue(r, 0, 0));
+        PQclear(r);
+        return CX_ERR_RUN_ENDED;
+    }
+    PQclear(r);
+    if (running)
+        cx_cancel_note(run_id); /* here at once; elsewhere by the notice */
+    cx_log_info("run %s: cancel requested", run_id);
+    *out = json_pack("{s:s,s:s}", "run_id", run_id, "status", running ? "running" : "error");
+    return *out ? CX_OK : CX_ERR_NOMEM;
+}
 
 enum cx_err
 cx_run_expire(struct cx_ctx *cx, int *changed)

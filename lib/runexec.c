@@ -5,6 +5,7 @@
 
 #include <sodium.h>
 
+#include "cancel.h"
 #include "capture.h"
 #include "config.h"
 #include "db.h"
@@ -39,6 +40,8 @@ static const char call_cell[] =
     "''', {})\n";
 
 #define WINDOW_US (2 * 1000000LL)
+/* How soon a cancel is seen: the longest single wait of a cancellable run. */
+#define CANCEL_STEP_US (200 * 1000LL)
 
 /* The last characters of stdout or stderr, in bounded memory. */
 struct tail {
@@ -70,7 +73,8 @@ struct cx_runexec {
     /* output "full": stdout and stderr whole (within max_output_bytes) */
     bool full;
     struct cx_buf full_out, full_err;
-    json_t *results; /* the user cell's execute_result and display_data, in order */
+    json_t *results;                /* the user cell's execute_result and display_data, in order */
+    const struct cx_cancel *cancel; /* NULL: not cancellable */
 };
 
 #define RESULTS_MAX     256         /* entries of "results" */
@@ -122,7 +126,7 @@ tail_json(struct tail *t, unsigned chars)
 static void
 tell(struct cx_runexec *st, const char *name, json_t *data)
 {
-    if (st->sink && !st->sink->fn(st->sink->ctx, name, data))
+    if (st->sink && !st->sink->fn(st->sink->ctx, name, data, 0))
         st->sink = NULL; /* the client is gone; the run goes on */
     st->said_us = cx_now_us();
 }
@@ -458,8 +462,9 @@ on_message(void *ctx, int index, const char *type, json_t *content,
  * means the output channel was lost. */
 static enum cx_err
 wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, int n,
-             int64_t deadline_us)
+             int64_t deadline_us, bool cancellable)
 {
+    const struct cx_cancel *cancel = cancellable ? st->cancel : NULL;
     enum cx_err rc;
     int silent = 0;
 
@@ -475,9 +480,15 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
         do {
             int64_t due = sink_due(st);
 
+            if (cancel && due > cx_now_us() + CANCEL_STEP_US)
+                due = cx_now_us() + CANCEL_STEP_US;
             rc = cx_kernel_wait(st->conn, reqs, n, n, due < until ? due : until, on_message, st);
             if (rc == CX_ERR_TIMEOUT || rc == CX_AGAIN)
                 sink_tick(st);
+            if ((rc == CX_ERR_TIMEOUT || rc == CX_AGAIN) && cx_cancel_requested(cancel)) {
+                st->f.events |= CX_EVENT(CX_OUTCOME_CANCELLED);
+                return CX_ERR_TIMEOUT;
+            }
         } while ((rc == CX_ERR_TIMEOUT || rc == CX_AGAIN) && cx_now_us() < until);
         if (rc == CX_DONE) {
             st->f.abandoned = true; /* output left unread: do not pool */
@@ -514,16 +525,19 @@ wait_run(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, int 
     const struct cx_config *cfg = st->cx->cfg;
     enum cx_err rc;
 
-    rc = wait_windows(st, s, reqs, n, deadline_us);
+    rc = wait_windows(st, s, reqs, n, deadline_us, true);
     if (rc == CX_ERR_TIMEOUT) {
-        st->f.events |= CX_EVENT(CX_OUTCOME_TIMEOUT);
-        cx_log_info("run timed out; interrupting");
+        bool cancelled = st->f.events & CX_EVENT(CX_OUTCOME_CANCELLED);
+
+        if (!cancelled)
+            st->f.events |= CX_EVENT(CX_OUTCOME_TIMEOUT);
+        cx_log_info("run %s; interrupting", cancelled ? "cancelled" : "timed out");
         rc = cx_gateway_kernel_interrupt(s->gw, s->kernel_id);
         if (rc == CX_ERR_NOT_FOUND)
             return rc;
         if (rc)
             cx_log_warn(0, "interrupt request failed");
-        rc = wait_windows(st, s, reqs, n, cx_now_us() + cfg->interrupt_grace * 1000000LL);
+        rc = wait_windows(st, s, reqs, n, cx_now_us() + cfg->interrupt_grace * 1000000LL, false);
         if (rc == CX_ERR_TIMEOUT) {
             cx_log_info("kernel not idle %us after the interrupt; restarting",
                         cfg->interrupt_grace);
@@ -650,7 +664,7 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
 
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
     rc = wait_run(st, s, st->all, n, deadline);
-    if (rc || (st->f.events & (CX_EVENT(CX_OUTCOME_TIMEOUT) | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) ||
+    if (rc || (st->f.events & (CX_EVENTS_STOPPED | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) ||
         cx_runend_carried(&st->reqs[st->carrier]))
         return rc;
     st->carrier = CX_REQ_EPILOGUE;
@@ -737,6 +751,12 @@ cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture, bool
     if (capture && cx_capture_new(cx->cfg, cx->store, &st->cap))
         return CX_ERR_NOMEM;
     return CX_OK;
+}
+
+void
+cx_runexec_cancel_by(struct cx_runexec *st, const struct cx_cancel *c)
+{
+    st->cancel = c;
 }
 
 void
@@ -872,7 +892,7 @@ cx_runexec_outcome(const struct cx_runexec *st)
 {
     enum cx_outcome o = CX_OUTCOME_OK;
 
-    for (int i = CX_OUTCOME_OK; i <= CX_OUTCOME_TIMEOUT; i++)
+    for (int i = CX_OUTCOME_OK; i <= CX_OUTCOME_CANCELLED; i++)
         if (st->f.events & CX_EVENT(i))
             o = (enum cx_outcome)i; /* the most serious one */
     return o;

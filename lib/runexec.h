@@ -23,6 +23,7 @@ struct cx_inputs;
 struct cx_kernel_conn;
 struct cx_run_request;
 struct cx_session;
+struct cx_cancel;
 
 /* The pipelined requests of a run, in the order the kernel runs them. */
 enum { CX_REQ_USER, CX_REQ_CALL, CX_REQ_EPILOGUE, CX_REQ_MAX };
@@ -36,8 +37,12 @@ enum cx_outcome {
     CX_OUTCOME_STAGE_FAILED, /* an input could not be written */
     CX_OUTCOME_DIED,         /* the kernel exited or vanished during the run */
     CX_OUTCOME_TIMEOUT,      /* the deadline passed */
+    CX_OUTCOME_CANCELLED,    /* POST /v1/runs/{id}/cancel */
 };
-#define CX_EVENT(o) (1u << (o))
+/* The run was stopped from outside its code (interrupted, maybe restarted):
+ * nothing of it is captured. */
+#define CX_EVENTS_STOPPED (CX_EVENT(CX_OUTCOME_TIMEOUT) | CX_EVENT(CX_OUTCOME_CANCELLED))
+#define CX_EVENT(o)       (1u << (o))
 
 struct cx_runexec; /* private to runexec.c */
 
@@ -60,6 +65,9 @@ struct cx_runexec_facts {
 enum cx_err cx_runexec_new(struct cx_ctx *cx, const struct cx_inputs *in, bool capture, bool full,
                            const struct cx_run_sink *sink, struct cx_runexec **out) CX_MUSTCHECK;
 void cx_runexec_free(struct cx_runexec *st);
+/* The run's cancel flag (lib/cancel.h; borrowed): once it is set, the run
+ * is interrupted (then restarted, as at a timeout) and ends Cancelled. */
+void cx_runexec_cancel_by(struct cx_runexec *st, const struct cx_cancel *c);
 
 /* The facts so far (none for a NULL st: a run whose allocation failed). */
 const struct cx_runexec_facts *cx_runexec_facts(const struct cx_runexec *st);

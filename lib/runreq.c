@@ -158,6 +158,19 @@ f_output(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, cha
 }
 
 static enum cx_err
+f_wait(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg, size_t msglen)
+{
+    (void)cfg;
+    req->detach = false;
+    if (!v)
+        return CX_OK;
+    if (!json_is_boolean(v))
+        return fail(msg, msglen, CX_ERR_INVALID, "wait must be true or false");
+    req->detach = json_is_false(v);
+    return CX_OK;
+}
+
+static enum cx_err
 f_language(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
            size_t msglen)
 {
@@ -246,6 +259,7 @@ static const struct field {
     {"arguments", f_arguments},
     {"output", f_output},
     {"language", f_language},
+    {"wait", f_wait},
 };
 #define NFIELDS (sizeof(fields) / sizeof(fields[0]))
 

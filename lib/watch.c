@@ -11,6 +11,7 @@
 
 #include <libpq-fe.h>
 
+#include "cancel.h"
 #include "config.h"
 #include "db.h"
 #include "log.h"
@@ -87,7 +88,8 @@ listen_now(struct cx_watch *w)
     return CX_OK;
 }
 
-/* "key <uuid>" or "artifact <uuid>" to fn; anything else is ignored. */
+/* "key <uuid>", "artifact <uuid>" or "cancel <uuid>" (a run's) to fn;
+ * anything else is ignored. */
 static void
 deliver(const char *payload, cx_watch_fn fn, void *ctx)
 {
@@ -98,7 +100,8 @@ deliver(const char *payload, cx_watch_fn fn, void *ctx)
         return;
     snprintf(kind, sizeof(kind), "%.*s", (int)(sp - payload), payload);
     snprintf(id, sizeof(id), "%s", sp + 1);
-    if ((strcmp(kind, "key") == 0 || strcmp(kind, "artifact") == 0) && cx_uuid_valid(id))
+    if ((!strcmp(kind, "key") || !strcmp(kind, "artifact") || !strcmp(kind, "cancel")) &&
+        cx_uuid_valid(id))
         fn(ctx, kind, id);
 }
 
@@ -282,6 +285,10 @@ on_notice(void *arg, const char *kind, const char *id)
 {
     struct follow *f = arg;
 
+    if (!strcmp(kind, "cancel")) {
+        cx_cancel_note(id); /* a run of this process, if it is one */
+        return;
+    }
     if (f->hooks && f->hooks->on_change)
         f->hooks->on_change(f->hooks->ctx, kind, id);
     if (strcmp(kind, "key") || !f->cx->cfg->revoked_keys_dir[0])

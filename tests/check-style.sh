@@ -35,10 +35,10 @@ layer() {
   case "$1" in
     codexec.h) echo 0 ;;
     buf.h|digest.h) echo 1 ;;
-    util.h|log.h|conf.h|config.h|mime.h|storage.h|s3.h|http.h|metrics.h|health.h|runend.h) echo 2 ;;
+    util.h|log.h|conf.h|config.h|mime.h|storage.h|s3.h|http.h|metrics.h|health.h|runend.h|cancel.h) echo 2 ;;
     db.h|ws.h|gateway.h) echo 3 ;;
     auth.h|kernel.h|run.h|capture.h) echo 4 ;;
-    authdb.h|session.h|sessdb.h|budget.h|prestart.h|artifact.h|download.h|page.h|stage.h|runexec.h|watch.h|lane.h|dlcache.h|files.h) echo 5 ;;
+    authdb.h|session.h|sessdb.h|budget.h|prestart.h|artifact.h|download.h|page.h|stage.h|runexec.h|watch.h|lane.h|dlcache.h|files.h|journal.h) echo 5 ;;
     *) echo unknown ;;
   esac
 }

@@ -9,6 +9,7 @@ import subprocess
 import stack
 from harness import check, eq, wait_until
 import test_downloads
+import test_detached
 import test_stream
 
 MODULES = "/usr/lib/apache2/modules"
@@ -96,6 +97,21 @@ def test_streaming_run_through_apache(ctx):
     try:
         ta, tb = test_stream.timed_a_then_b(ctx, port=port)
         print(f"# through Apache: a after {ta * 1000:.0f} ms, b after {tb * 1000:.0f} ms")
+    finally:
+        httpd.send_signal(signal.SIGTERM)
+        fcgi.send_signal(signal.SIGTERM)
+        httpd.wait(timeout=20)
+        fcgi.wait(timeout=20)
+
+
+def test_run_events_through_apache(ctx):
+    """A detached run's GET /v1/runs/{id}/events passes through Apache as
+    it is written, as a streaming run's answer does."""
+    port, fcgi, httpd = start_apache(ctx)
+    try:
+        first, end = test_detached.live_events(ctx, port=port)
+        print(f"# through Apache: first output after {first * 1000:.0f} ms, result after "
+              f"{end * 1000:.0f} ms")
     finally:
         httpd.send_signal(signal.SIGTERM)
         fcgi.send_signal(signal.SIGTERM)

@@ -18,27 +18,30 @@ from test_runs import run
 
 class Stream:
     """One streaming request, its events read as they arrive, each with
-    the time it arrived: (t, name, data); a comment line is (t, ":", text)."""
+    the time it arrived: (t, name, data); a comment line is (t, ":", text).
+    ids holds each event's id: line (None without one), in step with events."""
 
-    def __init__(self, port, key, body, path="/v1/runs", accept="text/event-stream"):
+    def __init__(self, port, key, body, path="/v1/runs", accept="text/event-stream",
+                 method="POST", headers=None):
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         self.t0 = time.monotonic()
-        headers = {"Authorization": f"Bearer {key}", "Accept": accept}
+        headers = dict({"Authorization": f"Bearer {key}", "Accept": accept}, **(headers or {}))
         data = None
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        self.conn.request("POST", path, body=data, headers=headers)
+        self.conn.request(method, path, body=data, headers=headers)
         self.resp = self.conn.getresponse()
         self.head_at = time.monotonic()
         self.events = []
+        self.ids = []
 
     def header(self, name):
         return self.resp.getheader(name)
 
     def next(self):
         """The next event or comment, None at the end of the stream."""
-        name, data = None, []
+        name, data, ev_id = None, [], None
         while True:
             line = self.resp.readline()
             if not line:
@@ -48,17 +51,21 @@ class Stream:
             if line.startswith(":"):
                 ev = (t, ":", line[1:].strip())
                 self.events.append(ev)
+                self.ids.append(None)
                 return ev
             if line == "":
                 if name is None and not data:
                     continue
                 ev = (t, name or "message", json.loads("\n".join(data)))
                 self.events.append(ev)
+                self.ids.append(ev_id)
                 return ev
             field, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
             if field == "event":
                 name = value
+            elif field == "id":
+                ev_id = int(value)
             elif field == "data":
                 data.append(value)
 

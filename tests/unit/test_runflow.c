@@ -12,15 +12,21 @@ struct events {
     char names[512];
     char out[256];
     int calls, stop_after;
+    unsigned last_id; /* named events are numbered 1, 2, ... in order */
+    bool ids_broken;
 };
 
 static bool
-on_event(void *ctx, const char *name, json_t *data)
+on_event(void *ctx, const char *name, json_t *data, unsigned id)
 {
     struct events *e = ctx;
     size_t n = strlen(e->names), o = strlen(e->out);
 
     e->calls++;
+    if (name && id != e->last_id + 1)
+        e->ids_broken = true;
+    if (name)
+        e->last_id = id;
     snprintf(e->names + n, sizeof(e->names) - n, "%s,", name ? name : ":");
     if (name && !strcmp(name, "stdout"))
         snprintf(e->out + o, sizeof(e->out) - o, "%s",
@@ -74,6 +80,7 @@ streams(struct cxtest *t, const struct cx_principal *who)
     ok(strstr(e.names, ",status,") && !strcmp(e.names + strlen(e.names) - 7, "status,"),
        "capturing last (%s)", e.names);
     is_str(e.out, "a\nb\n", "the output, whole");
+    ok(!e.ids_broken && e.last_id >= 5, "each event numbered, in order (last %u)", e.last_id);
     is_str(json_string_value(json_object_get(r, "stdout_tail")), "a\nb\n", "and the answer");
     json_decref(r);
 
