@@ -90,64 +90,101 @@ cx_h_runs_get(struct cx_req *r)
     get_named(r, cx_run_get, "no such run");
 }
 
-/* A detached run's client: answered 202 at the run's first event, which
- * names it; told nothing more (the events are kept for /events). */
-struct detached {
+/* What a run's events do before its client hears them: a detached run is
+ * answered 202 at its first event, which names it (after its
+ * Idempotency-Key keeps that answer); a keyed one names its run to the
+ * key; the rest go to the streaming client, if any. */
+struct front {
     struct cx_req *r;
-    bool answered;
+    struct cx_idem *idem;
+    const struct cx_run_sink *inner; /* the stream's, or NULL */
+    bool detach;
+    bool named;    /* the run event was seen */
+    bool answered; /* a detached run's 202 went out */
 };
 
-static bool
-detached_event(void *ctx, const char *name, json_t *data, unsigned id)
+/* The 202 of a detached run (or its replay). */
+static void
+send_accepted(struct cx_req *r, const json_t *body)
 {
-    struct detached *d = ctx;
-    const char *run_id = json_string_value(json_object_get(data, "run_id"));
+    const char *run_id = json_string_value(json_object_get(body, "run_id"));
+    const char *status = json_string_value(json_object_get(body, "status"));
     char location[64];
-    json_t *body;
-    (void)id;
 
-    if (d->answered || !name || strcmp(name, "run") || !run_id)
-        return false;
-    body = json_pack("{s:s,s:s}", "run_id", run_id, "status", "running");
-    snprintf(location, sizeof(location), "/v1/runs/%s", run_id);
-    cx_req_header(d->r, "Location", location);
-    if (body)
-        cx_req_send_json(d->r, 202, body);
-    else
-        cx_req_send_lib_error(d->r, CX_ERR_NOMEM, NULL); /* (the run goes on) */
-    json_decref(body);
-    cx_req_end_early(d->r);
-    d->answered = true;
-    return false;
+    if (run_id && status && !strcmp(status, "running") && strlen(run_id) < 40) {
+        snprintf(location, sizeof(location), "/v1/runs/%s", run_id);
+        cx_req_header(r, "Location", location);
+    }
+    cx_req_send_json(r, 202, (json_t *)body);
 }
 
-/* wait: false. Until the run is named, its refusals are answered as any
- * run's; after, its end is its record's. */
-static void
-runs_create_detached(struct cx_req *r, struct cx_run_request *req)
+static bool
+front_event(void *ctx, const char *name, json_t *data, unsigned id)
 {
-    struct detached d = {.r = r};
-    struct cx_run_sink sink = {.fn = detached_event, .ctx = &d};
-    char msg[CX_MSG_MAX] = "";
-    json_t *out = NULL;
-    bool pending = false;
+    struct front *f = ctx;
+    const char *run_id = json_string_value(json_object_get(data, "run_id"));
+
+    if (name && !strcmp(name, "run") && run_id && !f->named) {
+        f->named = true;
+        if (f->detach) {
+            json_t *body = json_pack("{s:s,s:s}", "run_id", run_id, "status", "running");
+            cx_idem_finish(f->idem, body ? 202 : 0, body);
+            if (body)
+                send_accepted(f->r, body);
+            else
+                cx_req_send_lib_error(f->r, CX_ERR_NOMEM, NULL); /* (the run goes on) */
+            json_decref(body);
+            cx_req_end_early(f->r);
+            f->answered = true;
+            return false;
+        }
+        cx_idem_run(f->idem, run_id);
+    }
+    return f->inner && f->inner->fn(f->inner->ctx, name, data, id);
+}
+
+/* The run's Idempotency-Key, its fingerprint the canonical body: a retry
+ * of a run in progress waits for it as long as it may last. False when
+ * answered (a replay, a refusal). */
+static bool
+run_idem(struct cx_req *r, const struct cx_run_request *req, struct cx_idem *id)
+{
+    const struct cx_config *cfg = r->cx->cfg;
+    char msg[CX_MSG_MAX] = "", *body = json_dumps(req->root, JSON_SORT_KEYS | JSON_COMPACT);
+    struct cx_buf what;
     enum cx_err rc;
 
-    rc = cx_run_submit_stream(r->cx, &r->who, req, &sink, &out, &pending, msg, sizeof(msg));
-    if (!d.answered)
-        answer(r, rc, pending ? 202 : 200, out, msg, NULL);
-    else
-        json_decref(out);
+    cx_buf_init(&what, cfg->max_body_bytes + 64);
+    cx_buf_addf(&what, "POST /v1/runs\n%s", body ? body : "");
+    free(body);
+    rc = body ? cx_buf_err(&what) : CX_ERR_NOMEM;
+    if (rc == CX_OK)
+        rc = cx_idem_begin(r->cx, r->who.user, cx_req_param(r, "HTTP_IDEMPOTENCY_KEY"), what.data,
+                           what.len, cfg->max_timeout + cfg->interrupt_grace + 60, id, msg,
+                           sizeof(msg));
+    cx_buf_cleanup(&what);
+    if (rc)
+        cx_req_send_lib_error(r, rc, msg);
+    else if (id->replay && id->status == 202)
+        send_accepted(r, id->answer);
+    else if (id->replay)
+        cx_req_send_json(r, id->status, id->answer);
+    return rc == CX_OK && !id->replay;
 }
 
-/* On a run thread (cx_req_defer): the body, then the run. */
+/* On a run thread (cx_req_defer): the body, then the run: answered when
+ * it ends, streamed (Accept: text/event-stream), or detached (wait false). */
 static void
 runs_create_run(struct cx_req *r)
 {
     struct cx_run_request req;
     char msg[CX_MSG_MAX] = "";
     json_t *body, *out = NULL;
-    bool pending = false;
+    struct cx_idem idem;
+    struct cx_sse sse;
+    struct cx_run_sink sse_sink, sink;
+    struct front f = {.r = r, .idem = &idem};
+    bool pending = false, streaming;
     enum cx_err rc;
 
     body = cx_req_json_body(r, r->cx->cfg->max_run_body_bytes < r->cx->cfg->max_body_bytes
@@ -157,29 +194,37 @@ runs_create_run(struct cx_req *r)
         return;
     rc = cx_run_request_parse(r->cx->cfg, body, &req, msg, sizeof(msg));
     json_decref(body);
-    if (rc == CX_OK && req.detach) {
-        runs_create_detached(r, &req);
+    if (rc) {
+        answer(r, rc, 200, NULL, msg, NULL);
+        return;
+    }
+    if (!run_idem(r, &req, &idem)) {
+        cx_idem_cleanup(&idem);
         cx_run_request_cleanup(&req);
         return;
     }
-    if (rc == CX_OK && cx_req_wants_events(r)) {
-        struct cx_sse sse;
-        struct cx_run_sink sink;
-
-        /* one worker thread per stream, as for any run: it writes the
-         * events itself while it waits for the kernel */
-        cx_req_sse_sink(r, &sse, &sink);
-        rc = cx_run_submit_stream(r->cx, &r->who, &req, &sink, &out, &pending, msg, sizeof(msg));
-        cx_run_request_cleanup(&req);
+    f.detach = req.detach;
+    streaming = !req.detach && cx_req_wants_events(r);
+    if (streaming) {
+        /* one run thread per stream, as for any run: it writes the events
+         * itself while it waits for the kernel */
+        cx_req_sse_sink(r, &sse, &sse_sink);
+        f.inner = &sse_sink;
+    }
+    sink = (struct cx_run_sink){.fn = front_event, .ctx = &f};
+    rc = cx_run_submit_stream(r->cx, &r->who, &req,
+                              streaming || req.detach || idem.owner ? &sink : NULL, &out, &pending,
+                              msg, sizeof(msg));
+    cx_run_request_cleanup(&req);
+    cx_idem_finish(&idem, rc ? 0 : pending ? 202 : 200, out);
+    cx_idem_cleanup(&idem);
+    if (f.answered)
+        json_decref(out); /* (detached: its end is its record's) */
+    else if (streaming) {
         cx_req_sse_end(&sse, rc, pending ? 202 : 200, out, msg);
         json_decref(out);
-        return;
-    }
-    if (rc == CX_OK) {
-        rc = cx_run_submit(r->cx, &r->who, &req, &out, &pending, msg, sizeof(msg));
-        cx_run_request_cleanup(&req);
-    }
-    answer(r, rc, pending ? 202 : 200, out, msg, NULL);
+    } else
+        answer(r, rc, pending ? 202 : 200, out, msg, NULL);
 }
 
 /* Runs take a run thread (lib/lane.h): the worker only authenticates, so
@@ -338,19 +383,64 @@ cx_h_artifacts_delete(struct cx_req *r)
     delete_named(r, cx_artifact_delete, "no such artifact");
 }
 
+/* The Idempotency-Key of a request with a streamed body: its fingerprint
+ * the method, path, query, type and length, and then the body itself as
+ * read (cx_idem_read, through which the caller reads it). False when
+ * answered: a replay (whose body must be the first's), a refusal. */
+static bool
+streamed_idem(struct cx_req *r, struct cx_idem *id)
+{
+    const char *ctype = cx_req_param(r, "CONTENT_TYPE"), *clen = cx_req_param(r, "CONTENT_LENGTH");
+    char msg[CX_MSG_MAX] = "";
+    struct cx_buf what;
+    enum cx_err rc;
+
+    cx_buf_init(&what, sizeof(r->path) + 8192);
+    cx_buf_addf(&what, "%s %s?%s\n%s\n%s", r->method, r->path, r->query, ctype ? ctype : "",
+                clen ? clen : "");
+    rc = cx_buf_err(&what);
+    if (rc == CX_OK)
+        rc = cx_idem_begin(r->cx, r->who.user, cx_req_param(r, "HTTP_IDEMPOTENCY_KEY"), what.data,
+                           what.len, 0, id, msg, sizeof(msg));
+    cx_buf_cleanup(&what);
+    if (rc == CX_OK && id->replay)
+        rc = cx_idem_check_body(id, cx_req_read, r->fr->in);
+    if (rc)
+        cx_req_send_lib_error(r, rc, msg);
+    else if (id->replay)
+        cx_req_send_json(r, id->status, id->answer);
+    cx_idem_reader(id, cx_req_read, r->fr->in);
+    return rc == CX_OK && !id->replay;
+}
+
+/* The answer of a keyed request with a streamed body: kept, then sent. */
+static void
+streamed_answer(struct cx_req *r, struct cx_idem *id, enum cx_err rc, json_t *out, const char *msg,
+                const char *what)
+{
+    cx_idem_finish(id, rc ? 0 : 201, out);
+    cx_idem_cleanup(id);
+    answer(r, rc, 201, out, msg, what);
+}
+
 void
 cx_h_artifacts_upload(struct cx_req *r)
 {
     char msg[CX_MSG_MAX] = "";
+    struct cx_idem id;
     json_t *out = NULL;
     enum cx_err rc;
 
     if (!cx_req_authenticate(r))
         return;
+    if (!streamed_idem(r, &id)) {
+        cx_idem_cleanup(&id);
+        return;
+    }
     rc = cx_artifact_upload(r->cx, r->who.user, r->query, cx_req_param(r, "CONTENT_TYPE"),
-                            cx_req_param(r, "CONTENT_LENGTH"), cx_req_read, r->fr->in, &out, msg,
+                            cx_req_param(r, "CONTENT_LENGTH"), cx_idem_read, &id, &out, msg,
                             sizeof(msg));
-    answer(r, rc, 201, out, msg, NULL);
+    streamed_answer(r, &id, rc, out, msg, NULL);
 }
 
 static void
@@ -652,11 +742,17 @@ cx_h_files_put(struct cx_req *r)
     json_t *out = NULL;
     enum cx_err rc;
 
+    struct cx_idem id;
+
     if (!file_path(r, path))
         return;
+    if (!streamed_idem(r, &id)) {
+        cx_idem_cleanup(&id);
+        return;
+    }
     rc = cx_files_write(r->cx, r->who.user, r->captures[0], path, cx_req_param(r, "CONTENT_LENGTH"),
-                        cx_req_read, r->fr->in, &out, msg, sizeof(msg));
-    answer(r, rc, 201, out, msg, "no such conversation");
+                        cx_idem_read, &id, &out, msg, sizeof(msg));
+    streamed_answer(r, &id, rc, out, msg, "no such conversation");
 }
 
 struct file_out {

@@ -611,18 +611,15 @@ enum cx_err cx_run_get(struct cx_ctx *cx, const char *user, const char *run_id,
                        json_t **out) CX_MUSTCHECK;
 
 /* POST /v1/runs: runs the request in the caller's conversation, or, when
- * approval is required (config or key), records it as pending (*pending).
- * On CX_OK *out is the payload (new reference): the run's answer, also
- * when its code raised or timed out. Request-level failures:
- * CX_ERR_INPUT_NOT_FOUND, CX_ERR_CONFLICT (the conversation is busy),
- * CX_ERR_QUOTA (at the session cap, all busy), CX_ERR_GATEWAY, CX_ERR_DB;
- * msg says what failed. */
-enum cx_err cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who,
-                          struct cx_run_request *req, json_t **out, bool *pending, char *msg,
-                          size_t msglen) CX_MUSTCHECK;
-
-/* cx_run_submit() telling sink (NULL: nobody) what happens while it runs.
- * An error after the "run" event is still the return value. */
+ * approval is required (config or key), records it as pending (*pending),
+ * telling sink (NULL: nobody) what happens while it runs. On CX_OK *out is
+ * the payload (new reference): the run's answer, also when its code raised
+ * or timed out. Request-level failures: CX_ERR_INPUT_NOT_FOUND,
+ * CX_ERR_CONFLICT (the conversation is busy), CX_ERR_QUOTA (at the session
+ * cap, all busy), CX_ERR_GATEWAY, CX_ERR_DB; msg says what failed. An
+ * error after the "run" event is still the return value. With a sink, or
+ * detached, the run's record is made durable before the "run" event and
+ * its events are kept (lib/journal.h). */
 enum cx_err cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who,
                                  struct cx_run_request *req, const struct cx_run_sink *sink,
                                  json_t **out, bool *pending, char *msg,
@@ -662,6 +659,54 @@ enum cx_err cx_run_events(struct cx_ctx *cx, const struct cx_principal *who, con
 /* At shutdown, before the request threads are joined: every follower
  * returns within a quarter second. */
 void cx_run_events_stop(void);
+
+/* --- Idempotency-Key (lib/idem.c) -------------------------------------------- */
+
+/* A request with an Idempotency-Key: the first of a user with a key (for
+ * 24 hours) does the work (owner) and records its answer; a later one with
+ * the same fingerprint is answered that (replay), one with another is
+ * CX_ERR_IDEMPOTENCY. Only successes are kept: a failed first request
+ * releases its key, so a retry does the work. */
+#define CX_IDEM_KEY_MAX 128
+struct cx_idem {
+    struct cx_ctx *cx;
+    char user[CX_USER_MAX + 1];
+    char key[CX_IDEM_KEY_MAX + 1]; /* "": no key, every call a no-op */
+    bool owner;                    /* this request does it: cx_idem_finish() */
+    bool replay;                   /* the first's answer: status and answer */
+    int status;
+    json_t *answer;
+    char body_sha256[65]; /* a replay: the first's streamed body, "" for none */
+    void *hash;           /* the owner's streamed body as read */
+    cx_http_read_fn inner;
+    void *inner_ctx;
+};
+
+/* Claims key (the Idempotency-Key header, NULL or "" for none: *id is a
+ * no-op) for user and the request, whose fingerprint is the SHA-256 of
+ * what[0..len) (its method, route and JSON body, or a streamed body's
+ * length and type). A first request of the key still in progress is
+ * waited for up to wait_s seconds (a run), else CX_ERR_IN_PROGRESS.
+ * CX_ERR_INVALID for a key that is not 1-128 printable ASCII. Clean up
+ * with cx_idem_cleanup(). */
+enum cx_err cx_idem_begin(struct cx_ctx *cx, const char *user, const char *key, const char *what,
+                          size_t len, unsigned wait_s, struct cx_idem *id, char *msg,
+                          size_t msglen) CX_MUSTCHECK;
+/* The owner's body is read through cx_idem_read(id, ...) from now on,
+ * hashed on the way: a replay checks its own against it. */
+void cx_idem_reader(struct cx_idem *id, cx_http_read_fn inner, void *ctx);
+ssize_t cx_idem_read(void *id, void *buf, size_t n);
+/* A replay of a streamed body: reads the body through fn and compares it
+ * with the first's (CX_ERR_IDEMPOTENCY when it differs). */
+enum cx_err cx_idem_check_body(struct cx_idem *id, cx_http_read_fn fn, void *ctx) CX_MUSTCHECK;
+/* The owner's run is run_id (recorded before it runs: a retry waits for
+ * it and is answered its record). */
+void cx_idem_run(struct cx_idem *id, const char *run_id);
+/* The owner's answer: status (2xx) and its body, kept; status 0 (it
+ * failed) releases the key. */
+void cx_idem_finish(struct cx_idem *id, int status, const json_t *answer);
+/* Frees; an owner that did not finish releases the key. */
+void cx_idem_cleanup(struct cx_idem *id);
 
 /* --- Run threads (lib/lane.c) ------------------------------------------------ */
 

@@ -608,13 +608,6 @@ submit_pending(struct cx_ctx *cx, const struct cx_run_request *req, const char *
 }
 
 enum cx_err
-cx_run_submit(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-              json_t **out, bool *pending, char *msg, size_t msglen)
-{
-    return cx_run_submit_stream(cx, who, req, NULL, out, pending, msg, msglen);
-}
-
-enum cx_err
 cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
                      const struct cx_run_sink *sink, json_t **out, bool *pending, char *msg,
                      size_t msglen)
@@ -807,9 +800,11 @@ cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run
 CX_SQL(q_expire_pending, 0,
        "WITH p AS (DELETE FROM pending_runs WHERE expires_at < now() RETURNING run_id)"
        " UPDATE runs SET status = 'expired', finished_at = now() FROM p WHERE runs.id = p.run_id");
+/* (a run's kept events go with its answer) */
 CX_SQL(q_forget_answers, 1,
-       "UPDATE runs SET answer = NULL WHERE id IN (SELECT id FROM runs WHERE answer IS NOT NULL"
-       " AND finished_at < now() - make_interval(secs => $1::int) LIMIT 1000)");
+       "WITH f AS (UPDATE runs SET answer = NULL WHERE id IN (SELECT id FROM runs"
+       " WHERE answer IS NOT NULL AND finished_at < now() - make_interval(secs => $1::int)"
+       " LIMIT 1000) RETURNING id) DELETE FROM run_events WHERE run_id IN (SELECT id FROM f)");
 /* A run whose connection is gone lost its process; one older than any run
  * can last too (its record from before owners were kept, or a connection
  * that lingers). Its answer says which. */
@@ -870,6 +865,11 @@ cx_run_cancel(struct cx_ctx *cx, const char *user, const char *run_id, json_t **
     return *out ? CX_OK : CX_ERR_NOMEM;
 }
 
+/* Idempotency-Keys past their day, a bounded batch per sweep. */
+CX_SQL(q_forget_idem, 0,
+       "DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM idempotency_keys"
+       " WHERE created_at < now() - interval '24 hours' LIMIT 1000)");
+
 enum cx_err
 cx_run_expire(struct cx_ctx *cx, int *changed)
 {
@@ -894,7 +894,7 @@ cx_run_expire(struct cx_ctx *cx, int *changed)
     /* answers past run_answer_ttl, a bounded batch per sweep */
     snprintf(secs, sizeof(secs), "%u", cx->cfg->run_answer_ttl);
     rc = cx_db_exec(cx->db, &q_forget_answers, p, NULL);
-    if (rc)
-        return rc;
-    return CX_OK;
+    if (rc == CX_OK)
+        rc = cx_db_exec(cx->db, &q_forget_idem, NULL, NULL);
+    return rc;
 }

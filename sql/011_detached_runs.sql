@@ -25,15 +25,21 @@ CREATE TABLE run_events (
 
 -- Idempotency-Key (SPEC §10.3): what the first request with a key answered,
 -- per user, for a day. fingerprint is the SHA-256 of what made the request
--- (method, route, body); answer is NULL while the first is in progress.
+-- (method, route, its JSON body or a streamed body's length and type);
+-- body_sha256 that of a streamed body as read. status is NULL while the
+-- first is in progress, by the connection owner_*; a run's answer may be
+-- its record's (answer NULL, run_id set).
 CREATE TABLE idempotency_keys (
-    user_id     text NOT NULL,
-    key         text NOT NULL,
-    fingerprint text NOT NULL,
-    run_id      uuid,
-    status      integer,
-    answer      text,
-    created_at  timestamptz NOT NULL DEFAULT now(),
+    user_id       text NOT NULL,
+    key           text NOT NULL,
+    fingerprint   text NOT NULL,
+    body_sha256   text,
+    run_id        uuid,
+    status        integer,
+    answer        text,
+    owner_pid     integer,
+    owner_started timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (user_id, key)
 );
 CREATE INDEX idempotency_keys_age ON idempotency_keys (created_at);
