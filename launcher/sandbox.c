@@ -1802,6 +1802,58 @@ add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx
     add3(a, "--chdir", "/workspace", NULL);
 }
 
+/* Run at the kernel's start (IPython's exec_lines; it leaves no name in
+ * the user's namespace): plt.show() displays every open figure as a PNG
+ * whatever backend the code selected (matplotlib.use("Agg") included),
+ * where the inline backend would, so the run captures it (SPEC §10.3).
+ * The inline backend's own show() is left to itself. pyplot is patched
+ * when it is first imported, by a finder that removes itself. */
+static const char show_hook[] =
+    "--IPKernelApp.exec_lines="
+    "def _codexec_show_hook():\n"
+    "    import importlib.abc, importlib.util, sys\n"
+    "\n"
+    "    def patch(m):\n"
+    "        orig = m.show\n"
+    "        if getattr(orig, \"_codexec\", False):\n"
+    "            return\n"
+    "        def show(*args, **kwargs):\n"
+    "            import matplotlib\n"
+    "            if \"inline\" in str(matplotlib.get_backend()).lower():\n"
+    "                return orig(*args, **kwargs)\n"
+    "            import io\n"
+    "            from IPython.display import Image, display\n"
+    "            for n in m.get_fignums():\n"
+    "                b = io.BytesIO()\n"
+    "                m.figure(n).savefig(b, format=\"png\")\n"
+    "                display(Image(data=b.getvalue(), format=\"png\"))\n"
+    "            m.close(\"all\")\n"
+    "        show._codexec = True\n"
+    "        show.__doc__, show.__wrapped__ = orig.__doc__, orig\n"
+    "        m.show = show\n"
+    "\n"
+    "    class Finder(importlib.abc.MetaPathFinder):\n"
+    "        def find_spec(self, name, path, target=None):\n"
+    "            if name != \"matplotlib.pyplot\":\n"
+    "                return None\n"
+    "            sys.meta_path.remove(self)\n"
+    "            spec = importlib.util.find_spec(name)\n"
+    "            if spec is None or spec.loader is None:\n"
+    "                return spec\n"
+    "            run = spec.loader.exec_module\n"
+    "            def exec_module(module):\n"
+    "                run(module)\n"
+    "                patch(module)\n"
+    "            spec.loader.exec_module = exec_module\n"
+    "            return spec\n"
+    "\n"
+    "    if \"matplotlib.pyplot\" in sys.modules:\n"
+    "        patch(sys.modules[\"matplotlib.pyplot\"])\n"
+    "    else:\n"
+    "        sys.meta_path.insert(0, Finder())\n"
+    "_codexec_show_hook()\n"
+    "del _codexec_show_hook\n";
+
 /* The kernel's command: its rlimits (they apply inside the user
  * namespace, so RLIMIT_NPROC counts this sandbox's processes only), then
  * ipykernel on the connection file. */
@@ -1825,6 +1877,7 @@ add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx_san
      * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
      * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
     add(a, "--HistoryManager.hist_file=:memory:");
+    add(a, show_hook);
 }
 
 enum cx_err

@@ -89,3 +89,24 @@ pd.DataFrame({"a": [1, 2]})
             capture_artifacts=False)
     check(all("image/png" not in e["data"] for e in r["results"]), f"no artifact: {r['results']}")
     eq(run(ctx, "u-res", cid, "x = 2")["results"], [], "none")
+
+
+def test_plt_show_under_any_backend(ctx):
+    """plt.show() is captured whatever backend the code selected: Agg shows
+    nothing of itself, the kernel's start-up hook displays the figures."""
+    cid = new_id()
+    code = ("import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+            "plt.plot([1, 2, 3])\nplt.figure()\nplt.plot([3, 2])\nplt.show()\n"
+            "print(sorted(n for n in globals() if 'codexec' in n), plt.get_fignums())")
+    r = run(ctx, "u-res-agg", cid, code)
+    eq(r["status"], "ok", f"ran {r.get('error')}")
+    pngs = [e["data"]["image/png"] for e in r["results"] if "image/png" in e["data"]]
+    eq(len(pngs), 2, f"both figures shown: {r['results']}")
+    arts = {a["artifact_id"]: a for a in r["artifacts"]}
+    check(all(p["artifact_id"] in arts and arts[p["artifact_id"]]["mime_type"] == "image/png"
+              for p in pngs), f"each a PNG artifact of the run: {pngs} {arts}")
+    eq(r["stdout_tail"], "[] []\n", "no name of the hook in the namespace; the figures closed")
+    # a figure only saved is a file, not a display
+    r = run(ctx, "u-res-agg", cid, "plt.plot([1]); plt.savefig('f.png'); plt.close('all')")
+    eq([e for e in r["results"] if "image/png" in e["data"]], [], "no display")
+    eq([a["path"] for a in r["artifacts"]], ["f.png"], "the saved file")
