@@ -706,8 +706,6 @@ cx_h_artifacts_page(struct cx_req *r)
     struct cx_buf b;
     enum cx_err rc;
 
-    if (!cx_req_authenticate(r))
-        return;
     cx_buf_init(&b, 16u << 20);
     rc = cx_page_artifacts(r->cx, &r->who, r->captures[0], &b);
     if (rc) {

@@ -33,7 +33,7 @@ static const struct route routes[] = {
     {"PUT", "/v1/conversations/{}/files/{**}", "files_put", cx_h_files_put, true},
     {"GET", "/v1/conversations/{}/files/{**}", "files_get", cx_h_files_get, true},
     {"DELETE", "/v1/conversations/{}/files/{**}", "files_delete", cx_h_files_delete, true},
-    {"GET", "/v1/conversations/{}/artifacts.html", "artifacts_page", cx_h_artifacts_page},
+    {"GET", "/v1/conversations/{}/artifacts.html", "artifacts_page", cx_h_artifacts_page, true},
     {"GET", "/v1/artifacts", "artifacts_list", cx_h_artifacts_list},
     {"POST", "/v1/artifacts", "artifacts_upload", cx_h_artifacts_upload},
     {"GET", "/v1/artifacts/{}", "artifacts_get", cx_h_artifacts_get},

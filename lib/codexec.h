@@ -919,7 +919,9 @@ void cx_dlcache_follow(struct cx_ctx *cx, const volatile int *stop);
 /* Appends a self-contained HTML page (no external assets) listing the
  * user's artifacts in the conversation: path, kind, type, size, versions,
  * an image preview and a download link. Links are signed (the browser sends
- * no Authorization header for <a> and <img>). Every value is escaped. */
+ * no Authorization header for <a> and <img>). Then the live workspace's
+ * files (path, type, size; the first 500), listed through the session's
+ * kernel: on a run thread (the router's lane). Every value is escaped. */
 enum cx_err cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char *cid,
                               struct cx_buf *out) CX_MUSTCHECK;
 

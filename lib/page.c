@@ -4,6 +4,7 @@
 #include "artifact.h"
 #include "config.h"
 #include "download.h"
+#include "files.h"
 #include "page.h"
 #include "util.h"
 
@@ -49,7 +50,7 @@ static const char style[] =
     "th,td{border-bottom:1px solid #ddd;padding:.5em;text-align:left;vertical-align:top}"
     "th{background:#f0f0f0}td.n{text-align:right;white-space:nowrap}"
     "img.preview{max-width:240px;max-height:180px;display:block;border:1px solid #ccc}"
-    "code{font-size:.9em}.empty{color:#777}";
+    "code{font-size:.9em}.empty{color:#777}h2{font-size:1.1em;margin-top:2em}";
 
 /* What a link to a listed artifact's current version is made of. */
 static void
@@ -107,6 +108,58 @@ page_row(struct cx_ctx *cx, const struct cx_principal *who, json_t *a, struct cx
     return CX_OK;
 }
 
+/* At most this many of the workspace's files are listed on the page. */
+#define PAGE_FILES_MAX 500
+
+/* The live workspace's files, read through its kernel (never from the
+ * host): their paths, sizes and types; none without a session. */
+static void
+page_files(struct cx_ctx *cx, const struct cx_principal *who, const char *cid, struct cx_buf *out)
+{
+    char msg[CX_MSG_MAX] = "", size[32];
+    json_t *list = NULL, *f;
+    enum cx_err rc = cx_files_list(cx, who->user, cid, "", true, &list, msg, sizeof(msg));
+    json_t *files = json_object_get(list, "files");
+    size_t i, shown = 0;
+
+    cx_buf_adds(out, "<h2>Files in the workspace</h2>\n");
+    if (rc == CX_ERR_NOT_FOUND)
+        cx_buf_adds(out, "<p class=\"empty\">No live session: the workspace is empty until "
+                         "the next run.</p>\n");
+    else if (rc)
+        cx_buf_adds(out, "<p class=\"empty\">The workspace can't be listed now (a run may "
+                         "hold it); reload later.</p>\n");
+    else if (json_array_size(files) == 0)
+        cx_buf_adds(out, "<p class=\"empty\">No files.</p>\n");
+    else
+        cx_buf_adds(out, "<table><thead><tr><th>Path</th><th>Type</th><th>Size</th></tr>"
+                         "</thead><tbody>\n");
+    json_array_foreach(files, i, f)
+    {
+        const char *type = json_string_value(json_object_get(f, "type"));
+
+        if (shown == PAGE_FILES_MAX)
+            break;
+        shown++;
+        cx_buf_adds(out, "<tr><td><code>");
+        cx_page_escape(out, json_string_value(json_object_get(f, "path")));
+        cx_buf_adds(out, "</code></td><td>");
+        cx_page_escape(out, type ? type : "");
+        human_size(json_integer_value(json_object_get(f, "size")), size, sizeof(size));
+        cx_buf_addf(out, "</td><td class=\"n\">%s</td></tr>\n",
+                    type && !strcmp(type, "file") ? size : "");
+    }
+    if (rc == CX_OK && json_array_size(files)) {
+        cx_buf_adds(out, "</tbody></table>\n");
+        if (json_array_size(files) > shown || json_is_true(json_object_get(list, "truncated")))
+            cx_buf_addf(out,
+                        "<p class=\"empty\">The first %zu shown; list them all with GET "
+                        "/v1/conversations/{id}/files?recursive=true.</p>\n",
+                        shown);
+    }
+    json_decref(list);
+}
+
 enum cx_err
 cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char *cid,
                   struct cx_buf *out)
@@ -142,6 +195,7 @@ cx_page_artifacts(struct cx_ctx *cx, const struct cx_principal *who, const char 
     }
     if (json_array_size(artifacts))
         cx_buf_adds(out, "</tbody></table>\n");
+    page_files(cx, who, cid, out);
     cx_buf_adds(out, "</body></html>\n");
     json_decref(list);
     return cx_buf_err(out);

@@ -80,9 +80,20 @@ def test_page_escapes_and_scopes(ctx):
     check("<img src=x" not in body, "file names are escaped")
     check("&lt;img src=x onerror=alert(1)&gt;" in body, "and shown")
     check(r.header("Content-Type").startswith("text/html"), "HTML")
+    check("&lt;img src=x onerror=alert(1)&gt;" in body[body.index("Files in the workspace"):],
+          "listed as a file of the workspace too, escaped")
+    r = ctx.request("PUT", "/v1/conversations/c1/files/data/in%20put.csv", body=b"a,b\n",
+                    key=key, headers={"Content-Type": "application/octet-stream"})
+    eq(r.status, 201, "a file written")
+    body = ctx.get("/v1/conversations/c1/artifacts.html", key=key).body.decode()
+    files = body[body.index("Files in the workspace"):]
+    check("<code>data/in put.csv</code>" in files and "4 B" in files,
+          f"the workspace's files are on the page: {files[:600]}")
+    check("<code>data</code></td><td>dir" in files, "its directories too")
     r = ctx.get("/v1/conversations/c1/artifacts.html", key=ctx.key("b-other"))
     check("onerror" not in r.body.decode() and "No artifacts yet" in r.body.decode(),
           "another user sees none of it")
+    check("No live session" in r.body.decode(), "nor its workspace")
     eq(ctx.get("/v1/conversations/c1/artifacts.html").status, 401, "needs auth")
     # the page's signed links name the current version and serve its bytes
     run(ctx, user, "c2", "open('v.txt', 'w').write('one')")
