@@ -249,6 +249,75 @@ def capture(b, section="capture"):
     return r["artifacts"][0]
 
 
+def files_api(b, n_runs):
+    """The file API: 100 MiB written with PUT and read back with GET,
+    through nginx, codexec-fcgi, the gateway and the kernel, against the
+    disk floor (the same bytes written and synced where artifacts go),
+    three of each, the median. Then output: "full" and results on a run:
+    a run printing 16 KiB with output "full" against the same run with
+    the tail, and a run displaying 16 KiB of HTML (inline in results)
+    against one printing it, alternating."""
+    cid, size = "bench-files", 100 << 20
+    data = os.urandom(1 << 20) * 100
+    b.run(cid, "x = 0")
+    b.settle()
+    port = b.st.http_port
+    h = {"Authorization": f"Bearer {b.key}", "Content-Type": "application/octet-stream"}
+    before, peak = b.rss(), [b.rss()]
+    writes, reads, floors = [], [], []
+    for i in range(3):
+        floors.append(disk_floor(b))
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        t0 = time.perf_counter()
+        c.request("PUT", f"/v1/conversations/{cid}/files/big.bin", body=data, headers=h)
+        r = c.getresponse()
+        r.read()
+        writes.append(time.perf_counter() - t0)
+        c.close()
+        if r.status != 201:
+            raise RuntimeError(f"files bench: PUT answered {r.status}")
+        peak[0] = max(peak[0], b.rss())
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        t0 = time.perf_counter()
+        c.request("GET", f"/v1/conversations/{cid}/files/big.bin", headers=h)
+        r = c.getresponse()
+        got = 0
+        while True:
+            chunk = r.read(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+        reads.append(time.perf_counter() - t0)
+        c.close()
+        if got != size:
+            raise RuntimeError(f"files bench: GET read {got} bytes")
+        peak[0] = max(peak[0], b.rss())
+    floor = statistics.median(floors)
+    w, rd = statistics.median(writes), statistics.median(reads)
+    row("files", "PUT 100 MiB file (time against the disk floor)", w, floor, "s",
+        f"{size / w / 1e6:.0f} MB/s = {floor / w:.2f}× the floor's {size / floor / 1e6:.0f} MB/s")
+    row("files", "GET 100 MiB file (time against the disk floor)", rd, floor, "s",
+        f"{size / rd / 1e6:.0f} MB/s = {floor / rd:.2f}× the floor's")
+    row("files", "codexec-fcgi RSS growth during them", (peak[0] - before) / 1024, None, "MiB")
+    b.run(cid, "import os; os.remove('big.bin')")
+    pairs = {"tail": [], "full": [], "print": [], "html": []}
+    printed = "print('x' * 16384)"
+    shown = "from IPython.display import HTML, display\ndisplay(HTML('x' * 16384))"
+    b.run(cid, shown)
+    for _ in range(max(1, n_runs // 10)):
+        for _ in range(10):
+            for what, code, kw in (("tail", printed, {}), ("full", printed, {"output": "full"}),
+                                   ("print", printed, {}), ("html", shown, {})):
+                t0 = time.perf_counter()
+                b.run(cid, code, **kw)
+                pairs[what].append((time.perf_counter() - t0) * 1000)
+    med = {k: statistics.median(v) for k, v in pairs.items()}
+    row("files", 'run printing 16 KiB, output "full" (median)', med["full"], med["tail"], "ms",
+        "against the same run with the tail only")
+    row("files", "run displaying 16 KiB HTML, in results (median)", med["html"], med["print"], "ms",
+        "against the same bytes printed")
+
+
 def downloads(b, big):
     # the same bytes served statically by the same nginx
     src = os.path.join(b.st.storage, "artifacts", "bench", big["artifact_id"], f"v{big['version']}",
@@ -718,8 +787,8 @@ def main():
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "performance.md"))
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
     ap.add_argument("--only", action="append",
-                    choices=["run", "stream", "cold", "capture", "download", "s3", "concurrency",
-                             "capacity"],
+                    choices=["run", "stream", "cold", "capture", "download", "files", "s3",
+                             "concurrency", "capacity"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     others = other_stacks()
@@ -757,6 +826,8 @@ def main():
             big = capture(b)
         if want("download"):
             downloads(b, big)
+        if want("files"):
+            files_api(b, a.runs)
         if want("s3"):
             s3(b, 3 if a.smoke else 11)
         if want("concurrency"):
