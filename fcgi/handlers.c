@@ -154,7 +154,7 @@ run_idem(struct cx_req *r, const struct cx_run_request *req, struct cx_idem *id)
     struct cx_buf what;
     enum cx_err rc;
 
-    cx_buf_init(&what, cfg->max_body_bytes + 64);
+    cx_buf_init(&what, 6 * (size_t)cfg->max_body_bytes + 64); /* (escapes grow it) */
     cx_buf_addf(&what, "POST /v1/runs\n%s", body ? body : "");
     free(body);
     rc = body ? cx_buf_err(&what) : CX_ERR_NOMEM;
@@ -404,7 +404,7 @@ streamed_idem(struct cx_req *r, struct cx_idem *id)
                            what.len, 0, id, msg, sizeof(msg));
     cx_buf_cleanup(&what);
     if (rc == CX_OK && id->replay)
-        rc = cx_idem_check_body(id, cx_req_read, r->fr->in);
+        rc = cx_idem_check_body(id, cx_req_read, r->fr->in, r->cx->cfg->max_artifact_bytes);
     if (rc)
         cx_req_send_lib_error(r, rc, msg);
     else if (id->replay)

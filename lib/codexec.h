@@ -696,9 +696,11 @@ enum cx_err cx_idem_begin(struct cx_ctx *cx, const char *user, const char *key, 
  * hashed on the way: a replay checks its own against it. */
 void cx_idem_reader(struct cx_idem *id, cx_http_read_fn inner, void *ctx);
 ssize_t cx_idem_read(void *id, void *buf, size_t n);
-/* A replay of a streamed body: reads the body through fn and compares it
- * with the first's (CX_ERR_IDEMPOTENCY when it differs). */
-enum cx_err cx_idem_check_body(struct cx_idem *id, cx_http_read_fn fn, void *ctx) CX_MUSTCHECK;
+/* A replay of a streamed body: reads the body through fn (at most max
+ * bytes, else CX_ERR_TOO_LARGE) and compares it with the first's
+ * (CX_ERR_IDEMPOTENCY when it differs). */
+enum cx_err cx_idem_check_body(struct cx_idem *id, cx_http_read_fn fn, void *ctx,
+                               uint64_t max) CX_MUSTCHECK;
 /* The owner's run is run_id (recorded before it runs: a retry waits for
  * it and is answered its record). */
 void cx_idem_run(struct cx_idem *id, const char *run_id);

@@ -25,8 +25,8 @@ CX_SQL(q_idem_claim, 3,
        " WHERE idempotency_keys.created_at < now() - interval '24 hours'"
        " OR (idempotency_keys.status IS NULL AND idempotency_keys.run_id IS NULL"
        " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a"
-       " WHERE a.pid = idempotency_keys.owner_pid"
-       " AND a.backend_start = idempotency_keys.owner_started)) RETURNING 1)"
+       " WHERE a.pid = idempotency_keys.owner_pid AND (a.backend_start IS NULL"
+       " OR a.backend_start = idempotency_keys.owner_started))) RETURNING 1)"
        " SELECT (SELECT count(*) FROM c), k.fingerprint, k.body_sha256, k.run_id, k.status,"
        " k.answer, (SELECT r.status FROM runs r WHERE r.id = k.run_id)"
        " FROM (SELECT 1) one LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2");
@@ -159,8 +159,9 @@ hex_of(const unsigned char d[CX_SHA256_BYTES], char out[65])
 }
 
 enum cx_err
-cx_idem_check_body(struct cx_idem *id, cx_http_read_fn fn, void *ctx)
+cx_idem_check_body(struct cx_idem *id, cx_http_read_fn fn, void *ctx, uint64_t max)
 {
+    uint64_t total = 0;
     unsigned char d[CX_SHA256_BYTES], *buf = malloc(65536);
     struct cx_sha256 h;
     char hex[65];
@@ -171,10 +172,10 @@ cx_idem_check_body(struct cx_idem *id, cx_http_read_fn fn, void *ctx)
         free(buf);
         return rc;
     }
-    while ((got = fn(ctx, buf, 65536)) > 0)
+    while ((got = fn(ctx, buf, 65536)) > 0 && (total += (uint64_t)got) <= max)
         cx_sha256_update(&h, buf, (size_t)got);
     free(buf);
-    rc = got < 0 ? CX_ERR_IO : cx_sha256_final(&h, d);
+    rc = got < 0 ? CX_ERR_IO : total > max ? CX_ERR_TOO_LARGE : cx_sha256_final(&h, d);
     cx_sha256_cleanup(&h);
     if (rc)
         return rc;

@@ -807,7 +807,8 @@ CX_SQL(q_forget_answers, 1,
        " LIMIT 1000) RETURNING id) DELETE FROM run_events WHERE run_id IN (SELECT id FROM f)");
 /* A run whose connection is gone lost its process; one older than any run
  * can last too (its record from before owners were kept, or a connection
- * that lingers). Its answer says which. */
+ * that lingers). A connection whose start another role may not see (NULL)
+ * counts as alive by its pid alone. */
 CX_SQL(q_abandon, 1,
        "UPDATE runs SET status = 'error', error_name = CASE WHEN cancel_requested"
        " THEN 'Cancelled' ELSE 'Abandoned' END, finished_at = now(),"
@@ -815,7 +816,7 @@ CX_SQL(q_abandon, 1,
        " WHERE status = 'running' AND (started_at < now() - make_interval(secs => $1::int)"
        " OR (owner_pid IS NOT NULL AND started_at < now() - interval '1 second'"
        " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = runs.owner_pid"
-       " AND a.backend_start = runs.owner_started)))");
+       " AND (a.backend_start IS NULL OR a.backend_start = runs.owner_started))))");
 
 /* One snapshot: the status before, a running run marked (and announced to
  * the process that runs it), a pending one ended. */

@@ -277,7 +277,8 @@ def test_large_file_memory_bounded(ctx):
     eq(r.getheader("ETag"), f'"{want.hexdigest()}"', "ETag of the big file")
     print(f"# 500 MiB: write {size / wrote / 2**20:.0f} MiB/s, read {size / read / 2**20:.0f} MiB/s,"
           f" codexec-fcgi RSS growth {w.growth_mib():.1f} MiB")
-    check(w.growth_mib() < 16, f"codexec-fcgi's RSS grew {w.growth_mib():.1f} MiB")
+    if ctx.flavour != "sanitizers":  # (ASan keeps freed blocks in quarantine: RSS says nothing)
+        check(w.growth_mib() < 16, f"codexec-fcgi's RSS grew {w.growth_mib():.1f} MiB")
     eq(ctx.request("DELETE", files_url(cid, "big.bin"), key=ctx.key("u-files-big")).status, 204,
        "deleted")
 
