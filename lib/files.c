@@ -17,11 +17,13 @@
 extern const char cx_files_helper_py[];
 
 #define FILES_MIME   "application/vnd.codexec.file+json"
-#define FILES_CHUNK  (1u << 20)
-#define FILES_WINDOW 8                 /* write chunks in flight */
-#define READ_WINDOW  (8u << 20)        /* bytes asked of the kernel at once */
-#define LIST_MAX     10000             /* entries of one listing */
-#define LIST_BYTES   (8u << 20)        /* about the listing's JSON, under the message cap */
+#define FILES_CHUNK  (4u << 20)  /* one write message's buffer */
+#define READ_CHUNK   (1u << 20)  /* one read message's buffer */
+#define FILES_WINDOW 4           /* write chunks in flight */
+#define READ_WINDOW  (16u << 20) /* bytes asked of the kernel at once */
+#define READ_MIN_BPS (1u << 20)  /* the slowest a read may go, after its first window's wait */
+#define LIST_MAX     10000       /* entries of one listing */
+#define LIST_BYTES   (8u << 20)  /* about the listing's JSON, under the message cap */
 #define OP_WAIT_US   (120LL * 1000000) /* one window's wait */
 
 /* Compiles the helper once per kernel process (kept in sys under its
@@ -306,17 +308,18 @@ on_message(void *ctx, int index, const char *type, json_t *content,
     return CX_OK;
 }
 
-/* Waits for reqs[0..n) to end; CX_OK with o->answer the last one's. */
+/* Waits for the first need of reqs[0..n) to end (the others' messages
+ * are taken on the way); CX_OK with o->answer the last one's. */
 static enum cx_err
-op_wait(struct fileop *o, struct cx_exec *reqs, int n)
+op_wait_some(struct fileop *o, struct cx_exec *reqs, int n, int need)
 {
     enum cx_err rc;
 
     o->rc = CX_OK;
     json_decref(o->answer);
     o->answer = NULL;
-    rc = cx_kernel_wait(o->conn, reqs, n, n, cx_now_us() + OP_WAIT_US, on_message, o);
-    for (int i = 0; rc == CX_OK && i < n; i++) {
+    rc = cx_kernel_wait(o->conn, reqs, n, need, cx_now_us() + OP_WAIT_US, on_message, o);
+    for (int i = 0; rc == CX_OK && i < need; i++) {
         const char *st = json_string_value(json_object_get(reqs[i].reply, "status"));
         if (!st || strcmp(st, "ok") != 0)
             rc = CX_ERR_PROTOCOL;
@@ -326,6 +329,12 @@ op_wait(struct fileop *o, struct cx_exec *reqs, int n)
     if (rc)
         o->broken = true;
     return rc;
+}
+
+static enum cx_err
+op_wait(struct fileop *o, struct cx_exec *reqs, int n)
+{
+    return op_wait_some(o, reqs, n, n);
 }
 
 /* The helper's {"error": code} as an error; CX_OK for {"ok": true}. */
@@ -415,9 +424,14 @@ write_chunk(struct writing *w, size_t len, const char *sha_hex, char *msg, size_
         w->n++;
     w->sent += len;
     if (rc == CX_OK && (w->n == FILES_WINDOW || last)) {
-        rc = op_wait(w->o, w->reqs, w->n);
-        cx_exec_cleanup(w->reqs, w->n);
-        w->n = 0;
+        /* a sliding window: the older half waited for while the newer
+         * half is written, so the kernel never idles while the next body
+         * bytes are read (the last: all of them) */
+        int need = last ? w->n : FILES_WINDOW / 2;
+        rc = op_wait_some(w->o, w->reqs, w->n, need);
+        cx_exec_cleanup(w->reqs, need);
+        memmove(w->reqs, w->reqs + need, (size_t)(w->n - need) * sizeof(w->reqs[0]));
+        w->n -= need;
         if (rc == CX_OK && w->o->answer)
             rc = answer_err(w->o->answer, msg, msglen);
         else if (rc)
@@ -598,7 +612,7 @@ read_window(struct reading *g, bool first, json_t *expect, char *msg, size_t msg
     uint64_t count = g->rd->body ? READ_WINDOW : 65536;
     json_t *p = json_pack("{s:s,s:s,s:b,s:I,s:I,s:I}", "op", "read", "path", g->path, "first",
                           first, "offset", (json_int_t)g->off, "count", (json_int_t)count, "chunk",
-                          (json_int_t)FILES_CHUNK);
+                          (json_int_t)READ_CHUNK);
     enum cx_err rc;
 
     if (p && expect)
@@ -633,6 +647,7 @@ cx_files_read(struct cx_ctx *cx, const char *user, const char *cid, const char *
 {
     struct fileop o;
     struct reading g = {.o = &o, .rd = rd, .path = path};
+    int64_t t0 = cx_now_us();
     enum cx_err rc = op_begin(&o, cx, user, cid, false, msg, msglen);
 
     if (rc) {
@@ -647,7 +662,16 @@ cx_files_read(struct cx_ctx *cx, const char *user, const char *cid, const char *
     if (rc == CX_OK && !g.headed && !send_head(&g, "", 0))
         rc = CX_DONE;
     while (rc == CX_OK && rd->body && g.off < g.size) {
-        json_t *expect = json_incref(json_object_get(o.file, "expect"));
+        json_t *expect;
+        /* a kernel that trickles a file it says is huge never holds the
+         * run thread for longer than the file could take at 1 MiB/s */
+        if (cx_now_us() > t0 + OP_WAIT_US + (int64_t)(g.size / READ_MIN_BPS) * 1000000) {
+            snprintf(msg, msglen, "the kernel sent the file too slowly");
+            o.broken = true;
+            rc = CX_ERR_TIMEOUT;
+            break;
+        }
+        expect = json_incref(json_object_get(o.file, "expect"));
         rc = read_window(&g, false, expect, msg, msglen);
         json_decref(expect);
     }

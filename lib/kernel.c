@@ -415,22 +415,21 @@ send_binary(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
 {
     char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
     size_t tlen = text ? strlen(text) : 0;
-    unsigned char *frame = NULL;
+    unsigned char *head = NULL;
     enum cx_err rc = CX_ERR_NOMEM;
 
     json_decref(m);
     if (text && len <= CX_KERNEL_MAX_MESSAGE && tlen <= CX_KERNEL_MAX_MESSAGE)
-        frame = malloc(12 + tlen + len);
-    if (frame) {
-        put_be32(frame, 2);
-        put_be32(frame + 4, 12);
-        put_be32(frame + 8, (uint32_t)(12 + tlen));
-        memcpy(frame + 12, text, tlen);
-        if (len)
-            memcpy(frame + 12 + tlen, buf, len);
-        rc = cx_ws_send(c->ws, CX_WS_BINARY, frame, 12 + tlen + len);
+        head = malloc(12 + tlen);
+    if (head) {
+        /* the offsets, the JSON, then the buffer sent from where it is */
+        put_be32(head, 2);
+        put_be32(head + 4, 12);
+        put_be32(head + 8, (uint32_t)(12 + tlen));
+        memcpy(head + 12, text, tlen);
+        rc = cx_ws_send2(c->ws, CX_WS_BINARY, head, 12 + tlen, buf, len);
     }
-    free(frame);
+    free(head);
     free(text);
     return rc;
 }

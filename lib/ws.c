@@ -366,9 +366,15 @@ cx_ws_buffered(const void *data, size_t len, size_t max_message, struct cx_ws **
 enum cx_err
 cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data, size_t len)
 {
+    return cx_ws_send2(ws, op, data, len, NULL, 0);
+}
+
+enum cx_err
+cx_ws_send2(struct cx_ws *ws, enum cx_ws_opcode op, const void *a, size_t alen, const void *b,
+            size_t blen)
+{
     unsigned char head[14], mask[4], chunk[SEND_CHUNK];
-    const unsigned char *p = data;
-    size_t h = 0;
+    size_t h = 0, len = alen + blen;
     enum cx_err rc;
 
     if (!ws->alive)
@@ -389,13 +395,19 @@ cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data, size_t len)
     memcpy(head + h, mask, 4);
     h += 4;
     rc = send_all(ws, head, h);
-    /* Masked in bounded pieces: memory does not grow with the message. */
-    for (size_t done = 0; rc == CX_OK && done < len;) {
-        size_t n = len - done < sizeof(chunk) ? len - done : sizeof(chunk);
-        for (size_t i = 0; i < n; i++)
-            chunk[i] = p[done + i] ^ mask[(done + i) & 3];
-        rc = send_all(ws, chunk, n);
-        done += n;
+    /* Masked in bounded pieces: memory does not grow with the message,
+     * and its two parts are never copied together. */
+    for (int part = 0, at = 0; part < 2; part++) {
+        const unsigned char *p = part ? b : a;
+        size_t plen = part ? blen : alen;
+        for (size_t done = 0; rc == CX_OK && done < plen;) {
+            size_t n = plen - done < sizeof(chunk) ? plen - done : sizeof(chunk);
+            for (size_t i = 0; i < n; i++)
+                chunk[i] = p[done + i] ^ mask[(at + i) & 3];
+            rc = send_all(ws, chunk, n);
+            done += n;
+            at = (int)((at + n) & 3);
+        }
     }
     if (rc)
         ws->alive = false;

@@ -51,6 +51,10 @@ enum cx_err cx_ws_buffered(const void *data, size_t len, size_t max_message,
 
 enum cx_err cx_ws_send(struct cx_ws *ws, enum cx_ws_opcode op, const void *data,
                        size_t len) CX_MUSTCHECK;
+/* One message of two parts, a then b (either may be empty), in one frame:
+ * neither is copied. */
+enum cx_err cx_ws_send2(struct cx_ws *ws, enum cx_ws_opcode op, const void *a, size_t alen,
+                        const void *b, size_t blen) CX_MUSTCHECK;
 
 /* Receives the next data message (text or binary) into out (reset first),
  * waiting until deadline_us (cx_now_us() clock). Pings are answered and

@@ -745,6 +745,7 @@ http {{
     server {{
         listen 127.0.0.1:{self.http_port};
         server_name localhost;
+        large_client_header_buffers 4 16k;
 {edge_server}        include {ndir}/codexec-locations.conf;
 
         location /_codexec_storage/ {{

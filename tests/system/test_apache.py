@@ -9,6 +9,7 @@ import subprocess
 import stack
 from harness import check, eq, wait_until
 import test_downloads
+import test_files
 import test_detached
 import test_stream
 
@@ -112,6 +113,27 @@ def test_run_events_through_apache(ctx):
         first, end = test_detached.live_events(ctx, port=port)
         print(f"# through Apache: first output after {first * 1000:.0f} ms, result after "
               f"{end * 1000:.0f} ms")
+    finally:
+        httpd.send_signal(signal.SIGTERM)
+        fcgi.send_signal(signal.SIGTERM)
+        httpd.wait(timeout=20)
+        fcgi.wait(timeout=20)
+
+
+def test_files_through_apache(ctx):
+    """A conversation's files through Apache: a body streamed in and out,
+    and a 4079-byte path percent-encoded to 12 KiB (LimitRequestLine)."""
+    port, fcgi, httpd = start_apache(ctx)
+    try:
+        cid, key = "apache-files", ctx.key("u-apache-files")
+        data = os.urandom(5 << 20)
+        for path in ("data/in.bin", test_files.wide_path()):
+            r = ctx.request("PUT", test_files.files_url(cid, path), body=data, key=key, port=port,
+                            headers={"Content-Type": "application/octet-stream"}, timeout=300)
+            eq(r.status, 201, f"PUT through Apache: {r!r}")
+            r = ctx.request("GET", test_files.files_url(cid, path), key=key, port=port, timeout=300)
+            eq(r.status, 200, f"GET through Apache: {r!r}")
+            check(r.body == data, "the bytes read back through Apache are the bytes written")
     finally:
         httpd.send_signal(signal.SIGTERM)
         fcgi.send_signal(signal.SIGTERM)

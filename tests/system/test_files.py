@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import time
+import urllib.parse
 
 from harness import check, eq, expect_error, new_id, wait_until
 from test_runs import run
@@ -153,6 +154,17 @@ def test_hostile_paths(ctx):
     long_path = "/".join(["p" * 255] * 16)[:4096].rstrip("/")
     put(ctx, "u-files", cid, long_path, b"deep")
     eq(get(ctx, "u-files", cid, long_path).body, b"deep", "a 4096-byte path")
+    # ... also when every byte of it is percent-encoded in the request line
+    # (12 KiB: over nginx's and Apache's default 8 KiB lines)
+    put(ctx, "u-files", cid, wide_path(), b"wide")
+    eq(get(ctx, "u-files", cid, wide_path()).body, b"wide", "a 4079-byte path of é, encoded")
+
+
+def wide_path():
+    """A path of 4079 bytes, all but its slashes two-byte characters,
+    percent-encoded: 12 KiB in the request line."""
+    seg = urllib.parse.quote("é" * 127)
+    return "/".join([seg] * 16)
 
 
 def test_links_and_fifos_the_code_planted(ctx):
