@@ -28,5 +28,8 @@ void cx_h_artifacts_upload(struct cx_req *r);
 void cx_h_artifacts_content(struct cx_req *r);
 void cx_h_artifacts_links(struct cx_req *r);
 void cx_h_artifacts_page(struct cx_req *r);
+/* /mcp (fcgi/mcp.c) */
+void cx_h_mcp_post(struct cx_req *r);
+void cx_h_mcp_delete(struct cx_req *r);
 
 #endif

@@ -30,6 +30,9 @@ cx_req_finish(struct cx_req *r)
     cx_log_request(r->method, r->route ? r->route : "-", r->status,
                    (long long)(cx_now_us() - r->t0_us));
     cx_buf_cleanup(&r->headers);
+    if (r->state && r->state_free)
+        r->state_free(r->state);
+    r->state = NULL;
     cx_log_set_request_id(NULL);
 }
 
@@ -340,6 +343,21 @@ cx_req_retry_after(struct cx_req *r, enum cx_err err)
 
     if (a->retry_after)
         cx_req_header(r, "Retry-After", a->retry_after);
+}
+
+json_t *
+cx_req_error_data(enum cx_err err, int *status)
+{
+    const struct answer *a = answer_of(err);
+    json_t *d = json_pack("{s:s,s:i}", "code", a->code, "status", a->status);
+
+    if (d && a->retry_after)
+        json_object_set_new(d, "retry_after", json_integer(strtol(a->retry_after, NULL, 10)));
+    if (a->refusal)
+        cx_metrics_count_by(CX_FAMILY_REFUSALS, a->code);
+    if (status)
+        *status = a->status;
+    return d;
 }
 
 void

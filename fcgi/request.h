@@ -27,6 +27,8 @@ struct cx_req {
     int64_t t0_us;         /* when it was accepted */
     bool deferred;         /* handed to the run lane: no longer the worker's */
     bool ended;            /* answered and given back before its job ended */
+    void *state;           /* a handler's, carried to the lane; freed at the end */
+    void (*state_free)(void *state);
 };
 
 /* Hands the rest of the request to the run lane (lib/lane.h): fn(r) runs on
@@ -85,6 +87,10 @@ void cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg);
 /* The Retry-After header the error table gives err, if any (for an answer
  * of the handler's own making). */
 void cx_req_retry_after(struct cx_req *r, enum cx_err err);
+/* What the error table says of err, for an answer of another protocol's
+ * making (MCP's JSON-RPC errors): {"code", "status", "retry_after"?}.
+ * The status, also as *status when not NULL. New reference. */
+json_t *cx_req_error_data(enum cx_err err, int *status);
 
 /* A response of Server-Sent Events (a streaming run): it begins, 200
  * text/event-stream, with the first event the library tells the sink, and

@@ -40,6 +40,9 @@ static const struct route routes[] = {
     {"DELETE", "/v1/artifacts/{}", "artifacts_delete", cx_h_artifacts_delete},
     {"GET", "/v1/artifacts/{}/content", "artifacts_content", cx_h_artifacts_content},
     {"POST", "/v1/artifacts/{}/links", "artifacts_links", cx_h_artifacts_links},
+    /* the MCP server: no GET (no stream of its own to offer: 405) */
+    {"POST", "/mcp", "mcp", cx_h_mcp_post},
+    {"DELETE", "/mcp", "mcp_delete", cx_h_mcp_delete},
 };
 
 /* Matches path against pattern; captures go to r when r is not NULL. */

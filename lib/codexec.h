@@ -305,10 +305,12 @@ struct cx_config {
     unsigned reaper_interval;
     unsigned kernel_orphan_grace; /* seconds before a kernel no row names is deleted */
     unsigned kernel_pool_size;
-    char *kernel_preload; /* "numpy,pandas": modules pooled kernels import while warming */
-    char *metrics_allow;  /* normalised address list (util.h) */
-    bool metrics_token;   /* /metrics by the operators' token only (auth.h) */
-    bool web_server_key;  /* trust params only with CODEXEC_WEB_KEY (auth.h) */
+    char *kernel_preload;      /* "numpy,pandas": modules pooled kernels import while warming */
+    char *metrics_allow;       /* normalised address list (util.h) */
+    bool metrics_token;        /* /metrics by the operators' token only (auth.h) */
+    bool web_server_key;       /* trust params only with CODEXEC_WEB_KEY (auth.h) */
+    char *mcp_allowed_origins; /* browser Origins /mcp serves, separated by commas or spaces */
+    char *public_url; /* "": links in MCP answers start with the request's scheme and Host */
     /* derived: every gateway, the first from gateway_url */
     struct cx_gateway_conf gateways[CX_GATEWAYS_MAX];
     unsigned ngateways;
@@ -599,6 +601,10 @@ void cx_run_request_cleanup(struct cx_run_request *req);
 struct cx_run_sink {
     bool (*fn)(void *ctx, const char *name, json_t *data, unsigned id);
     void *ctx;
+    /* a listener that replays nothing (an MCP call): the events are not
+     * kept for GET /v1/runs/{id}/events, and the record is not made
+     * durable before the "run" event, as for a run without a listener */
+    bool unkept;
 };
 
 /* --- Runs (lib/run.c) -------------------------------------------------------- */
@@ -992,6 +998,7 @@ struct cx_maint {
     int artifacts; /* deleted artifacts whose bytes were removed */
     int kernels;   /* kernels on the gateway that no row named, deleted */
     int staging;   /* staged writes left by a crash, removed */
+    int mcp;       /* MCP sessions past their expiry, ended */
 };
 
 /* A staged write not written for this long is a crashed process's: no
@@ -1018,6 +1025,93 @@ enum cx_err cx_maint_sweep(struct cx_ctx *cx, int limit, bool artifacts,
  * batch was full, else reaper_interval later. */
 #define CX_MAINT_REAP_BATCH 16
 void cx_maint_reap(struct cx_ctx *cx, int64_t *next_sweep);
+
+/* --- MCP (lib/mcp.c, mcptools.c, mcpsess.c): SPEC §10.6 --------------------- */
+
+/* The protocol versions /mcp speaks, newest first. */
+#define CX_MCP_VERSIONS      "2025-11-25", "2025-06-18", "2025-03-26"
+#define CX_MCP_SESSION_CHARS 32 /* an Mcp-Session-Id: lower-case hex */
+
+/* One JSON-RPC message as POSTed to /mcp. */
+struct cx_mcp_msg {
+    json_t *root;       /* the message (a reference the struct holds) */
+    json_t *id;         /* borrowed: a request's id; NULL for a notification or a response */
+    const char *method; /* borrowed; NULL for a response */
+    json_t *params;     /* borrowed; NULL when absent */
+};
+
+/* Parses a POSTed body: one JSON-RPC 2.0 message (a request, a
+ * notification or a response). On failure (not JSON, a batch, not
+ * JSON-RPC 2.0, an id neither a string nor an integer) *error is the
+ * JSON-RPC error to answer with HTTP 400 (new reference, no id). */
+enum cx_err cx_mcp_parse(const char *body, size_t len, struct cx_mcp_msg *m,
+                         json_t **error) CX_MUSTCHECK;
+void cx_mcp_msg_cleanup(struct cx_mcp_msg *m);
+
+/* Whether an MCP-Protocol-Version header (NULL when absent) is one /mcp
+ * speaks. */
+bool cx_mcp_version_ok(const char *header);
+
+/* Whether a request's Origin (NULL when it has none: not a browser's)
+ * may use /mcp: one of mcp_allowed_origins, compared without case. */
+bool cx_mcp_origin_allowed(const struct cx_config *cfg, const char *origin);
+
+/* An MCP session: its id and the conversation its tools work in. */
+struct cx_mcp_session {
+    char id[CX_MCP_SESSION_CHARS + 1];
+    char conversation[CX_CONVERSATION_MAX + 1]; /* "mcp-<id>" */
+    char version[16];                           /* the protocol version agreed */
+};
+
+/* The session named by an Mcp-Session-Id of who's (its user and key);
+ * its expiry moves on. CX_ERR_NOT_FOUND alike for a malformed, unknown,
+ * expired, ended and another key's or user's id. */
+enum cx_err cx_mcp_session_find(struct cx_ctx *cx, const struct cx_principal *who,
+                                const char *header, struct cx_mcp_session *s) CX_MUSTCHECK;
+
+/* DELETE /mcp: ends the session and closes its conversation's sandbox
+ * session (if no run holds it). CX_ERR_NOT_FOUND as above. */
+enum cx_err cx_mcp_session_end(struct cx_ctx *cx, const struct cx_principal *who,
+                               const char *header) CX_MUSTCHECK;
+
+/* What a request's call says while it runs (notifications/progress):
+ * fn(ctx, message) with a JSON-RPC notification (borrowed), or NULL when
+ * nothing was said for a while (a keep-alive is due); false once the
+ * client is gone (the call goes on to its end). */
+struct cx_mcp_sink {
+    bool (*fn)(void *ctx, json_t *message);
+    void *ctx;
+};
+
+/* Whether the request works a conversation's kernel (a tool that runs
+ * code or touches the workspace): the caller runs it on a run thread. */
+bool cx_mcp_on_lane(const struct cx_mcp_msg *m);
+/* Whether the request reports progress as it runs (a run_code call with a
+ * progressToken): worth an event stream. */
+bool cx_mcp_streams(const struct cx_mcp_msg *m);
+
+/* Answers a request of the session s (initialize: none yet; it makes one
+ * and fills s). base: "scheme://host[/prefix]", what the links it makes
+ * start with. On CX_OK *out is the JSON-RPC response (new reference): a
+ * result, or a protocol error (no such method or tool, bad arguments).
+ * Else the request failed as an API call would (busy, capacity, quota,
+ * not found, ...): msg says why, and cx_mcp_error() makes the response. */
+enum cx_err cx_mcp_request(struct cx_ctx *cx, const struct cx_principal *who,
+                           struct cx_mcp_session *s, const struct cx_mcp_msg *m, const char *base,
+                           const struct cx_mcp_sink *sink, json_t **out, char *msg,
+                           size_t msglen) CX_MUSTCHECK;
+
+/* The JSON-RPC error response to m (NULL: to a message that could not be
+ * read, without an id) for a failure rc: its JSON-RPC code (-32602 for
+ * bad input, -32002 for a resource not found, -32603 else), msg, and data
+ * (borrowed, may be NULL: codexec's own error code, status and
+ * Retry-After). New reference. */
+json_t *cx_mcp_error(const struct cx_mcp_msg *m, enum cx_err rc, const char *msg, json_t *data);
+
+/* A notification of the session: notifications/cancelled cancels its
+ * run_code call's run, wherever it runs; the others change nothing. */
+void cx_mcp_notify(struct cx_ctx *cx, const struct cx_principal *who,
+                   const struct cx_mcp_session *s, const struct cx_mcp_msg *m);
 
 /* --- Following other processes' changes (lib/watch.c) ------------------------ */
 

@@ -90,6 +90,9 @@ static const struct cx_conf_key keys[] = {
     {"metrics_token", CX_CONF_BOOL, O(metrics_token), "false", 0, 0},
     /* FastCGI params count only with the web server's key (auth.h) */
     {"web_server_key", CX_CONF_BOOL, O(web_server_key), "false", 0, 0},
+    /* MCP (docs/mcp.md) */
+    {"mcp_allowed_origins", CX_CONF_STR, O(mcp_allowed_origins), "", 0, 0},
+    {"public_url", CX_CONF_STR, O(public_url), "", 0, 0},
 };
 
 static void
@@ -367,11 +370,59 @@ s3_settings(struct cx_config *cfg, char *msg, size_t msglen)
     return s3_credentials(cfg, msg, msglen);
 }
 
+/* "http(s)://host[:port]" and, with path, a path after it: what an
+ * Origin names, and where the public sees codexec. */
+static bool
+web_origin_ok(const char *s, size_t n, bool path)
+{
+    size_t skip = !strncmp(s, "https://", 8) ? 8 : !strncmp(s, "http://", 7) ? 7 : 0;
+    size_t host;
+
+    if (!skip || n <= skip || n > 512)
+        return false;
+    host = skip + strcspn(s + skip, "/");
+    if (host > n)
+        host = n;
+    if (host == skip || !cx_name_chars(s + skip, host - skip, ".-:[]"))
+        return false;
+    return host == n || (path && cx_name_chars(s + host, n - host, "/-._~%"));
+}
+
+/* mcp_allowed_origins: origins, separated by commas or white space;
+ * public_url: an origin and a path, its trailing slash dropped. */
+static enum cx_err
+mcp_settings(struct cx_config *cfg, char *msg, size_t msglen)
+{
+    const char *p = cfg->mcp_allowed_origins;
+    size_t n;
+
+    while (*p) {
+        p += strspn(p, ", \t");
+        n = strcspn(p, ", \t");
+        if (n && !web_origin_ok(p, n, false)) {
+            snprintf(msg, msglen,
+                     "mcp_allowed_origins: each is scheme://host[:port] (http or https)");
+            return CX_ERR_INVALID;
+        }
+        p += n;
+    }
+    n = strlen(cfg->public_url);
+    while (n && cfg->public_url[n - 1] == '/')
+        cfg->public_url[--n] = '\0';
+    if (n && !web_origin_ok(cfg->public_url, n, true)) {
+        snprintf(msg, msglen, "public_url: http(s)://host[:port][/path], no query");
+        return CX_ERR_INVALID;
+    }
+    return CX_OK;
+}
+
 static enum cx_err
 check_whole(struct cx_config *cfg, char *msg, size_t msglen)
 {
     enum cx_err rc = s3_settings(cfg, msg, msglen);
 
+    if (rc == CX_OK)
+        rc = mcp_settings(cfg, msg, msglen);
     if (rc)
         return rc;
     for (size_t i = 0; i < sizeof(ordered) / sizeof(ordered[0]); i++)

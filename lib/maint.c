@@ -9,6 +9,7 @@
 #include "db.h"
 #include "gateway.h"
 #include "log.h"
+#include "mcp.h"
 #include "codexec.h"
 #include "run.h"
 #include "session.h"
@@ -222,6 +223,9 @@ cx_maint_sweep(struct cx_ctx *cx, int limit, bool artifacts, struct cx_maint *do
         if (rc == CX_OK)
             rc = rc2;
     }
+    rc2 = cx_mcp_expire(cx, &done->mcp);
+    if (rc == CX_OK)
+        rc = rc2;
     rc2 = cx_storage_sweep_staging(cx->store, CX_MAINT_STAGING_GRACE(cx->cfg), &done->staging);
     if (rc == CX_OK)
         rc = rc2;

@@ -535,7 +535,7 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
     struct cx_inputs in;
     enum cx_err rc;
 
-    if (sink || req->detach) {
+    if ((sink && !sink->unkept) || req->detach) {
         cx_journal_open(&journal, cx, run_id, sink);
         sink = &journal.sink;
     }
@@ -646,7 +646,7 @@ cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct c
      * its id is told before the end (a stream, a detached run): a client
      * that heard of it finds it after a crash. */
     rc = cx_db_exec_all(cx->db, &(struct cx_db_call){&q_run_insert, p, NULL}, 1,
-                        sink || req->detach);
+                        (sink && !sink->unkept) || req->detach);
     if (rc == CX_OK)
         rc = run_with_inputs(cx, who, req, run_id, sink, &cancel, out, msg, msglen);
     cx_cancel_unregister(&cancel);

@@ -29,7 +29,7 @@ lib_a=$build/lib/.libs/libcodexec.a
 if [ -f "$lib_a" ]; then
   nm --defined-only "$lib_a" | awk '$2 == "T" {print $3}' | sort -u >"$build/exports.lib"
   used=""
-  for prog in "fcgi:fcgi/main.o fcgi/request.o fcgi/router.o fcgi/handlers.o" \
+  for prog in "fcgi:fcgi/main.o fcgi/request.o fcgi/router.o fcgi/handlers.o fcgi/mcp.o" \
               "admin:admin/main.o" \
               "launcher:launcher/main.o launcher/sandbox.o launcher/relay.o"; do
     name=${prog%%:*}; objs=""

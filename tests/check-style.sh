@@ -39,6 +39,7 @@ layer() {
     db.h|ws.h|gateway.h) echo 3 ;;
     auth.h|kernel.h|run.h|capture.h) echo 4 ;;
     authdb.h|session.h|sessdb.h|budget.h|prestart.h|artifact.h|download.h|page.h|stage.h|runexec.h|watch.h|lane.h|dlcache.h|files.h|journal.h) echo 5 ;;
+    mcp.h) echo 6 ;;
     *) echo unknown ;;
   esac
 }

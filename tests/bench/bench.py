@@ -778,6 +778,49 @@ def other_stacks():
     return found
 
 
+def mcp_overhead(b, n_runs):
+    """An MCP tools/call run_code of x=1 (JSON-RPC over POST /mcp on a
+    kept-alive connection, as an agent host's SDK client holds one) against
+    POST /v1/runs of the same code in the same conversation, taken in
+    turns."""
+    h = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+         "Authorization": f"Bearer {b.key}"}
+    c = http.client.HTTPConnection("127.0.0.1", b.st.http_port, timeout=600)
+
+    def post(body, sid=None):
+        hh = dict(h, **({"Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"} if sid else {}))
+        c.request("POST", "/mcp", body=json.dumps(body), headers=hh)
+        r = c.getresponse()
+        data = r.read()
+        if r.status not in (200, 202):
+            raise RuntimeError(f"mcp bench: {r.status} {data[:200]!r}")
+        return r, data
+
+    r, _ = post({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                 "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                            "clientInfo": {"name": "bench", "version": "1"}}})
+    sid = r.getheader("Mcp-Session-Id")
+    post({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    cid = f"mcp-{sid}"
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "run_code", "arguments": {"code": "x=1"}}}
+    post(call, sid)
+    b.run(cid, "x=1")
+    mcp, api = [], []
+    for i in range(n_runs):
+        t0 = time.perf_counter()
+        _, data = post(dict(call, id=i + 2), sid)
+        mcp.append((time.perf_counter() - t0) * 1000)
+        if json.loads(data)["result"]["isError"]:
+            raise RuntimeError(f"mcp bench: {data[:300]!r}")
+        t0 = time.perf_counter()
+        b.run(cid, "x=1")
+        api.append((time.perf_counter() - t0) * 1000)
+    c.close()
+    row("mcp", "MCP tools/call run_code x=1 (median)", statistics.median(mcp),
+        statistics.median(api), "ms", "against POST /v1/runs of x=1, same conversation")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -788,7 +831,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
     ap.add_argument("--only", action="append",
                     choices=["run", "stream", "cold", "capture", "download", "files", "s3",
-                             "concurrency", "capacity"],
+                             "concurrency", "capacity", "mcp"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     others = other_stacks()
@@ -828,6 +871,8 @@ def main():
             downloads(b, big)
         if want("files"):
             files_api(b, a.runs)
+        if want("mcp"):
+            mcp_overhead(b, a.runs)
         if want("s3"):
             s3(b, 3 if a.smoke else 11)
         if want("concurrency"):

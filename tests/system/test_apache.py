@@ -10,6 +10,7 @@ import stack
 from harness import check, eq, wait_until
 import test_downloads
 import test_files
+import test_mcp
 import test_detached
 import test_stream
 
@@ -134,6 +135,22 @@ def test_files_through_apache(ctx):
             r = ctx.request("GET", test_files.files_url(cid, path), key=key, port=port, timeout=300)
             eq(r.status, 200, f"GET through Apache: {r!r}")
             check(r.body == data, "the bytes read back through Apache are the bytes written")
+    finally:
+        httpd.send_signal(signal.SIGTERM)
+        fcgi.send_signal(signal.SIGTERM)
+        httpd.wait(timeout=20)
+        fcgi.wait(timeout=20)
+
+
+def test_mcp_through_apache(ctx):
+    """The MCP SDK's client through Apache: the same flow as through nginx,
+    progress notifications arriving before the run ends included."""
+    port, fcgi, httpd = start_apache(ctx)
+    try:
+        user = "u-mcp-apache"
+        o = test_mcp.sdk(ctx, "flow", ctx.key(user), port=port)
+        sid = test_mcp.check_flow(ctx, o, user)
+        test_mcp.check_live(ctx, o, user, sid)
     finally:
         httpd.send_signal(signal.SIGTERM)
         fcgi.send_signal(signal.SIGTERM)

@@ -1,0 +1,165 @@
+/* MCP sessions and the run_code calls in progress, in PostgreSQL (every
+ * codexec-fcgi process serves every session): sql/012_mcp.sql. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db.h"
+#include "mcp.h"
+#include "session.h"
+#include "util.h"
+
+/* Live sessions a user may hold; an initialize beyond it ends the least
+ * recently used (an agent host that never says DELETE loses its oldest
+ * sessions, not its new ones). */
+#define MCP_SESSIONS_PER_USER "1000"
+
+CX_SQL(q_begin, 5,
+       "WITH s AS (INSERT INTO mcp_sessions (id, user_id, key_id, protocol_version, expires_at)"
+       " VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::int)) RETURNING id)"
+       " DELETE FROM mcp_sessions WHERE id IN (SELECT id FROM mcp_sessions WHERE user_id = $2"
+       " ORDER BY expires_at DESC OFFSET " MCP_SESSIONS_PER_USER ")");
+CX_SQL(q_find, 4,
+       "UPDATE mcp_sessions SET expires_at = greatest(expires_at,"
+       " now() + make_interval(secs => $4::int))"
+       " WHERE id = $1 AND user_id = $2 AND key_id = $3 AND expires_at > now()"
+       " RETURNING protocol_version");
+CX_SQL(q_end, 3,
+       "DELETE FROM mcp_sessions WHERE id = $1 AND user_id = $2 AND key_id = $3"
+       " AND expires_at > now() RETURNING id");
+CX_SQL(q_expire, 0,
+       "DELETE FROM mcp_sessions WHERE id IN (SELECT id FROM mcp_sessions"
+       " WHERE expires_at < now() LIMIT 1000)");
+CX_SQL(q_call_begin, 2,
+       "INSERT INTO mcp_calls (session_id, request_id) VALUES ($1, $2)"
+       " ON CONFLICT (session_id, request_id) DO UPDATE SET run_id = NULL, cancelled = false");
+CX_SQL(q_call_run, 3,
+       "UPDATE mcp_calls SET run_id = $3::uuid WHERE session_id = $1 AND request_id = $2"
+       " RETURNING cancelled");
+CX_SQL(q_call_cancel, 2,
+       "UPDATE mcp_calls SET cancelled = true WHERE session_id = $1 AND request_id = $2"
+       " RETURNING run_id");
+CX_SQL(q_call_end, 2, "DELETE FROM mcp_calls WHERE session_id = $1 AND request_id = $2");
+
+static bool
+id_valid(const char *id)
+{
+    return id && strlen(id) == CX_MCP_SESSION_CHARS &&
+           strspn(id, "0123456789abcdef") == CX_MCP_SESSION_CHARS;
+}
+
+static void
+fill(struct cx_mcp_session *s, const char *id, const char *version)
+{
+    snprintf(s->id, sizeof(s->id), "%s", id);
+    snprintf(s->conversation, sizeof(s->conversation), "mcp-%s", id);
+    snprintf(s->version, sizeof(s->version), "%s", version);
+}
+
+enum cx_err
+cx_mcp_session_begin(struct cx_ctx *cx, const struct cx_principal *who, const char *version,
+                     struct cx_mcp_session *s)
+{
+    char id[33], ttl[16];
+    const char *p[5] = {id, who->user, who->key_id, version, ttl};
+
+    cx_random_id(id);
+    snprintf(ttl, sizeof(ttl), "%u", cx->cfg->default_ttl);
+    fill(s, id, version);
+    return cx_db_exec(cx->db, &q_begin, p, NULL);
+}
+
+enum cx_err
+cx_mcp_session_find(struct cx_ctx *cx, const struct cx_principal *who, const char *header,
+                    struct cx_mcp_session *s)
+{
+    char ttl[16];
+    const char *p[4] = {header, who->user, who->key_id, ttl};
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    if (!id_valid(header))
+        return CX_ERR_NOT_FOUND;
+    snprintf(ttl, sizeof(ttl), "%u", cx->cfg->default_ttl);
+    rc = cx_db_exec_row(cx->db, &q_find, p, &r);
+    if (rc == CX_OK)
+        fill(s, header, PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return rc;
+}
+
+enum cx_err
+cx_mcp_session_end(struct cx_ctx *cx, const struct cx_principal *who, const char *header)
+{
+    const char *p[3] = {header, who->user, who->key_id};
+    struct cx_mcp_session s;
+    PGresult *r = NULL;
+    enum cx_err rc;
+
+    if (!id_valid(header))
+        return CX_ERR_NOT_FOUND;
+    rc = cx_db_exec_row(cx->db, &q_end, p, &r);
+    PQclear(r);
+    if (rc)
+        return rc;
+    /* its sandbox: closed now unless a run holds it (then its TTL ends it) */
+    fill(&s, header, "");
+    rc = cx_session_close(cx, who->user, s.conversation);
+    return rc == CX_ERR_NOT_FOUND || rc == CX_ERR_CONFLICT ? CX_OK : rc;
+}
+
+enum cx_err
+cx_mcp_expire(struct cx_ctx *cx, int *ended)
+{
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec(cx->db, &q_expire, NULL, &r);
+
+    *ended = rc == CX_OK ? (int)strtol(PQcmdTuples(r), NULL, 10) : 0;
+    PQclear(r);
+    return rc;
+}
+
+enum cx_err
+cx_mcp_call_begin(struct cx_ctx *cx, const struct cx_mcp_session *s, const char *request_id)
+{
+    const char *p[2] = {s->id, request_id};
+
+    return cx_db_exec(cx->db, &q_call_begin, p, NULL);
+}
+
+enum cx_err
+cx_mcp_call_run(struct cx_ctx *cx, const struct cx_mcp_session *s, const char *request_id,
+                const char *run_id, bool *cancelled)
+{
+    const char *p[3] = {s->id, request_id, run_id};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec_row(cx->db, &q_call_run, p, &r);
+
+    *cancelled = rc == CX_OK && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    return rc;
+}
+
+enum cx_err
+cx_mcp_call_cancel(struct cx_ctx *cx, const struct cx_mcp_session *s, const char *request_id,
+                   char run_id[37])
+{
+    const char *p[2] = {s->id, request_id};
+    PGresult *r = NULL;
+    enum cx_err rc = cx_db_exec_row(cx->db, &q_call_cancel, p, &r);
+
+    run_id[0] = '\0';
+    if (rc == CX_OK && !PQgetisnull(r, 0, 0))
+        snprintf(run_id, 37, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return rc;
+}
+
+void
+cx_mcp_call_end(struct cx_ctx *cx, const struct cx_mcp_session *s, const char *request_id)
+{
+    const char *p[2] = {s->id, request_id};
+
+    if (cx_db_exec(cx->db, &q_call_end, p, NULL))
+        cx_log_warn(0, "mcp: a call's row was not removed (the session's expiry removes it)");
+}
