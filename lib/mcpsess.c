@@ -19,11 +19,15 @@ CX_SQL(q_begin, 5,
        " VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::int)) RETURNING id)"
        " DELETE FROM mcp_sessions WHERE id IN (SELECT id FROM mcp_sessions WHERE user_id = $2"
        " ORDER BY expires_at DESC OFFSET " MCP_SESSIONS_PER_USER ")");
+/* The session, its expiry moved on when it is a minute or more behind
+ * (most calls write nothing). */
 CX_SQL(q_find, 4,
-       "UPDATE mcp_sessions SET expires_at = greatest(expires_at,"
-       " now() + make_interval(secs => $4::int))"
-       " WHERE id = $1 AND user_id = $2 AND key_id = $3 AND expires_at > now()"
-       " RETURNING protocol_version");
+       "WITH s AS (SELECT protocol_version, expires_at FROM mcp_sessions"
+       " WHERE id = $1 AND user_id = $2 AND key_id = $3 AND expires_at > now()),"
+       " u AS (UPDATE mcp_sessions SET expires_at = now() + make_interval(secs => $4::int)"
+       " WHERE id = $1 AND EXISTS (SELECT 1 FROM s WHERE s.expires_at <"
+       " now() + make_interval(secs => $4::int) - interval '60 seconds'))"
+       " SELECT protocol_version FROM s");
 CX_SQL(q_end, 3,
        "DELETE FROM mcp_sessions WHERE id = $1 AND user_id = $2 AND key_id = $3"
        " AND expires_at > now() RETURNING id");
@@ -40,6 +44,25 @@ CX_SQL(q_call_cancel, 2,
        "UPDATE mcp_calls SET cancelled = true WHERE session_id = $1 AND request_id = $2"
        " RETURNING run_id");
 CX_SQL(q_call_end, 2, "DELETE FROM mcp_calls WHERE session_id = $1 AND request_id = $2");
+
+/* One statement, its COMMIT not waiting for the disk: these rows are a
+ * session's use and its calls in progress, which a crash of PostgreSQL
+ * may lose (a client then initializes again) without harm. *r holds the
+ * result (PQclear it); CX_ERR_NOT_FOUND when it has no row. */
+static enum cx_err
+exec_fast(struct cx_ctx *cx, struct cx_sql *q, const char *const *p, PGresult **r)
+{
+    PGresult *res = NULL;
+    enum cx_err rc = cx_db_exec_all(cx->db, &(struct cx_db_call){q, p, &res}, 1, false);
+
+    if (rc == CX_OK && PQntuples(res) == 0 && PQnfields(res) > 0)
+        rc = CX_ERR_NOT_FOUND;
+    if (r && rc == CX_OK)
+        *r = res;
+    else
+        PQclear(res);
+    return rc;
+}
 
 static bool
 id_valid(const char *id)
@@ -81,7 +104,7 @@ cx_mcp_session_find(struct cx_ctx *cx, const struct cx_principal *who, const cha
     if (!id_valid(header))
         return CX_ERR_NOT_FOUND;
     snprintf(ttl, sizeof(ttl), "%u", cx->cfg->default_ttl);
-    rc = cx_db_exec_row(cx->db, &q_find, p, &r);
+    rc = exec_fast(cx, &q_find, p, &r);
     if (rc == CX_OK)
         fill(s, header, PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -124,7 +147,7 @@ cx_mcp_call_begin(struct cx_ctx *cx, const struct cx_mcp_session *s, const char 
 {
     const char *p[2] = {s->id, request_id};
 
-    return cx_db_exec(cx->db, &q_call_begin, p, NULL);
+    return exec_fast(cx, &q_call_begin, p, NULL);
 }
 
 enum cx_err
@@ -133,7 +156,7 @@ cx_mcp_call_run(struct cx_ctx *cx, const struct cx_mcp_session *s, const char *r
 {
     const char *p[3] = {s->id, request_id, run_id};
     PGresult *r = NULL;
-    enum cx_err rc = cx_db_exec_row(cx->db, &q_call_run, p, &r);
+    enum cx_err rc = exec_fast(cx, &q_call_run, p, &r);
 
     *cancelled = rc == CX_OK && PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
@@ -146,7 +169,7 @@ cx_mcp_call_cancel(struct cx_ctx *cx, const struct cx_mcp_session *s, const char
 {
     const char *p[2] = {s->id, request_id};
     PGresult *r = NULL;
-    enum cx_err rc = cx_db_exec_row(cx->db, &q_call_cancel, p, &r);
+    enum cx_err rc = exec_fast(cx, &q_call_cancel, p, &r);
 
     run_id[0] = '\0';
     if (rc == CX_OK && !PQgetisnull(r, 0, 0))
@@ -160,6 +183,6 @@ cx_mcp_call_end(struct cx_ctx *cx, const struct cx_mcp_session *s, const char *r
 {
     const char *p[2] = {s->id, request_id};
 
-    if (cx_db_exec(cx->db, &q_call_end, p, NULL))
+    if (exec_fast(cx, &q_call_end, p, NULL))
         cx_log_warn(0, "mcp: a call's row was not removed (the session's expiry removes it)");
 }
