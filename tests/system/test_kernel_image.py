@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 from openpyxl import Workbook
 from docx import Document
 from reportlab.pdfgen import canvas
+from lxml import etree
 
 df = pd.read_csv("inputs/sales.csv")
 total = df.groupby("region")["amount"].sum().sort_index()
@@ -45,6 +46,7 @@ doc.save("report.docx")
 c = canvas.Canvas("report.pdf")
 c.drawString(72, 720, "Sales report")
 c.save()
+print(etree.tostring(etree.fromstring("<a><b/></a>")).decode())
 '''
 
 
@@ -62,7 +64,7 @@ def test_the_data_workflow_end_to_end(ctx):
     eq(up.status, 201, f"upload {up!r}")
     r = run(ctx, user, "c1", WORKFLOW, inputs=[up.json()["artifact_id"]], timeout=120)
     eq(r["status"], "ok", f"the workflow ran: {r.get('error')} {r.get('stderr_tail')}")
-    eq(r["stdout_tail"], "{'north': 17, 'south': 5}\n", "pandas read the uploaded CSV")
+    eq(r["stdout_tail"], "{'north': 17, 'south': 5}\n<a><b/></a>\n", "pandas read the uploaded CSV; lxml parses")
     arts = {a["path"]: a for a in r["artifacts"]}
     eq(sorted(arts), ["chart.png", "output-1.png", "report.docx", "report.pdf", "summary.xlsx"],
        "every file and the inline figure became an artifact")
