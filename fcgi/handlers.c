@@ -879,3 +879,34 @@ cx_h_conversations_list(struct cx_req *r)
         answer(r, rc, 200, out, NULL, NULL);
     }
 }
+
+/* RAGFlow's executor manager answers its health without a key; codexec
+ * wants the API's (the listener for RAGFlow adds it: codexec-ragflow.conf). */
+void
+cx_h_compat_ragflow_healthz(struct cx_req *r)
+{
+    json_t *out = NULL;
+    bool ok;
+
+    if (!cx_req_authenticate(r))
+        return;
+    ok = cx_compat_ragflow_health(r->cx, &out);
+    if (!ok)
+        cx_req_retry_after(r, CX_ERR_DB);
+    answer(r, out ? CX_OK : CX_ERR_NOMEM, ok ? 200 : 503, out, NULL, NULL);
+}
+
+/* On a run thread (a lane route): the body, then the run. */
+void
+cx_h_compat_ragflow_run(struct cx_req *r)
+{
+    char msg[CX_MSG_MAX] = "";
+    json_t *body = cx_req_json_body(r, r->cx->cfg->max_run_body_bytes), *out = NULL;
+    enum cx_err rc;
+
+    if (!body)
+        return;
+    rc = cx_compat_ragflow_run(r->cx, &r->who, body, &out, msg, sizeof(msg));
+    json_decref(body);
+    answer(r, rc, 200, out, msg, NULL);
+}

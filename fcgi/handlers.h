@@ -28,8 +28,11 @@ void cx_h_artifacts_upload(struct cx_req *r);
 void cx_h_artifacts_content(struct cx_req *r);
 void cx_h_artifacts_links(struct cx_req *r);
 void cx_h_artifacts_page(struct cx_req *r);
+void cx_h_compat_ragflow_healthz(struct cx_req *r);
+void cx_h_compat_ragflow_run(struct cx_req *r);
 /* /mcp (fcgi/mcp.c) */
 void cx_h_mcp_post(struct cx_req *r);
 void cx_h_mcp_delete(struct cx_req *r);
+void cx_h_mcp_options(struct cx_req *r);
 
 #endif

@@ -107,7 +107,9 @@ answer(struct cx_req *r, struct mcp_state *st)
     if (!strcmp(st->m.method, "initialize") && rc == CX_OK)
         cx_req_header(r, "Mcp-Session-Id", st->s.id);
     cx_lane_answered();
-    if (!out)
+    if (!out && sse.started)
+        cx_req_cut(r); /* nothing valid can end the stream */
+    else if (!out)
         cx_req_send_lib_error(r, CX_ERR_NOMEM, NULL);
     else if (sse.started)
         (void)events.fn(events.ctx, "message", out, 0);
@@ -153,16 +155,51 @@ session_of(struct cx_req *r, struct mcp_state *st)
     return rc == CX_OK;
 }
 
+/* A browser's request from an allowed Origin: what CORS lets it read. */
+static void
+cors(struct cx_req *r, const char *origin)
+{
+    if (!origin)
+        return;
+    cx_req_header(r, "Access-Control-Allow-Origin", origin);
+    cx_req_header(r, "Access-Control-Expose-Headers", "Mcp-Session-Id");
+    cx_req_header(r, "Vary", "Origin");
+}
+
 /* The checks every /mcp request passes first: Origin, then the key. */
 static bool
 admitted(struct cx_req *r)
 {
-    if (!cx_mcp_origin_allowed(r->cx->cfg, cx_req_param(r, "HTTP_ORIGIN"))) {
+    const char *origin = cx_req_param(r, "HTTP_ORIGIN");
+
+    if (!cx_mcp_origin_allowed(r->cx->cfg, origin)) {
         send_rpc_error(r, 403, NULL, CX_ERR_FORBIDDEN,
                        "this Origin may not use /mcp (mcp_allowed_origins)");
         return false;
     }
+    cors(r, origin);
     return cx_req_authenticate(r);
+}
+
+/* A browser's preflight, from an allowed Origin (no key: browsers send
+ * none with it). */
+void
+cx_h_mcp_options(struct cx_req *r)
+{
+    const char *origin = cx_req_param(r, "HTTP_ORIGIN");
+
+    if (!origin || !cx_mcp_origin_allowed(r->cx->cfg, origin)) {
+        send_rpc_error(r, 403, NULL, CX_ERR_FORBIDDEN,
+                       "this Origin may not use /mcp (mcp_allowed_origins)");
+        return;
+    }
+    cors(r, origin);
+    cx_req_header(r, "Access-Control-Allow-Methods", "POST, DELETE");
+    cx_req_header(r, "Access-Control-Allow-Headers",
+                  "Authorization, Content-Type, Accept, Mcp-Session-Id, MCP-Protocol-Version, "
+                  "Last-Event-ID, On-Behalf-Of");
+    cx_req_header(r, "Access-Control-Max-Age", "600");
+    cx_req_send_empty(r, 204);
 }
 
 /* The body, read and parsed; false when answered. */
@@ -220,6 +257,12 @@ cx_h_mcp_post(struct cx_req *r)
     r->state_free = state_free;
     if (!read_message(r, st) || !session_of(r, st))
         return;
+    if (st->s.version[0] && cx_req_param(r, "HTTP_MCP_PROTOCOL_VERSION") &&
+        strcmp(cx_req_param(r, "HTTP_MCP_PROTOCOL_VERSION"), st->s.version) != 0) {
+        send_rpc_error(r, 400, NULL, CX_ERR_INVALID,
+                       "MCP-Protocol-Version is not the version this session agreed on");
+        return;
+    }
     if (!st->m.method || !st->m.id) {
         /* a notification (cancelled: its call's run ends) or a response */
         if (st->m.method)

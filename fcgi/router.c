@@ -40,9 +40,13 @@ static const struct route routes[] = {
     {"DELETE", "/v1/artifacts/{}", "artifacts_delete", cx_h_artifacts_delete},
     {"GET", "/v1/artifacts/{}/content", "artifacts_content", cx_h_artifacts_content},
     {"POST", "/v1/artifacts/{}/links", "artifacts_links", cx_h_artifacts_links},
+    /* RAGFlow's executor-manager protocol */
+    {"GET", "/compat/ragflow/healthz", "ragflow_healthz", cx_h_compat_ragflow_healthz},
+    {"POST", "/compat/ragflow/run", "ragflow_run", cx_h_compat_ragflow_run, true},
     /* the MCP server: no GET (no stream of its own to offer: 405) */
     {"POST", "/mcp", "mcp", cx_h_mcp_post},
     {"DELETE", "/mcp", "mcp_delete", cx_h_mcp_delete},
+    {"OPTIONS", "/mcp", "mcp_preflight", cx_h_mcp_options},
 };
 
 /* Matches path against pattern; captures go to r when r is not NULL. */

@@ -482,19 +482,19 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
     snprintf(c->output_path, sizeof(c->output_path), "output-%d.%s", c->outputs, ext_for(mime));
     if (len > c->cfg->max_artifact_bytes) {
         cx_capture_skip(c, f.path, "too_large");
-        return c->output_path;
+        return NULL;
     }
     if (!room_for_file(c)) {
         cx_capture_skip(c, f.path, "too_many_files");
-        return c->output_path;
+        return NULL;
     }
     if (c->output_bytes + len > c->cfg->max_output_bytes) {
         cx_capture_skip(c, f.path, "output_limit");
-        return c->output_path;
+        return NULL;
     }
     if (!reserve(c, c->staged, len)) {
         cx_capture_skip(c, f.path, "quota_exceeded");
-        return c->output_path;
+        return NULL;
     }
     c->output_bytes += len;
     c->staged += len;

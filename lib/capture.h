@@ -74,8 +74,9 @@ void cx_capture_on_result(struct cx_capture *c, json_t *done);
 
 /* Adds a rich output (a display_data image, say) as a captured file named
  * output-<n>.<ext>. data: the decoded bytes. Returns that name (valid until
- * the next call), also when the output was skipped (the skipped list says
- * why); NULL when it came between a file's chunks and was ignored. */
+ * the next call); NULL when the output was skipped (the skipped list says
+ * why under that name: no result may point at a file of that name the
+ * code wrote itself) or came between a file's chunks and was ignored. */
 const char *cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data,
                                   size_t len);
 

@@ -311,6 +311,8 @@ struct cx_config {
     bool web_server_key;       /* trust params only with CODEXEC_WEB_KEY (auth.h) */
     char *mcp_allowed_origins; /* browser Origins /mcp serves, separated by commas or spaces */
     char *public_url; /* "": links in MCP answers start with the request's scheme and Host */
+    unsigned
+        ragflow_timeout; /* seconds a /compat/ragflow/run may run (RAGFlow's SANDBOX_TIMEOUT) */
     /* derived: every gateway, the first from gateway_url */
     struct cx_gateway_conf gateways[CX_GATEWAYS_MAX];
     unsigned ngateways;
@@ -1112,6 +1114,22 @@ json_t *cx_mcp_error(const struct cx_mcp_msg *m, enum cx_err rc, const char *msg
  * run_code call's run, wherever it runs; the others change nothing. */
 void cx_mcp_notify(struct cx_ctx *cx, const struct cx_principal *who,
                    const struct cx_mcp_session *s, const struct cx_mcp_msg *m);
+
+/* --- RAGFlow's executor-manager protocol (lib/compat.c): SPEC §10.7 --------- */
+
+/* POST /compat/ragflow/run: body {"code_b64", "language"?, "arguments"?}
+ * (borrowed). The code runs with main(**arguments) in a fresh
+ * conversation, closed after it; *out: RAGFlow's result ({"status",
+ * "stdout", "stderr", "exit_code", "detail", "time_used_ms", "artifacts",
+ * "result"}), also when the code failed. CX_ERR_INVALID for a malformed
+ * request (msg says why); the run's own refusals (capacity, too many
+ * runs, busy) as for POST /v1/runs. */
+enum cx_err cx_compat_ragflow_run(struct cx_ctx *cx, const struct cx_principal *who, json_t *body,
+                                  json_t **out, char *msg, size_t msglen) CX_MUSTCHECK;
+
+/* GET /compat/ragflow/healthz: {"status": "ok"} and true when codexec's
+ * health checks pass, else {"status": "unavailable"}. */
+bool cx_compat_ragflow_health(struct cx_ctx *cx, json_t **out);
 
 /* --- Following other processes' changes (lib/watch.c) ------------------------ */
 

@@ -93,6 +93,8 @@ static const struct cx_conf_key keys[] = {
     /* MCP (docs/mcp.md) */
     {"mcp_allowed_origins", CX_CONF_STR, O(mcp_allowed_origins), "", 0, 0},
     {"public_url", CX_CONF_STR, O(public_url), "", 0, 0},
+    /* RAGFlow's executor-manager protocol (docs/integrations.md) */
+    {"ragflow_timeout", CX_CONF_UINT, O(ragflow_timeout), "10", 1, 86400},
 };
 
 static void

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sodium.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,7 +185,7 @@ positive_field(json_t *body, const char *name, json_int_t *out)
 
     if (!v || json_is_null(v))
         return true;
-    if (!json_is_integer(v) || json_integer_value(v) < 1)
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT_MAX)
         return false;
     *out = json_integer_value(v);
     return true;

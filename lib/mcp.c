@@ -22,25 +22,26 @@ static const char *const versions[] = {CX_MCP_VERSIONS};
 static json_t *
 rpc_error(const json_t *id, int code, const char *message, json_t *data)
 {
-    json_t *e = json_pack("{s:i,s:s}", "code", code, "message", message);
-    json_t *out = json_pack("{s:s,s:o}", "jsonrpc", "2.0", "error", e);
+    json_t *e = json_pack("{s:i,s:s}", "code", code, "message", message), *out;
 
-    if (out && id)
-        json_object_set(out, "id", (json_t *)id);
-    if (e && data)
-        json_object_set(e, "data", data);
+    if (e && data && json_object_set(e, "data", data)) {
+        json_decref(e);
+        return NULL;
+    }
+    /* (json_pack takes e's reference, also when it fails) */
+    out = e ? json_pack("{s:s,s:o}", "jsonrpc", "2.0", "error", e) : NULL;
+    if (out && id && json_object_set(out, "id", (json_t *)id)) {
+        json_decref(out);
+        return NULL;
+    }
     return out;
 }
 
+/* The response carrying result (its reference taken, also on failure). */
 static json_t *
 rpc_result(const json_t *id, json_t *result)
 {
-    json_t *out =
-        result ? json_pack("{s:s,s:O,s:o}", "jsonrpc", "2.0", "id", id, "result", result) : NULL;
-
-    if (!out)
-        json_decref(result);
-    return out;
+    return result ? json_pack("{s:s,s:O,s:o}", "jsonrpc", "2.0", "id", id, "result", result) : NULL;
 }
 
 /* A batch: the body's first character that is not white space is '['. */
@@ -177,6 +178,8 @@ cx_mcp_on_lane(const struct cx_mcp_msg *m)
                                                "reset_session"};
     const char *tool = tool_name(m);
 
+    if (is_method(m, "resources/read"))
+        return true; /* up to 4 MiB from storage: not on the workers that answer everyone */
     for (size_t i = 0; tool && i < sizeof(kernel_tools) / sizeof(kernel_tools[0]); i++)
         if (!strcmp(tool, kernel_tools[i]))
             return true;

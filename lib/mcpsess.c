@@ -13,12 +13,17 @@
  * recently used (an agent host that never says DELETE loses its oldest
  * sessions, not its new ones). */
 #define MCP_SESSIONS_PER_USER "1000"
+/* ... and a key, whatever end users it acts for (On-Behalf-Of makes a user
+ * per id the service names) */
+#define MCP_SESSIONS_PER_KEY "10000"
 
 CX_SQL(q_begin, 5,
        "WITH s AS (INSERT INTO mcp_sessions (id, user_id, key_id, protocol_version, expires_at)"
        " VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::int)) RETURNING id)"
        " DELETE FROM mcp_sessions WHERE id IN (SELECT id FROM mcp_sessions WHERE user_id = $2"
-       " ORDER BY expires_at DESC OFFSET " MCP_SESSIONS_PER_USER ")");
+       " ORDER BY expires_at DESC OFFSET " MCP_SESSIONS_PER_USER ")"
+       " OR id IN (SELECT id FROM mcp_sessions WHERE key_id = $3 AND $3 <> ''"
+       " ORDER BY expires_at DESC OFFSET " MCP_SESSIONS_PER_KEY ")");
 /* The session, its expiry moved on when it is a minute or more behind
  * (most calls write nothing). */
 CX_SQL(q_find, 4,
@@ -131,14 +136,21 @@ cx_mcp_session_end(struct cx_ctx *cx, const struct cx_principal *who, const char
     return rc == CX_ERR_NOT_FOUND || rc == CX_ERR_CONFLICT ? CX_OK : rc;
 }
 
+/* Batches of a thousand, while they come full (at most 20 a sweep). */
 enum cx_err
 cx_mcp_expire(struct cx_ctx *cx, int *ended)
 {
-    PGresult *r = NULL;
-    enum cx_err rc = cx_db_exec(cx->db, &q_expire, NULL, &r);
+    enum cx_err rc = CX_OK;
+    int n = 1000;
 
-    *ended = rc == CX_OK ? (int)strtol(PQcmdTuples(r), NULL, 10) : 0;
-    PQclear(r);
+    *ended = 0;
+    for (int i = 0; rc == CX_OK && n == 1000 && i < 20; i++) {
+        PGresult *r = NULL;
+        rc = cx_db_exec(cx->db, &q_expire, NULL, &r);
+        n = rc == CX_OK ? (int)strtol(PQcmdTuples(r), NULL, 10) : 0;
+        *ended += n;
+        PQclear(r);
+    }
     return rc;
 }
 

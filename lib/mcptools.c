@@ -11,9 +11,10 @@
 #include "mcp.h"
 #include "util.h"
 
-#define IMAGE_MAX (1u << 20)  /* a run's PNG result inline as image content */
-#define READ_MAX  (4u << 20)  /* read_file's file inline */
-#define TEXT_MAX  (64u << 10) /* a result bundle's text/plain in the content */
+#define IMAGE_MAX  (1u << 20)  /* a run's PNG result inline as image content */
+#define IMAGES_MAX (4u << 20)  /* ... all of them together (the rest: resource_links) */
+#define READ_MAX   (4u << 20)  /* read_file's file inline */
+#define TEXT_MAX   (64u << 10) /* a result bundle's text/plain in the content */
 
 static const char *
 or_(const char *s, const char *otherwise)
@@ -511,7 +512,7 @@ run_texts(json_t *content, const json_t *a)
 static void
 run_results(struct cx_mcp_call *c, json_t *content, const json_t *a)
 {
-    size_t i;
+    size_t i, left = IMAGES_MAX;
     json_t *r;
 
     json_array_foreach(json_object_get(a, "results"), i, r)
@@ -523,14 +524,16 @@ run_results(struct cx_mcp_call *c, json_t *content, const json_t *a)
         unsigned char *bytes = NULL;
         size_t len;
 
-        if (id &&
+        if (id && left > 0 &&
             cx_mcp_artifact_bytes(c, id, (int)json_integer_value(json_object_get(png, "version")),
-                                  IMAGE_MAX, &d, &bytes, &len) == CX_OK)
+                                  left < IMAGE_MAX ? left : IMAGE_MAX, &d, &bytes, &len) == CX_OK) {
+            left -= len;
             json_array_append_new(content,
                                   json_pack("{s:s,s:o,s:s}", "type", "image", "data",
                                             cx_mcp_base64(bytes, len), "mimeType", "image/png"));
-        else if (!png && plain && strlen(plain) <= TEXT_MAX &&
-                 !strcmp(or_(json_string_value(json_object_get(r, "type")), ""), "execute_result"))
+        } else if (!png && plain && strlen(plain) <= TEXT_MAX &&
+                   !strcmp(or_(json_string_value(json_object_get(r, "type")), ""),
+                           "execute_result"))
             json_array_append_new(content, text_block(plain));
         free(bytes);
     }
@@ -541,9 +544,7 @@ static void
 run_links(json_t *content, const json_t *a)
 {
     size_t i;
-    json_t *art;
-
-    json_t *zero = json_integer(0);
+    json_t *art, *zero = json_integer(0);
 
     json_array_foreach(json_object_get(a, "artifacts"), i, art)
     {
@@ -573,8 +574,10 @@ run_result(struct cx_mcp_call *c, json_t *answer, bool pending)
 {
     json_t *content = json_array();
 
-    if (!content)
+    if (!content) {
+        json_decref(answer);
         return NULL;
+    }
     if (pending) {
         json_array_append_new(content, text_block("The run waits for approval (run_id in "
                                                   "structuredContent)."));

@@ -90,7 +90,7 @@ class Stack:
     def __init__(self, var, http_port=8080, gateway_port=None, build=None,
                  workers=8, conf_extra=None, fast_pg=False, nginx_body="64m", nginx_extra="",
                  test_kernel=False, sandbox_extra=None, gateway_proxy_port=None, s3_port=None,
-                 edge_links=True, gateway_memory=None):
+                 edge_links=True, gateway_memory=None, ragflow_port=None):
         self.var = os.path.abspath(var)
         self.http_port = http_port
         self.gateway_port = gateway_port
@@ -112,6 +112,9 @@ class Stack:
         self.nginx_extra = nginx_extra  # more server-block lines (benchmarks)
         self.edge_links = edge_links  # nginx checks signed links itself
         self.gateway_memory = gateway_memory  # bytes; None: setup_cgroups decides
+        # With a port: nginx/codexec-ragflow.conf's listener there, with the
+        # key set_ragflow_key() gives it
+        self.ragflow_port = ragflow_port
         # the link module, built next to codexec-fcgi (nginx/module/), and
         # where nginx loads it from: var/bin, as the programs (the build may
         # sit in a directory only its owner can enter)
@@ -755,7 +758,7 @@ http {{
         }}
 {s3_location}{self.nginx_extra}
     }}
-}}
+{self.ragflow_server(ndir)}}}
 """
         self.write_file(os.path.join(ndir, "nginx.conf"), conf, 0o644)
 
@@ -995,6 +998,25 @@ http {{
         self.write_file(self.link_key_conf, r.stdout, 0o600)
         self.write_web_key()
 
+    def ragflow_server(self, ndir):
+        """nginx/codexec-ragflow.conf's server block, on ragflow_port, its
+        key from the file set_ragflow_key writes (none yet: a glob that
+        matches nothing, and codexec answers 401)."""
+        if not self.ragflow_port:
+            return ""
+        with open(os.path.join(REPO, "nginx", "codexec-ragflow.conf")) as f:
+            text = f.read()
+        return (text.replace("listen 8081;", f"listen 127.0.0.1:{self.ragflow_port};")
+                .replace("/etc/codexec/nginx-ragflow-key.conf", os.path.join(ndir, "ragflow-key*.conf"))
+                .replace("include snippets/", f"include {ndir}/snippets/"))
+
+    def set_ragflow_key(self, key):
+        """The key the RAGFlow listener adds to what it passes (nginx reloaded)."""
+        ndir = os.path.join(self.var, "nginx")
+        self.write_file(os.path.join(ndir, "ragflow-key.conf"),
+                        f'fastcgi_param HTTP_AUTHORIZATION "Bearer {key}";\n', 0o600)
+        self.reload_nginx()
+
     def reload_nginx(self):
         """nginx with a configuration written again (write_nginx)."""
         pid = self.pid("nginx")
@@ -1008,8 +1030,9 @@ http {{
         if self.pid("nginx") and self.nginx_ok():
             return
         self.kill_pidfile("nginx")
-        if port_open(self.http_port):
-            raise StackError(f"port {self.http_port} is taken by another program")
+        for port in (self.http_port, self.ragflow_port):
+            if port and port_open(port):
+                raise StackError(f"port {port} is taken by another program")
         log(f"starting nginx on 127.0.0.1:{self.http_port}")
         self.write_link_key()
         ndir = os.path.join(self.var, "nginx")
@@ -1113,14 +1136,17 @@ http {{
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["up", "down", "status", "key"])
+    ap.add_argument("command", choices=["up", "down", "status", "key", "ragflow-key"])
     ap.add_argument("--var", default=os.path.join(REPO, "var"))
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--gateway-port", type=int)
     ap.add_argument("--build", help="the build tree (default: build/)")
     ap.add_argument("--user", help="for `key`: the user the key is for")
+    ap.add_argument("--ragflow-port", type=int, help="the listener for RAGFlow (codexec-ragflow.conf)")
+    ap.add_argument("--key", help="for `ragflow-key`: the key that listener adds")
     a = ap.parse_args()
-    st = Stack(a.var, http_port=a.port, gateway_port=a.gateway_port, build=a.build)
+    st = Stack(a.var, http_port=a.port, gateway_port=a.gateway_port, build=a.build,
+               ragflow_port=a.ragflow_port)
     try:
         if a.command == "up":
             st.up()
@@ -1137,6 +1163,8 @@ def main():
         elif a.command == "key":
             st.init_secret_files()
             print(st.create_key(a.user or "demo"))
+        elif a.command == "ragflow-key":
+            st.set_ragflow_key(a.key)
     except StackError as e:
         log(str(e))
         return 1

@@ -3,7 +3,8 @@
 -- authenticated), working in the conversation 'mcp-' || id unless a tool
 -- call names another. expires_at moves on at every use (default_ttl);
 -- DELETE /mcp ends it. At most a thousand live per user: the least
--- recently used beyond that is ended by the next initialize.
+-- recently used beyond that is ended by the next initialize; at most ten
+-- thousand a key (On-Behalf-Of makes a user of every id a service names).
 CREATE TABLE mcp_sessions (
     id               text PRIMARY KEY,
     user_id          text NOT NULL,
@@ -13,6 +14,7 @@ CREATE TABLE mcp_sessions (
     expires_at       timestamptz NOT NULL
 );
 CREATE INDEX mcp_sessions_user ON mcp_sessions (user_id, expires_at);
+CREATE INDEX mcp_sessions_key ON mcp_sessions (key_id, expires_at);
 CREATE INDEX mcp_sessions_expiry ON mcp_sessions (expires_at);
 
 -- A run_code call in progress, so notifications/cancelled (which names

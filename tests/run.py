@@ -206,6 +206,7 @@ def main():
                      gateway_proxy_port=stack.free_port(),  # the suite runs through it
                      s3_port=stack.free_port(),  # the test object store: the S3 pass
                      build=build, fast_pg=True, conf_extra=conf_extra,
+                     ragflow_port=stack.free_port(),  # codexec-ragflow.conf's listener
                      nginx_body="8m", test_kernel=True,
                      # smaller than the defaults, so the limits are reached quickly
                      sandbox_extra={"memory": "1G", "max_workspace_bytes": "512M",

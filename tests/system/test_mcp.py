@@ -111,7 +111,7 @@ def test_the_sdk_client_through_nginx(ctx):
     check_live(ctx, o, user, sid)
 
 
-def rpc(ctx, body, key=None, headers=None, sid=None, version="2025-11-25", method="POST"):
+def rpc(ctx, body, key=None, headers=None, sid=None, version="2025-06-18", method="POST"):
     h = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     if sid:
         h["Mcp-Session-Id"] = sid
@@ -219,3 +219,42 @@ def test_on_behalf_users_apart(ctx):
     eq(rpc(ctx, call, key=svc, sid=sid).status, 404, "nor the service itself")
     eq(ctx.psql("SELECT user_id FROM runs WHERE conversation_id = 'mcp-" + sid + "'"),
        "svc-mcp:alice", "the run is alice's")
+
+
+def test_browsers_by_origin(ctx):
+    """mcp_allowed_origins: a listed Origin gets CORS (its preflight, the
+    session id exposed); any other is refused before the key is looked at;
+    the session keeps the version it agreed on."""
+    import fcgi_client
+    sock, proc = ctx.spawn_fcgi("mcp-origins", {"mcp_allowed_origins": "https://app.example.com"})
+    try:
+        key = ctx.key("u-mcp-origin")
+        pre = {"HTTP_ORIGIN": "https://app.example.com",
+               "HTTP_ACCESS_CONTROL_REQUEST_METHOD": "POST"}
+        status, h, _ = fcgi_client.request(sock, "OPTIONS", "/mcp", b"", pre)
+        eq(status, 204, "a listed Origin's preflight")
+        eq(h.get("access-control-allow-origin"), "https://app.example.com", "allowed")
+        check("Mcp-Session-Id" in h.get("access-control-allow-headers", ""), f"its headers: {h}")
+        status, _, _ = fcgi_client.request(sock, "OPTIONS", "/mcp", b"",
+                                           dict(pre, HTTP_ORIGIN="https://evil.example.com"))
+        eq(status, 403, "another Origin's preflight")
+        params = {"HTTP_ORIGIN": "https://app.example.com", "HTTP_AUTHORIZATION": f"Bearer {key}",
+                  "CONTENT_TYPE": "application/json"}
+        status, h, body = fcgi_client.request(sock, "POST", "/mcp", json.dumps(INIT).encode(), params)
+        eq(status, 200, f"initialize from the listed Origin: {body[:200]}")
+        eq(h.get("access-control-expose-headers"), "Mcp-Session-Id", "the session id readable")
+        sid = h.get("mcp-session-id")
+        ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+        status, _, body = fcgi_client.request(sock, "POST", "/mcp", ping, dict(
+            params, HTTP_MCP_SESSION_ID=sid, HTTP_MCP_PROTOCOL_VERSION="2025-06-18"))
+        eq((status, json.loads(body)["result"]), (200, {}), "ping at the agreed version")
+        status, _, _ = fcgi_client.request(sock, "POST", "/mcp", ping, dict(
+            params, HTTP_MCP_SESSION_ID=sid, HTTP_MCP_PROTOCOL_VERSION="2025-11-25"))
+        eq(status, 400, "another version than the session agreed")
+        status, _, _ = fcgi_client.request(sock, "POST", "/mcp", json.dumps(INIT).encode(),
+                                           dict(params, HTTP_ORIGIN="https://evil.example.com",
+                                                HTTP_AUTHORIZATION="Bearer nope"))
+        eq(status, 403, "a foreign Origin is refused before the key is checked")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -105,7 +105,7 @@ what_requests_are(void)
     ok(!cx_mcp_on_lane(&m) && !cx_mcp_streams(&m), "list_artifacts: on the worker");
     cx_mcp_msg_cleanup(&m);
     m = msg("{\"jsonrpc\":\"2.0\",\"id\":\"q\",\"method\":\"resources/read\"}");
-    ok(!cx_mcp_on_lane(&m), "resources/read: on the worker");
+    ok(cx_mcp_on_lane(&m), "resources/read: on a run thread (it reads storage)");
     e = cx_mcp_error(&m, CX_ERR_NOT_FOUND, "gone", NULL);
     is_int(json_integer_value(json_object_get(json_object_get(e, "error"), "code")), -32002,
            "a resource not found is -32002");

@@ -1372,7 +1372,34 @@ export interface paths {
                 };
             };
         };
-        options?: never;
+        /** A browser's preflight, from an Origin in mcp_allowed_origins */
+        options: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description allowed: the Access-Control-Allow-* headers */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                /** @description an Origin not listed */
+                403: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["JsonRpcMessage"];
+                    };
+                };
+            };
+        };
         head?: never;
         patch?: never;
         trace?: never;
