@@ -821,6 +821,48 @@ def mcp_overhead(b, n_runs):
         statistics.median(api), "ms", "against POST /v1/runs of x=1, same conversation")
 
 
+def dropins(b, n_runs):
+    """What an operator gives up with DocsGPT's drop-in: its code_executor
+    lists and reads the whole workspace before and after every run through
+    the backend (DocsGPT's own SandboxManager over CodexecSandbox here),
+    where codexec's own API captures in the run itself. A run of x=1 with
+    0 and 50 files of 64 KiB in the workspace, the median of each, taken
+    in turns."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "peers", "docsgpt"))
+    sys.path.insert(0, os.path.join(REPO, "integrations", "docsgpt"))
+    from application.sandbox.manager import SandboxManager
+    from codexec_sandbox import CodexecSandbox
+    import hashlib
+    m = SandboxManager(CodexecSandbox(f"http://127.0.0.1:{b.st.http_port}", b.key), max_ttl=600)
+
+    def docsgpt_run(sid):
+        # DocsGPT's code_executor: signatures before, exec, new or changed files after
+        before = {p: hashlib.sha256(m.get_file(sid, p)).hexdigest() for p in m.list_files(sid)}
+        r = m.exec(sid, "x = 1")
+        after = {p: hashlib.sha256(m.get_file(sid, p)).hexdigest() for p in m.list_files(sid)}
+        if r.status != "ok" or len(after) != len(before):
+            raise RuntimeError(f"drop-in bench: {r}")
+
+    for files in (0, 50):
+        sid = f"dropin-{files}"
+        m.open(sid)
+        m.exec(sid, f"import os\nfor i in range({files}):\n    open(f'f{{i:03d}}.bin', 'wb').write(os.urandom(65536))")
+        cid = f"native-{files}"
+        b.run(cid, f"import os\nfor i in range({files}):\n    open(f'f{{i:03d}}.bin', 'wb').write(os.urandom(65536))")
+        drop, native = [], []
+        for _ in range(max(3, n_runs // 3)):
+            t0 = time.perf_counter()
+            docsgpt_run(sid)
+            drop.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            b.run(cid, "x = 1")
+            native.append((time.perf_counter() - t0) * 1000)
+        m.close(sid)
+        row("dropins", f"DocsGPT manager + CodexecSandbox, {files} files (median)",
+            statistics.median(drop), statistics.median(native), "ms",
+            "against POST /v1/runs (capture in the run) with the same files")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -831,7 +873,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
     ap.add_argument("--only", action="append",
                     choices=["run", "stream", "cold", "capture", "download", "files", "s3",
-                             "concurrency", "capacity", "mcp"],
+                             "concurrency", "capacity", "mcp", "dropins"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     others = other_stacks()
@@ -873,6 +915,8 @@ def main():
             files_api(b, a.runs)
         if want("mcp"):
             mcp_overhead(b, a.runs)
+        if want("dropins"):
+            dropins(b, a.runs)
         if want("s3"):
             s3(b, 3 if a.smoke else 11)
         if want("concurrency"):
