@@ -46,6 +46,7 @@ parse(const struct cx_config *cfg, json_t *body, struct rf_req *q, char *msg, si
     const char *lang = json_string_value(json_object_get(body, "language"));
     json_t *args = json_object_get(body, "arguments"), *utf8;
     size_t n, cap;
+    bool ok;
 
     if (!b64)
         return bad(msg, msglen, "code_b64 is required: the code, base64 of UTF-8");
@@ -68,11 +69,10 @@ parse(const struct cx_config *cfg, json_t *body, struct rf_req *q, char *msg, si
                           sodium_base64_VARIANT_ORIGINAL))
         return bad(msg, msglen, "code_b64 is not base64");
     q->code[n] = '\0';
-    utf8 = json_stringn(q->code, n);
-    if (!utf8 || strlen(q->code) != n)
-        return bad(msg, msglen, "the code is not UTF-8 text");
+    utf8 = json_stringn(q->code, n); /* (which takes a NUL: checked apart) */
+    ok = utf8 && !memchr(q->code, 0, n);
     json_decref(utf8);
-    return CX_OK;
+    return ok ? CX_OK : bad(msg, msglen, "the code is not UTF-8 text");
 }
 
 /* --- The outcome in RAGFlow's words ----------------------------------------- */
@@ -164,6 +164,7 @@ art_mime(const char *name)
 struct grab {
     unsigned char *data;
     size_t len, cap;
+    size_t budget; /* what the answer may still carry */
 };
 
 static bool
@@ -173,8 +174,10 @@ grab_head(void *ctx, uint64_t size, const char *sha256, const char *mime)
 
     (void)sha256;
     (void)mime;
-    if (size == 0 || size > ART_MAX_BYTES)
-        return false; /* (RAGFlow leaves empty and large files out) */
+    /* the size the read says (the listing's may be stale, or a hostile
+     * kernel's): RAGFlow leaves empty and large files out */
+    if (size == 0 || size > ART_MAX_BYTES || size > g->budget)
+        return false;
     g->data = malloc(size);
     g->cap = g->data ? (size_t)size : 0;
     return g->data != NULL;
@@ -192,43 +195,50 @@ grab_data(void *ctx, const void *data, size_t len)
     return true;
 }
 
-/* One file of artifacts/ as RAGFlow's artifact, or NULL to leave it out. */
+/* One file of artifacts/ as RAGFlow's artifact, or NULL to leave it out.
+ * The listing is the kernel's: its paths are checked again here. */
 static json_t *
 artifact(struct cx_ctx *cx, const char *user, const char *cid, const json_t *e, size_t *budget)
 {
-    const char *path = str(e, "path"), *name = strrchr(path, '/') + 1, *mime = art_mime(name);
-    struct grab g = {0};
+    const char *path = str(e, "path"), *name = path + strlen("artifacts/"), *mime;
+    struct grab g = {.budget = *budget};
     struct cx_files_reader rd = {grab_head, grab_data, &g, true};
     json_t *size = json_object_get(e, "size"), *a = NULL;
     char msg[CX_MSG_MAX];
 
+    if (strncmp(path, "artifacts/", strlen("artifacts/")) != 0 || !*name || strchr(name, '/'))
+        return NULL;
+    mime = art_mime(name);
     if (!mime || name[0] == '.' || strcmp(str(e, "type"), "file") != 0 || !json_is_integer(size) ||
         json_integer_value(size) <= 0 || (uint64_t)json_integer_value(size) > ART_MAX_BYTES ||
-        (size_t)json_integer_value(size) > *budget)
+        (uint64_t)json_integer_value(size) > *budget)
         return NULL;
     if (cx_files_read(cx, user, cid, path, &rd, msg, sizeof(msg)) == CX_OK && g.data &&
         g.len == g.cap) {
         a = json_pack("{s:s,s:s,s:I,s:o}", "name", name, "mime_type", mime, "size",
                       (json_int_t)g.len, "content_b64", cx_mcp_base64(g.data, g.len));
-        *budget -= g.len;
+        *budget -= g.len; /* (g.len <= g.budget = *budget) */
     }
     free(g.data);
     return a;
 }
 
 /* The regular files directly in artifacts/, by name: the first ten, of
- * RAGFlow's types, each at most 10 MiB, 32 MiB in all. */
+ * RAGFlow's types, each at most 10 MiB, 32 MiB in all, read within
+ * ragflow_timeout (a kernel that trickles them holds no thread longer). */
 static json_t *
 artifacts(struct cx_ctx *cx, const char *user, const char *cid)
 {
     json_t *list = NULL, *files, *out = json_array();
     size_t budget = ART_ALL_BYTES, seen = 0;
+    int64_t until = cx_now_us() + (int64_t)cx->cfg->ragflow_timeout * 1000000;
     char msg[CX_MSG_MAX];
 
     if (!out || cx_files_list(cx, user, cid, "artifacts", false, &list, msg, sizeof(msg)))
         return out; /* no artifacts/: none */
     files = json_object_get(list, "files");
-    for (size_t i = 0; i < json_array_size(files) && seen < ART_MAX_FILES; i++) {
+    for (size_t i = 0; i < json_array_size(files) && seen < ART_MAX_FILES && cx_now_us() < until;
+         i++) {
         const json_t *e = json_array_get(files, i);
         json_t *a;
 
@@ -256,10 +266,12 @@ run_python(struct cx_ctx *cx, const struct cx_principal *who, const struct rf_re
            const char *cid, json_t **run, char *msg, size_t msglen)
 {
     struct cx_run_request req;
-    json_t *body = json_pack("{s:s,s:s,s:b,s:s,s:o,s:i}", "conversation_id", cid, "code", q->code,
-                             "capture_artifacts", 0, "output", "full", "arguments",
-                             q->arguments ? json_incref(q->arguments) : json_object(), "timeout",
-                             (int)cx->cfg->ragflow_timeout);
+    /* (a session close that finds it held leaves it to this TTL) */
+    json_t *body =
+        json_pack("{s:s,s:s,s:b,s:s,s:o,s:i,s:i}", "conversation_id", cid, "code", q->code,
+                  "capture_artifacts", 0, "output", "full", "arguments",
+                  q->arguments ? json_incref(q->arguments) : json_object(), "timeout",
+                  (int)cx->cfg->ragflow_timeout, "ttl", (int)cx->cfg->ragflow_timeout + 60);
     bool pending = false;
     enum cx_err rc;
 

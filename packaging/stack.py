@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -1012,6 +1013,8 @@ http {{
 
     def set_ragflow_key(self, key):
         """The key the RAGFlow listener adds to what it passes (nginx reloaded)."""
+        if not key or not re.match(r"^cx_[A-Za-z0-9_-]{43}$", key):
+            raise StackError("the RAGFlow listener's key is not an API key")
         ndir = os.path.join(self.var, "nginx")
         self.write_file(os.path.join(ndir, "ragflow-key.conf"),
                         f'fastcgi_param HTTP_AUTHORIZATION "Bearer {key}";\n', 0o600)
@@ -1143,7 +1146,6 @@ def main():
     ap.add_argument("--build", help="the build tree (default: build/)")
     ap.add_argument("--user", help="for `key`: the user the key is for")
     ap.add_argument("--ragflow-port", type=int, help="the listener for RAGFlow (codexec-ragflow.conf)")
-    ap.add_argument("--key", help="for `ragflow-key`: the key that listener adds")
     a = ap.parse_args()
     st = Stack(a.var, http_port=a.port, gateway_port=a.gateway_port, build=a.build,
                ragflow_port=a.ragflow_port)
@@ -1164,7 +1166,7 @@ def main():
             st.init_secret_files()
             print(st.create_key(a.user or "demo"))
         elif a.command == "ragflow-key":
-            st.set_ragflow_key(a.key)
+            st.set_ragflow_key(os.environ.get("CODEXEC_RAGFLOW_KEY"))  # (not on a command line)
     except StackError as e:
         log(str(e))
         return 1

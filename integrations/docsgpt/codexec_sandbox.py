@@ -26,7 +26,9 @@ and set SANDBOX_BACKEND=codexec. The standard library only.
 """
 
 import base64
+import collections
 import json
+import os
 import threading
 import urllib.error
 import urllib.parse
@@ -64,17 +66,25 @@ class CodexecSandbox(CodeSandbox):
         self.default_timeout = default_timeout
         self.ttl = ttl
         self.http_timeout = http_timeout
-        self._users: Dict[str, Optional[str]] = {}
+        # the user each session was opened for, and its handle (a new one at
+        # every open), the most recent ones: 10000 sessions
+        self._users: "collections.OrderedDict[str, Optional[str]]" = collections.OrderedDict()
+        self._handles: Dict[str, str] = {}
         self._lock = threading.Lock()
 
     # --- HTTP -------------------------------------------------------------
     def _user(self, session_id: str, opening: bool = False) -> Optional[str]:
         with self._lock:
             if not opening and session_id in self._users:
+                self._users.move_to_end(session_id)
                 return self._users[session_id]
         user = self.on_behalf_of(session_id) if callable(self.on_behalf_of) else self.on_behalf_of
         with self._lock:
             self._users[session_id] = user
+            self._users.move_to_end(session_id)
+            while len(self._users) > 10000:
+                old, _ = self._users.popitem(last=False)
+                self._handles.pop(old, None)
         return user
 
     def _request(self, method: str, path: str, session_id: str, body: Optional[bytes] = None,
@@ -122,19 +132,19 @@ class CodexecSandbox(CodeSandbox):
         """The conversation's session, started (its kernel ready) or kept."""
         self._user(session_id, opening=True)
         body = {"ttl": int(self.ttl)} if self.ttl else {}
-        out = self._json("POST", f"/v1/conversations/{self._conv(session_id)}/session", session_id,
-                         body, timeout=max(self.http_timeout, 150))
-        return out.get("conversation_id", session_id)
+        self._json("POST", f"/v1/conversations/{self._conv(session_id)}/session", session_id,
+                   body, timeout=max(self.http_timeout, 150))
+        handle = f"{session_id}#{os.urandom(6).hex()}"
+        with self._lock:
+            self._handles[session_id] = handle
+        return handle
 
     def attach(self, session_id: str) -> str:
         """The session if it lives, else a new one (a cold kernel)."""
-        try:
-            out = self._json("GET", f"/v1/conversations/{self._conv(session_id)}/session",
-                             session_id)
-            return out.get("conversation_id", session_id)
-        except CodexecError as e:
-            if e.status != 404:
-                raise
+        with self._lock:
+            handle = self._handles.get(session_id)
+        if handle and self._alive(session_id):
+            return handle
         return self.open(session_id)
 
     def close(self, session_id: str) -> None:
@@ -148,10 +158,15 @@ class CodexecSandbox(CodeSandbox):
         finally:
             with self._lock:
                 self._users.pop(session_id, None)
+                self._handles.pop(session_id, None)
 
     def close_handle(self, session_id: str, handle_id: str) -> None:
-        """The manager's close of one handle: codexec has one per session."""
-        self.close(session_id)
+        """Closes the session only if handle_id is still its handle (a
+        close the manager deferred never ends a session opened since)."""
+        with self._lock:
+            current = self._handles.get(session_id)
+        if current is None or current == handle_id:
+            self.close(session_id)
 
     # --- exec ---------------------------------------------------------------
     def exec(self, session_id: str, code: str, timeout: Optional[float] = None) -> ExecResult:
@@ -233,6 +248,12 @@ class CodexecSandbox(CodeSandbox):
             return e.status != 404
 
     def put_file(self, session_id: str, dest_path: str, data: bytes) -> None:
+        # a write makes a session where there is none: one that ended since
+        # it was opened must be told, not silently made anew and empty
+        with self._lock:
+            opened = session_id in self._handles
+        if opened and not self._alive(session_id):
+            raise SandboxGoneError(f"the session {session_id!r} is gone")
         self._file_op(session_id, lambda: self._request(
             "PUT", self._files(session_id, dest_path), session_id, bytes(data),
             "application/octet-stream", timeout=max(self.http_timeout, 300)))

@@ -32,6 +32,7 @@ except ImportError:  # beside it (tests, a path of one's own)
 # RAGFlow's own limits on what a run returns (its executor manager's).
 ARTIFACT_MAX_FILES = 10
 ARTIFACT_MAX_BYTES = 10 * 1024 * 1024
+ARTIFACT_ALL_BYTES = 32 * 1024 * 1024  # what one result carries in all
 ARTIFACT_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
                   ".svg": "image/svg+xml", ".pdf": "application/pdf", ".csv": "text/csv",
                   ".json": "application/json", ".html": "text/html"}
@@ -217,7 +218,7 @@ class CodexecProvider(SandboxProvider):
     def _artifacts(self, run: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The run's captured files directly under artifacts/, of RAGFlow's
         types and sizes, as RAGFlow's executor returns them."""
-        out = []
+        out, left = [], ARTIFACT_ALL_BYTES
         for a in sorted(run.get("artifacts") or [], key=lambda a: a.get("path", "")):
             path = a.get("path", "")
             name = path[len("artifacts/"):] if path.startswith("artifacts/") else ""
@@ -227,9 +228,13 @@ class CodexecProvider(SandboxProvider):
                 break
             ext = name[name.rfind("."):].lower() if "." in name else ""
             size = int(a.get("size") or 0)
-            if ext not in ARTIFACT_TYPES or size <= 0 or size > ARTIFACT_MAX_BYTES:
+            if ext not in ARTIFACT_TYPES or size <= 0 or size > ARTIFACT_MAX_BYTES or size > left:
                 continue
-            data = self._request("GET", a["download_url"], raw=True)
+            try:
+                data = self._request("GET", a["download_url"], raw=True)
+            except (CodexecError, KeyError):
+                continue  # gone meanwhile: left out, the run's result stands
+            left -= len(data)
             out.append({"name": name, "mime_type": ARTIFACT_TYPES[ext], "size": len(data),
                         "content_b64": base64.b64encode(data).decode()})
         return out

@@ -26,6 +26,15 @@ const collect = async (it) => {
 };
 
 await step("run", () => cx.run({ code: "x = 6 * 7\nprint(x)", conversationId: cid }));
+// RAGFlow's shape: main(**arguments), the arguments as data
+await step("arguments", () => cx.run({ code: "def main(a, b, c):\n    return [a, b, c]", conversationId: cid, arguments: { a: null, b: true, c: false } }));
+// DocsGPT's: a kernel the code killed comes back empty, the files stay
+await step("reset", async () => {
+  await cx.files.write(cid, "keep.txt", "kept");
+  const died = await cx.run({ code: "import os\nos._exit(1)", conversationId: cid });
+  const after = await cx.run({ code: "print('x' in dir(), open('keep.txt').read())", conversationId: cid });
+  return [null, died, after];
+});
 await step("stream", () => collect(cx.stream({ code: "import time\nfor i in range(2):\n    print(i, flush=True)\n    time.sleep(0.3)", conversationId: cid })));
 await step("detached", async () => {
   const a = await cx.run({ code: "import time\ntime.sleep(1)\nprint('late')", conversationId: cid, wait: false });
@@ -62,6 +71,19 @@ await step("session_get", () => cx.sessions.get(cid + "-s"));
 await step("sessions", async () => (await cx.sessions.list()).map((s) => s.conversation_id));
 await step("session_close", () => cx.sessions.close(cid + "-s"));
 await step("session_gone", () => cx.sessions.get(cid + "-s"));
+await step("ttl", async () => {
+  await cx.sessions.create(cid + "-t", { ttl: 1 });
+  const deadline = Date.now() + 30000;
+  while (Date.now() < deadline) {
+    try {
+      await cx.sessions.get(cid + "-t");
+    } catch (e) {
+      return { expired: e.status };
+    }
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  return { expired: null };
+});
 await step("retry", async () => {
   const busy = [];
   for (let i = 0; i < slots; i++) busy.push(await cx.run({ code: "import time\ntime.sleep(2)", conversationId: `${cid}-busy`, wait: false }));

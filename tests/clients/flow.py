@@ -28,6 +28,13 @@ def step(name, fn):
 
 
 step("run", lambda: cx.run("x = 6 * 7\nprint(x)", cid))
+# RAGFlow's shape: main(**arguments), the arguments as data
+step("arguments", lambda: cx.run("def main(a, b, c):\n    return [a, b, c]", cid,
+                                 arguments={"a": None, "b": True, "c": False}))
+# DocsGPT's: a kernel the code killed comes back empty, the files stay
+step("reset", lambda: [cx.files.write(cid, "keep.txt", b"kept"),
+                       cx.run("import os\nos._exit(1)", cid),
+                       cx.run("print('x' in dir(), open('keep.txt').read())", cid)])
 step("stream", lambda: [[ev, data] for ev, data in
                          cx.stream("import time\nfor i in range(2):\n    print(i, flush=True)\n    time.sleep(0.3)", cid)])
 
@@ -82,6 +89,21 @@ step("session_get", lambda: cx.sessions.get(cid + "-s"))
 step("sessions", lambda: [s["conversation_id"] for s in cx.sessions.list()])
 step("session_close", lambda: cx.sessions.close(cid + "-s"))
 step("session_gone", lambda: cx.sessions.get(cid + "-s"))
+
+
+def ttl():
+    cx.sessions.create(cid + "-t", ttl=1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            cx.sessions.get(cid + "-t")
+        except codexec.Error as e:
+            return {"expired": e.status}
+        time.sleep(0.5)
+    return {"expired": None}
+
+
+step("ttl", ttl)
 
 
 def retried():

@@ -272,6 +272,9 @@ def two_node_nginx(ctx, socks):
         text = f.read()
     text = text.replace(f"        server unix:{st.socket};\n", servers)
     text = text.replace(f"listen 127.0.0.1:{st.http_port};", f"listen 127.0.0.1:{port};")
+    if st.ragflow_port:  # (the stack's RAGFlow listener: not this one's)
+        text = text.replace(f"listen 127.0.0.1:{st.ragflow_port};",
+                            f"listen 127.0.0.1:{stack.free_port()};")
     text = text.replace(f"pid {st.rundir}/nginx-master.pid;", f"pid {st.rundir}/nginx-two.pid;")
     with open(conf, "w") as f:
         f.write(text)

@@ -54,6 +54,13 @@ def run_flow(argv, what):
 
 def check_flow(ctx, o, user, url):
     eq(o["run"]["stdout_tail"], "42\n", f"run: {o['run']}")
+    eq((o["arguments"]["result"], o["arguments"]["result_present"]), ([None, True, False], True),
+       "main(**arguments): null, true and false as data")
+    _, died, after = o["reset"]
+    eq((died["error_name"], died["session"]["reset"]), ("KernelDied", True),
+       "the code killed its kernel: session.reset")
+    eq(after["stdout_tail"], "False kept\n", "a fresh kernel, the files kept")
+    eq(o["ttl"]["expired"], 404, "a session past its TTL is gone")
     evs = [e for e, _ in o["stream"]]
     check(evs[0] == "run" and evs[-1] == "result" and "stdout" in evs, f"stream's events: {evs}")
     eq(o["stream"][-1][1]["stdout_tail"], "0\n1\n", "the stream's result")
@@ -67,9 +74,9 @@ def check_flow(ctx, o, user, url):
     eq(o["write_stream"]["size"] if "write_stream" in o else o["write_bytes"]["size"], 3 << 20,
        "a 3 MiB write")
     eq(o["read"], "a,b\n1,2\n", "files.read")
-    eq(o["list"], ["big.bin", "data", "data/in.csv"], "files.list")
+    eq(o["list"], ["big.bin", "data", "data/in.csv", "keep.txt"], "files.list")
     eq(o["code_sees"], "a,b\n1,2\n 3145728\n", "the code sees the files")
-    eq(o["after_delete"], ["big.bin"], "files.delete recursive")
+    eq(o["after_delete"], ["big.bin", "keep.txt"], "files.delete recursive")
     eq((o["missing"]["error"]["code"], o["missing"]["error"]["status"]), ("not_found", 404),
        "a missing file is the client's error, with code and status")
     eq(o["bad_cid"]["error"]["code"], "invalid_request", "a bad conversation id")

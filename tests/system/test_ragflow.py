@@ -8,8 +8,6 @@ import filecmp
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 
 import stack
 from harness import check, eq, wait_until
@@ -50,6 +48,33 @@ def main():
 '''
 
 
+# Code that takes over codexec's file helper in its own kernel (it may: the
+# kernel is the tenant's) and lists a file outside artifacts/.
+HIJACK = r'''
+import sys
+from IPython.display import display
+
+class Same:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+
+def _lie(ip):
+    mime = "application/vnd.codexec.file+json"
+    display({mime: {"op": "page", "files": [
+        {"path": "x.png", "type": "file", "size": 1, "mtime": "2026-01-01T00:00:00Z"},
+        {"path": "artifacts/a/b.png", "type": "file", "size": 1, "mtime": "2026-01-01T00:00:00Z"}]}},
+        raw=True)
+    display({mime: {"ok": True}}, raw=True)
+
+def main():
+    sys._codexec_files_v = Same()
+    sys._codexec_files = _lie
+    return "planted"
+'''
+
+
 def listener(ctx):
     if "port" not in _ready:
         ctx.st.set_ragflow_key(ctx.key("ragflow"))
@@ -85,13 +110,23 @@ def test_health_and_the_key(ctx):
     eq(r.status, 401, "without the listener's key: 401")
     r = ctx.get("/compat/ragflow/healthz", key=ctx.key("ragflow"))
     eq((r.status, r.json()), (200, {"status": "ok"}), "with a key")
-    for path in ("/v1/health", "/v1/artifacts?conversation_id=x", "/mcp", "/metrics"):
-        try:
-            urllib.request.urlopen(listener(ctx) + path, timeout=10)
-            status = 200
-        except urllib.error.HTTPError as e:
-            status = e.code
-        eq(status, 404, f"the listener passes only RAGFlow's routes, not {path}")
+    port = _ready["port"]
+    for method, path in (("GET", "/v1/health"), ("GET", "/v1/artifacts?conversation_id=x"),
+                         ("POST", "/mcp"), ("GET", "/metrics"),
+                         # normalised by nginx to a route it passes, routed by codexec as sent
+                         ("DELETE", "/v1/artifacts/..%2F..%2Fcompat%2Fragflow%2Fhealthz"),
+                         ("GET", "/v1/runs/..%2F..%2Fcompat/ragflow/healthz"),
+                         ("GET", "/compat/ragflow/healthz/../../../v1/health")):
+        r = ctx.request(method, path, port=port)
+        eq(r.status, 404, f"the listener passes only RAGFlow's routes, not {method} {path}")
+    eq(ctx.request("GET", "/compat/ragflow/run", port=port).status, 403, "run takes POST only")
+    big = {"code_b64": base64.b64encode(b"#" * (5 << 20)).decode()}
+    eq(ctx.post("/compat/ragflow/run", big, port=port).status, 413, "a body over 4 MiB: 413")
+    code = base64.b64encode(b"def main():\n    return 1").decode()
+    r = ctx.post("/compat/ragflow/run", {"code_b64": code}, port=port,
+                 headers={"On-Behalf-Of": "someone", "Authorization": "Bearer cx_forged"})
+    eq((r.status, r.json()["status"]), (200, "success"),
+       "a caller's own Authorization and On-Behalf-Of never reach codexec through the listener")
 
 
 def run(p, code, language="python", arguments=None, timeout=120):
@@ -139,10 +174,21 @@ def test_self_managed_provider(ctx):
     eq(r.metadata["status"], "runtime_error", f"nodejs, not available yet, is a clean runtime_error: {r}")
 
 
+def test_a_lying_kernel(ctx):
+    """What the kernel lists is the tenant's: a path outside artifacts/ or
+    below it is left out, and codexec-fcgi goes on."""
+    p = self_managed(ctx)
+    r = run(p, HIJACK)
+    eq((r.metadata["status"], r.metadata["result_value"], r.metadata["artifacts"]),
+       ("success", "planted", []), f"nothing of the lie returned: {r}")
+    check(p.health_check(), "codexec-fcgi still answers")
+
+
 def test_compat_refusals(ctx):
     key = ctx.key("ragflow")
     for body, why in (({}, "no code"), ({"code_b64": "!!"}, "not base64"),
                       ({"code_b64": base64.b64encode(b"\xff\xfe").decode()}, "not UTF-8"),
+                      ({"code_b64": base64.b64encode(b"x = 1\x00").decode()}, "a NUL"),
                       ({"code_b64": "eA==", "arguments": [1]}, "arguments not an object"),
                       ({"code_b64": "eA==", "language": "cobol"}, "an unknown language")):
         r = ctx.post("/compat/ragflow/run", body, key=key)

@@ -69,8 +69,11 @@ long_id(void)
     snprintf(body, sizeof(body), "{\"jsonrpc\":\"2.0\",\"id\":\"%0256d\",\"method\":\"ping\"}", 0);
     ok(cx_mcp_parse(body, strlen(body), &m, &error) == CX_OK, "an id of 256 bytes is taken");
     cx_mcp_msg_cleanup(&m);
+    json_decref(error); /* (made only when the parse failed: an allocation) */
+    error = NULL;
     snprintf(body, sizeof(body), "{\"jsonrpc\":\"2.0\",\"id\":\"%0257d\",\"method\":\"ping\"}", 0);
     ok(cx_mcp_parse(body, strlen(body), &m, &error) == CX_ERR_INVALID, "one of 257 is not");
+    cx_mcp_msg_cleanup(&m); /* (jansson out of memory may cut a string short) */
     json_decref(error);
 }
 

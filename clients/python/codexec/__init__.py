@@ -51,9 +51,17 @@ class Error(Exception):
 
 def _retry_after(value: Optional[str]) -> Optional[float]:
     try:
-        return float(value) if value is not None else None
+        v = float(value) if value is not None else None
     except ValueError:
         return None
+    return v if v is not None and 0 <= v < float("inf") else None
+
+
+# Refusals that mean nothing was done: a request may be sent again after
+# them whatever it is. Any other 429 or 503 (a database that failed, say)
+# may come after a part of the work; only requests that can be repeated
+# are sent again after those.
+_NOTHING_DONE = ("too_many_runs", "capacity_exhausted", "quota_exceeded")
 
 
 def _error_of(status: int, headers: http.client.HTTPMessage, body: bytes) -> Error:
@@ -69,6 +77,13 @@ def _error_of(status: int, headers: http.client.HTTPMessage, body: bytes) -> Err
 
 def _quote(path: str) -> str:
     return urllib.parse.quote(path, safe="/")
+
+
+def _close(resp: http.client.HTTPResponse) -> None:
+    resp.close()
+    conn = getattr(resp, "_codexec_conn", None)
+    if conn is not None:
+        conn.close()
 
 
 class _Sse:
@@ -145,7 +160,11 @@ class Client:
         q = {k: ("true" if v is True else "false" if v is False else v)
              for k, v in (query or {}).items() if v is not None}
         target = self._prefix + path + ("?" + urllib.parse.urlencode(q) if q else "")
-        start = body.tell() if hasattr(body, "seek") and hasattr(body, "tell") else None
+        try:
+            start = body.tell() if hasattr(body, "seek") and hasattr(body, "tell") else None
+        except (OSError, ValueError):
+            start = None  # a pipe: sent once
+        repeatable = method in ("GET", "HEAD", "PUT", "DELETE") or "Idempotency-Key" in h
         for attempt in range(self.retries + 1):
             conn = self._connection(timeout)
             try:
@@ -153,14 +172,16 @@ class Client:
                     body = body.encode()
                 conn.request(method, target, body=body, headers=h)
                 resp = conn.getresponse()
-            except OSError as e:
+            except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 raise Error(f"{method} {path}: {e}", "connection_failed") from e
             if 200 <= resp.status < 300 or resp.status == 304:
+                resp._codexec_conn = conn  # type: ignore[attr-defined]  (closed with it)
                 return resp
             err = _error_of(resp.status, resp.headers, resp.read())
             conn.close()
-            retryable = resp.status in (429, 503) and err.retry_after is not None
+            retryable = (resp.status in (429, 503) and err.retry_after is not None
+                         and (repeatable or err.code in _NOTHING_DONE))
             rewindable = body is None or isinstance(body, bytes) or start is not None
             if (not retryable or not rewindable or attempt == self.retries
                     or err.retry_after > _MAX_RETRY_WAIT):
@@ -177,8 +198,12 @@ class Client:
             body = json.dumps(json_body).encode()
             headers["Content-Type"] = "application/json"
         resp = self._open(method, path, body, headers, **kw)
-        data = resp.read()
-        resp.close()
+        try:
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise Error(f"{method} {path}: {e}", "connection_failed") from e
+        finally:
+            _close(resp)
         return json.loads(data) if data else None
 
     # --- runs ----------------------------------------------------------------
@@ -205,14 +230,23 @@ class Client:
             if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 yield "result", json.loads(resp.read())  # answered whole (before it began)
                 return
-            for event, data, _ in _Sse(resp):
+            last = None
+            for event, data, eid in _Sse(resp):
+                last = eid or last
                 if event == "result" and isinstance(data, dict) and "error" in data \
                         and "run_id" not in data:
                     e = data["error"]
                     raise Error(e.get("message", ""), e.get("code", ""), 0)
                 yield event, data
+                if event == "result":
+                    return
+            # cut before its result: events(run_id, last_event_id) resumes
+            raise Error(f"the stream ended before its result (last event id {last})",
+                        "stream_ended", 0)
+        except (OSError, http.client.HTTPException) as e:
+            raise Error(f"the stream failed: {e}", "stream_ended", 0) from e
         finally:
-            resp.close()
+            _close(resp)
 
     def get_run(self, run_id: str) -> Json:
         """The run's record; once it ended, with its answer."""
@@ -264,20 +298,25 @@ class Files:
         if idempotency_key:
             h["Idempotency-Key"] = idempotency_key
         if not isinstance(data, (bytes, str)):
-            pos = data.tell()
-            data.seek(0, os.SEEK_END)
-            h["Content-Length"] = str(data.tell() - pos)
-            data.seek(pos)
+            try:
+                pos = data.tell()
+                data.seek(0, os.SEEK_END)
+                h["Content-Length"] = str(data.tell() - pos)
+                data.seek(pos)
+            except (OSError, ValueError, AttributeError):
+                data = data.read()  # a pipe: its length must be known first
         resp = self._c._open("PUT", self._url(conversation_id, path), data, h)
-        out = json.loads(resp.read())
-        resp.close()
-        return out
+        try:
+            return json.loads(resp.read())
+        finally:
+            _close(resp)
 
     def read(self, conversation_id: str, path: str) -> bytes:
         resp = self._c._open("GET", self._url(conversation_id, path))
-        data = resp.read()
-        resp.close()
-        return data
+        try:
+            return resp.read()
+        finally:
+            _close(resp)
 
     def list(self, conversation_id: str, path: str = "", recursive: bool = False) -> List[Json]:
         """The entries under path: [{"path", "type", "size", "mtime"}]."""
@@ -306,9 +345,10 @@ class Artifacts:
         """Uploads data as the artifact filename of the conversation."""
         resp = self._c._open("POST", "/v1/artifacts", data, {"Content-Type": "application/octet-stream"},
                              query={"conversation_id": conversation_id, "filename": filename})
-        out = json.loads(resp.read())
-        resp.close()
-        return out
+        try:
+            return json.loads(resp.read())
+        finally:
+            _close(resp)
 
     def download(self, artifact_id: str, version: Optional[int] = None,
                  to: Union[None, str, IO[bytes]] = None) -> Union[bytes, int]:
@@ -333,7 +373,7 @@ class Artifacts:
                 if isinstance(to, str):
                     f.close()
         finally:
-            resp.close()
+            _close(resp)
 
     def link(self, artifact_id: str, version: Optional[int] = None,
              expires_in: Optional[int] = None) -> Json:

@@ -73,7 +73,24 @@ async function errorOf(res: Response): Promise<CodexecError> {
   }
 }
 
-const quote = (path: string): string => path.split("/").map(encodeURIComponent).join("/");
+/** A path's segments percent-encoded; "." and ".." refused here, as fetch's
+ * URL parser would resolve them (and leave the conversation's files). */
+const quote = (path: string): string =>
+  path
+    .split("/")
+    .map((seg) => {
+      if (seg === "." || seg === "..") throw new CodexecError(`invalid path: a ${seg} segment`, "invalid_path", 0);
+      return encodeURIComponent(seg);
+    })
+    .join("/");
+/** A conversation id (or another id) as one path segment. */
+const segment = (id: string): string => {
+  if (id === "." || id === "..") throw new CodexecError(`invalid id: ${id}`, "invalid_request", 0);
+  return encodeURIComponent(id);
+};
+// Refusals that mean nothing was done: a request may be sent again after
+// them whatever it is; after any other 429 or 503 only a repeatable one is.
+const NOTHING_DONE = new Set(["too_many_runs", "capacity_exhausted", "quota_exceeded"]);
 const sleep = (s: number): Promise<void> => new Promise((r) => setTimeout(r, s * 1000));
 
 /** Server-Sent Events of a response body, as they arrive. */
@@ -118,6 +135,8 @@ async function* sse(body: ReadableStream<Uint8Array>): AsyncGenerator<RunEvent> 
       }
     }
   } finally {
+    // stopped early (a break): the rest is not wanted, the connection freed
+    await reader.cancel().catch(() => undefined);
     reader.releaseLock();
   }
 }
@@ -155,6 +174,7 @@ export class Codexec {
     const q = Object.entries(init.query ?? {}).filter(([, v]) => v !== undefined && v !== false);
     const target = this.url + path + (q.length ? "?" + new URLSearchParams(q.map(([k, v]) => [k, String(v)])).toString() : "");
     const replayable = init.body === undefined || init.body === null || typeof init.body === "string" || init.body instanceof Uint8Array || init.body instanceof ArrayBuffer || (typeof Blob !== "undefined" && init.body instanceof Blob);
+    const repeatable = method !== "POST" || "Idempotency-Key" in headers;
     for (let attempt = 0; ; attempt++) {
       let res: Response;
       try {
@@ -165,7 +185,12 @@ export class Codexec {
       }
       if ((res.status >= 200 && res.status < 300) || res.status === 304) return res;
       const err = await errorOf(res);
-      const retryable = (res.status === 429 || res.status === 503) && err.retryAfter !== null && err.retryAfter <= MAX_RETRY_WAIT_S;
+      const retryable =
+        (res.status === 429 || res.status === 503) &&
+        err.retryAfter !== null &&
+        err.retryAfter >= 0 &&
+        err.retryAfter <= MAX_RETRY_WAIT_S &&
+        (repeatable || NOTHING_DONE.has(err.code));
       if (!retryable || !replayable || attempt >= this.retries) throw err;
       await sleep(err.retryAfter as number);
     }
@@ -210,18 +235,23 @@ export class Codexec {
       yield { event: "result", data: await res.json() };
       return;
     }
+    let last: string | undefined;
     for await (const ev of sse(res.body)) {
+      last = ev.id ?? last;
       if (ev.event === "result" && ev.data && typeof ev.data === "object" && "error" in ev.data && !("run_id" in ev.data)) {
         const e = (ev.data as { error: { code?: string; message?: string } }).error;
         throw new CodexecError(String(e.message ?? ""), String(e.code ?? ""), 0);
       }
       yield ev;
+      if (ev.event === "result") return;
     }
+    // cut before its result: events(runId, lastEventId) resumes
+    throw new CodexecError(`the stream ended before its result (last event id ${last ?? "none"})`, "stream_ended", 0);
   }
 
   /** The run's record; once it ended, with its answer. */
   getRun(runId: string): Promise<RunRecord> {
-    return this.call<RunRecord>("GET", `/v1/runs/${encodeURIComponent(runId)}`);
+    return this.call<RunRecord>("GET", `/v1/runs/${segment(runId)}`);
   }
 
   /** A detached or streamed run's events from its start (or after
@@ -229,7 +259,7 @@ export class Codexec {
   async *events(runId: string, lastEventId?: number): AsyncGenerator<RunEvent> {
     const headers: Record<string, string> = { Accept: "text/event-stream" };
     if (lastEventId !== undefined) headers["Last-Event-ID"] = String(lastEventId);
-    yield* this.eventsOf(await this.request("GET", `/v1/runs/${encodeURIComponent(runId)}/events`, { headers }));
+    yield* this.eventsOf(await this.request("GET", `/v1/runs/${segment(runId)}/events`, { headers }));
   }
 
   /** Waits for a run (started with wait: false) to end: its record. */
@@ -245,7 +275,7 @@ export class Codexec {
 
   /** Cancels a running run (it ends error_name "Cancelled"). */
   cancel(runId: string): Promise<{ run_id: string; status: string }> {
-    return this.call("POST", `/v1/runs/${encodeURIComponent(runId)}/cancel`);
+    return this.call("POST", `/v1/runs/${segment(runId)}/cancel`);
   }
 
   health(): Promise<Schemas["Health"]> {
@@ -259,7 +289,7 @@ type Bytes = Uint8Array | ArrayBuffer | Blob | string | ReadableStream<Uint8Arra
 export class Files {
   constructor(private readonly c: Codexec) {}
   private url(cid: string, path = ""): string {
-    return `/v1/conversations/${encodeURIComponent(cid)}/files` + (path ? `/${quote(path)}` : "");
+    return `/v1/conversations/${segment(cid)}/files` + (path ? `/${quote(path)}` : "");
   }
   async write(conversationId: string, path: string, data: Bytes, opts: { idempotencyKey?: string } = {}): Promise<FileWritten> {
     const headers: Record<string, string> = { "Content-Type": "application/octet-stream" };
@@ -288,7 +318,7 @@ export class Artifacts {
     return out.artifacts;
   }
   get(artifactId: string): Promise<Record<string, unknown>> {
-    return this.c.call("GET", `/v1/artifacts/${encodeURIComponent(artifactId)}`);
+    return this.c.call("GET", `/v1/artifacts/${segment(artifactId)}`);
   }
   async upload(conversationId: string, filename: string, data: Bytes): Promise<ArtifactEntry> {
     const res = await this.c.request("POST", "/v1/artifacts", { body: data as BodyInit, headers: { "Content-Type": "application/octet-stream" }, query: { conversation_id: conversationId, filename } });
@@ -296,12 +326,12 @@ export class Artifacts {
   }
   /** The artifact's bytes (the current version, or version). */
   async download(artifactId: string, version?: number): Promise<Uint8Array> {
-    const res = await this.c.request("GET", `/v1/artifacts/${encodeURIComponent(artifactId)}/content`, { query: { version } });
+    const res = await this.c.request("GET", `/v1/artifacts/${segment(artifactId)}/content`, { query: { version } });
     return new Uint8Array(await res.arrayBuffer());
   }
   /** The artifact's bytes as a stream (large files). */
   async downloadStream(artifactId: string, version?: number): Promise<ReadableStream<Uint8Array>> {
-    const res = await this.c.request("GET", `/v1/artifacts/${encodeURIComponent(artifactId)}/content`, { query: { version } });
+    const res = await this.c.request("GET", `/v1/artifacts/${segment(artifactId)}/content`, { query: { version } });
     if (!res.body) throw new CodexecError("no body", "internal_error", res.status);
     return res.body;
   }
@@ -310,11 +340,11 @@ export class Artifacts {
     const body: Record<string, number> = {};
     if (opts.version !== undefined) body.version = opts.version;
     if (opts.expiresIn !== undefined) body.expires_in = opts.expiresIn;
-    const out = await this.c.call<Link>("POST", `/v1/artifacts/${encodeURIComponent(artifactId)}/links`, body);
+    const out = await this.c.call<Link>("POST", `/v1/artifacts/${segment(artifactId)}/links`, body);
     return out.url.startsWith("/") ? { ...out, url: this.c.url + out.url } : out;
   }
   async delete(artifactId: string): Promise<void> {
-    await this.c.call("DELETE", `/v1/artifacts/${encodeURIComponent(artifactId)}`);
+    await this.c.call("DELETE", `/v1/artifacts/${segment(artifactId)}`);
   }
 }
 
@@ -322,15 +352,15 @@ export class Artifacts {
 export class Sessions {
   constructor(private readonly c: Codexec) {}
   create(conversationId: string, fields: { ttl?: number; language?: string } = {}): Promise<SessionInfo> {
-    return this.c.call("POST", `/v1/conversations/${encodeURIComponent(conversationId)}/session`, fields);
+    return this.c.call("POST", `/v1/conversations/${segment(conversationId)}/session`, fields);
   }
   get(conversationId: string): Promise<SessionInfo> {
-    return this.c.call("GET", `/v1/conversations/${encodeURIComponent(conversationId)}/session`);
+    return this.c.call("GET", `/v1/conversations/${segment(conversationId)}/session`);
   }
   async list(): Promise<SessionInfo[]> {
     return (await this.c.call<{ conversations: SessionInfo[] }>("GET", "/v1/conversations")).conversations;
   }
   async close(conversationId: string): Promise<void> {
-    await this.c.call("DELETE", `/v1/conversations/${encodeURIComponent(conversationId)}/session`);
+    await this.c.call("DELETE", `/v1/conversations/${segment(conversationId)}/session`);
   }
 }

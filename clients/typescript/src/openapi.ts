@@ -1213,6 +1213,115 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/compat/ragflow/healthz": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * RAGFlow's executor-manager health (docs/integrations.md)
+         * @description {"status": "ok"} while codexec's health checks pass. Takes the API's key; RAGFlow, which sends none, reaches it through nginx/codexec-ragflow.conf's listener, which adds one.
+         */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description healthy */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["RagflowHealth"];
+                    };
+                };
+                401: components["responses"]["Unauthorized"];
+                403: components["responses"]["Forbidden"];
+                /** @description a health check failed */
+                503: {
+                    headers: {
+                        "Retry-After": components["headers"]["RetryAfter"];
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["RagflowHealth"] | components["schemas"]["Error"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/compat/ragflow/run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Runs code as RAGFlow's executor manager does (main(**arguments), a fresh conversation)
+         * @description The code (base64 of UTF-8) runs in a fresh conversation, closed after it, then main(**arguments) with the arguments as JSON data, within ragflow_timeout. The answer is RAGFlow's result, also when the code failed (status program_error, resource_limit_exceeded with exit_code -124 for time or -137 for memory, runtime_error); artifacts are the files directly in artifacts/ of RAGFlow's types.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": {
+                        code_b64: string;
+                        /** @enum {unknown} */
+                        language?: "python" | "python3" | "nodejs" | "javascript";
+                        arguments?: {
+                            [key: string]: unknown;
+                        } | null;
+                    };
+                };
+            };
+            responses: {
+                /** @description RAGFlow's result */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["RagflowResult"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                401: components["responses"]["Unauthorized"];
+                403: components["responses"]["Forbidden"];
+                413: components["responses"]["TooLarge"];
+                415: components["responses"]["UnsupportedMediaType"];
+                429: components["responses"]["Quota"];
+                502: components["responses"]["Gateway"];
+                503: components["responses"]["Unavailable"];
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/mcp": {
         parameters: {
             query?: never;
@@ -1481,6 +1590,32 @@ export interface components {
         Skipped: {
             path: string;
             reason: string;
+        };
+        RagflowHealth: {
+            /** @enum {unknown} */
+            status: "ok" | "unavailable";
+        };
+        RagflowResult: {
+            /** @enum {unknown} */
+            status: "success" | "program_error" | "resource_limit_exceeded" | "runtime_error";
+            stdout: string;
+            stderr: string;
+            exit_code: number;
+            detail?: string | null;
+            time_used_ms?: number | null;
+            memory_used_kb?: null;
+            artifacts: {
+                name: string;
+                mime_type: string;
+                size: number;
+                content_b64: string;
+            }[];
+            result?: null | {
+                present: boolean;
+                value: unknown;
+                /** @constant */
+                type: "json";
+            };
         };
         /** @description a JSON-RPC 2.0 request, notification or response (MCP's messages) */
         JsonRpcMessage: {
