@@ -504,7 +504,7 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
         cx_capture_skip(c, f.path, "storage_error");
         c->staged -= len;
         release(c, c->slot >= 0 ? len : 0);
-        return c->output_path;
+        return NULL;
     }
     f.size = got;
     if (cx_mime_detect(data, len < MAGIC_BYTES ? len : MAGIC_BYTES, f.path, f.mime, sizeof(f.mime)))
@@ -512,6 +512,7 @@ cx_capture_add_output(struct cx_capture *c, const char *mime, const void *data, 
     if (!keep(c, &f)) {
         cx_storage_writer_abort(f.w);
         cx_capture_skip(c, f.path, "internal_error");
+        return NULL;
     }
     return c->output_path;
 }

@@ -12,10 +12,10 @@
 /* Live sessions a user may hold; an initialize beyond it ends the least
  * recently used (an agent host that never says DELETE loses its oldest
  * sessions, not its new ones). */
-#define MCP_SESSIONS_PER_USER "1000"
+#define MCP_SESSIONS_PER_USER "999" /* + the one made: 1000 */
 /* ... and a key, whatever end users it acts for (On-Behalf-Of makes a user
  * per id the service names) */
-#define MCP_SESSIONS_PER_KEY "10000"
+#define MCP_SESSIONS_PER_KEY "9999"
 
 CX_SQL(q_begin, 5,
        "WITH s AS (INSERT INTO mcp_sessions (id, user_id, key_id, protocol_version, expires_at)"
@@ -45,6 +45,7 @@ CX_SQL(q_call_begin, 2,
 CX_SQL(q_call_run, 3,
        "UPDATE mcp_calls SET run_id = $3::uuid WHERE session_id = $1 AND request_id = $2"
        " RETURNING cancelled");
+/* (a cancel that comes before its call's row is lost: MCP allows that race) */
 CX_SQL(q_call_cancel, 2,
        "UPDATE mcp_calls SET cancelled = true WHERE session_id = $1 AND request_id = $2"
        " RETURNING run_id");

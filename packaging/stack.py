@@ -1007,6 +1007,8 @@ http {{
             return ""
         with open(os.path.join(REPO, "nginx", "codexec-ragflow.conf")) as f:
             text = f.read()
+        if "listen 8081;" not in text or "/etc/codexec/nginx-ragflow-key.conf" not in text:
+            raise StackError("nginx/codexec-ragflow.conf changed: its listen or key line moved")
         return (text.replace("listen 8081;", f"listen 127.0.0.1:{self.ragflow_port};")
                 .replace("/etc/codexec/nginx-ragflow-key.conf", os.path.join(ndir, "ragflow-key*.conf"))
                 .replace("include snippets/", f"include {ndir}/snippets/"))
@@ -1019,6 +1021,21 @@ http {{
         self.write_file(os.path.join(ndir, "ragflow-key.conf"),
                         f'fastcgi_param HTTP_AUTHORIZATION "Bearer {key}";\n', 0o600)
         self.reload_nginx()
+        # the listener answers with the key once the reload took (a port
+        # another program holds would leave nginx on its old configuration)
+        url = f"http://127.0.0.1:{self.ragflow_port}/compat/ragflow/healthz"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"the RAGFlow listener on 127.0.0.1:{self.ragflow_port} does not "
+                                 "answer with its key (is the port another program's?)")
+            time.sleep(0.2)
 
     def reload_nginx(self):
         """nginx with a configuration written again (write_nginx)."""
@@ -1033,9 +1050,9 @@ http {{
         if self.pid("nginx") and self.nginx_ok():
             return
         self.kill_pidfile("nginx")
-        for port in (self.http_port, self.ragflow_port):
+        for port, what in ((self.http_port, "the API"), (self.ragflow_port, "the RAGFlow listener")):
             if port and port_open(port):
-                raise StackError(f"port {port} is taken by another program")
+                raise StackError(f"port {port} ({what}) is taken by another program")
         log(f"starting nginx on 127.0.0.1:{self.http_port}")
         self.write_link_key()
         ndir = os.path.join(self.var, "nginx")

@@ -201,6 +201,9 @@ def main():
         # test depends on which ran before it. The budget's own tests run
         # processes of their own with small ones (test_capacity).
         "max_kernels": "1024",
+        # the RAGFlow calls' limit: a cold kernel importing matplotlib fits
+        # in it on a loaded machine; the timeout test waits it out
+        "ragflow_timeout": "15",
     }
     st = stack.Stack(var, http_port=stack.free_port(), gateway_port=stack.free_port(),
                      gateway_proxy_port=stack.free_port(),  # the suite runs through it

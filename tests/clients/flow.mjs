@@ -86,7 +86,7 @@ await step("ttl", async () => {
 });
 await step("retry", async () => {
   const busy = [];
-  for (let i = 0; i < slots; i++) busy.push(await cx.run({ code: "import time\ntime.sleep(2)", conversationId: `${cid}-busy`, wait: false }));
+  for (let i = 0; i < slots; i++) busy.push(await cx.run({ code: "import time\ntime.sleep(30)", conversationId: `${cid}-busy`, wait: false }));
   let refused = null;
   try {
     await new Codexec({ url, apiKey: key, retries: 0 }).run({ code: "1", conversationId: cid + "-r0" });
@@ -94,6 +94,7 @@ await step("retry", async () => {
     refused = { code: e.code, status: e.status, retryAfter: e.retryAfter };
   }
   const t0 = Date.now();
+  for (const b of busy) await cx.cancel(b.run_id).catch(() => undefined); // the slots freed
   const r = await new Codexec({ url, apiKey: key, retries: 15 }).run({ code: "print('through')", conversationId: cid + "-r" });
   for (const b of busy) await cx.wait(b.run_id, { timeoutMs: 60000 });
   return { refused, stdout: r.stdout_tail, waited: (Date.now() - t0) / 1000 };

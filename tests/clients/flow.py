@@ -110,13 +110,19 @@ def retried():
     # the user's run slots (max_concurrent_runs_per_user) taken by detached
     # runs of one conversation (one runs, the others wait for it): a run is
     # refused 429 with Retry-After: 1, and the client waits and tries again
-    busy = [cx.run("import time\ntime.sleep(2)", f"{cid}-busy", wait=False) for i in range(slots)]
+    busy = [cx.run("import time\ntime.sleep(30)", f"{cid}-busy", wait=False) for i in range(slots)]
     refused = None
     try:
         codexec.Client(url, key, retries=0).run("1", cid + "-r0")
     except codexec.Error as e:
         refused = {"code": e.code, "status": e.status, "retry_after": e.retry_after}
+    # the slots freed: every busy run cancelled
     t0 = time.monotonic()
+    for b in busy:
+        try:
+            cx.cancel(b["run_id"])
+        except codexec.Error:
+            pass  # (one that gave up waiting has ended already)
     r = codexec.Client(url, key, retries=15).run("print('through')", cid + "-r")
     for b in busy:
         cx.wait(b["run_id"], timeout=60)

@@ -101,7 +101,8 @@ async function flow() {
         const r = await run(c, 'print("after")');
         return { ms: Date.now() - t0, result: r, refused: i };
       } catch (e) {
-        if (i >= 10 || !String(e.message).includes("too_many_runs")) throw e;
+        const code = (e.data && e.data.code) || "";
+        if (i >= 10 || (code !== "too_many_runs" && !String(e.message).includes("too_many_runs"))) throw e;
         await new Promise((ok) => setTimeout(ok, 1000));
       }
     }

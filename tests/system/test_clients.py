@@ -89,6 +89,7 @@ def check_flow(ctx, o, user, url):
     check(any(s.endswith("-s") for s in o["sessions"]), f"sessions.list: {o['sessions']}")
     eq(o["session_gone"]["error"]["status"], 404, "a closed session")
     r = o["retry"]
+    check(r.get("refused"), f"a run past the user's slots was refused: {r}")
     ra = r["refused"].get("retry_after", r["refused"].get("retryAfter"))
     eq((r["refused"]["code"], r["refused"]["status"], ra), ("too_many_runs", 429, 1),
        f"a refusal with Retry-After, not retried: {r}")

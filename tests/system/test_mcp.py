@@ -89,7 +89,8 @@ def check_live(ctx, o, user, sid):
     check(all(b["progress"] > a["progress"] for a, b in zip(p["events"], p["events"][1:])),
           "progress increases")
     c = o["cancel"]
-    check(c["rejected"] and c["ms"] < 10000, f"the cancelled call ended at once: {c}")
+    check(c["rejected"], f"the SDK gave the cancelled call up: {c}")  # (its own doing: the
+    # server's part is the run ending Cancelled and the conversation free, below)
     check("result" in o["after_cancel"], f"the next run: {o['after_cancel']}")
     eq(texts(o["after_cancel"]["result"]), "after\n", f"the next run: {o['after_cancel']}")
     check(o["after_cancel"]["ms"] < 10000, f"... without waiting for the cancelled run: {o['after_cancel']}")

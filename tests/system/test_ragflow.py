@@ -77,7 +77,7 @@ def main():
 
 def listener(ctx):
     if "port" not in _ready:
-        ctx.st.set_ragflow_key(ctx.key("ragflow"))
+        ctx.st.set_ragflow_key(ctx.key("ragflow"))  # (it waits until the listener answers)
         _ready["port"] = ctx.st.ragflow_port
     return f"http://127.0.0.1:{_ready['port']}"
 

@@ -164,6 +164,34 @@ versions_and_origins(void)
        "a public_url with a query is refused");
 }
 
+/* tools/list: the table is valid JSON, each tool's name and required
+ * arguments as SPEC §10.6 fixes them, an input and an output schema each. */
+static void
+tools(void)
+{
+    static const struct {
+        const char *name, *required;
+    } want[] = {{"run_code", "code"},         {"write_file", "path"},
+                {"read_file", "path"},        {"list_files", ""},
+                {"list_artifacts", ""},       {"get_download_link", "artifact_id"},
+                {"reset_session", ""}};
+    json_t *list = cx_mcp_tools_list(), *t = json_object_get(list, "tools");
+
+    need(json_array_size(t) == 7, "tools/list parses: seven tools");
+    for (size_t i = 0; i < 7; i++) {
+        json_t *tool = json_array_get(t, i), *in = json_object_get(tool, "inputSchema");
+        json_t *req = json_object_get(in, "required");
+        const char *r = json_string_value(json_array_get(req, 0));
+
+        is_str(json_string_value(json_object_get(tool, "name")), want[i].name, "tool %zu", i);
+        is_str(r ? r : "", want[i].required, "%s's required argument", want[i].name);
+        ok(json_array_size(req) <= 1 &&
+               json_is_object(json_object_get(json_object_get(tool, "outputSchema"), "properties")),
+           "%s: one required argument at most, an output schema", want[i].name);
+    }
+    json_decref(list);
+}
+
 int
 main(void)
 {
@@ -171,5 +199,6 @@ main(void)
     long_id();
     what_requests_are();
     versions_and_origins();
+    tools();
     return tap_done();
 }
