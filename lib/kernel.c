@@ -372,6 +372,12 @@ cx_kernel_conn_reads(const struct cx_kernel_conn *c)
     return cx_ws_reads(c->ws);
 }
 
+uint64_t
+cx_kernel_conn_quickacks(const struct cx_kernel_conn *c)
+{
+    return cx_ws_quickacks(c->ws);
+}
+
 static void
 iso_now(char out[64])
 {
@@ -694,6 +700,35 @@ cx_exec_cleanup(struct cx_exec *reqs, int n)
         json_decref(reqs[i].reply);
         reqs[i].reply = NULL;
     }
+}
+
+enum cx_drain
+cx_kernel_listen(struct cx_kernel_conn *c, int ms, unsigned max_messages, uint64_t max_bytes)
+{
+    int64_t deadline = cx_now_us() + ms * 1000LL;
+    uint64_t start = cx_ws_bytes_in(c->ws);
+    unsigned n = 0;
+    enum cx_drain d = CX_DRAIN_QUIET;
+    enum cx_ws_opcode op;
+
+    while (cx_now_us() < deadline) {
+        enum cx_err rc = cx_ws_recv(c->ws, deadline, &c->msg, &op);
+
+        if (rc == CX_ERR_TIMEOUT)
+            continue; /* (the loop's test ends it) */
+        if (rc != CX_OK && rc != CX_ERR_TOO_LARGE) {
+            d = CX_DRAIN_FAILED;
+            break;
+        }
+        c->messages++;
+        cx_metrics_count(CX_COUNT_GATEWAY_STALE);
+        if (++n > max_messages || cx_ws_bytes_in(c->ws) - start > max_bytes) {
+            d = CX_DRAIN_TALKING;
+            break;
+        }
+    }
+    cx_buf_shrink(&c->msg, MSG_KEEP_ALLOC);
+    return d;
 }
 
 enum cx_drain

@@ -150,10 +150,20 @@ enum cx_drain { CX_DRAIN_QUIET, CX_DRAIN_TALKING, CX_DRAIN_FAILED };
  * (1024 messages, 4 MiB, 20 ms). */
 enum cx_drain cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms);
 
+/* Reads and discards what arrives for ms: CX_DRAIN_TALKING as soon as more
+ * than max_messages or max_bytes came (a kernel that talks on its own),
+ * CX_DRAIN_QUIET when less did by then. */
+enum cx_drain cx_kernel_listen(struct cx_kernel_conn *c, int ms, unsigned max_messages,
+                               uint64_t max_bytes);
+
 /* WebSocket messages received on this connection (for tests and metrics). */
 uint64_t cx_kernel_conn_messages(const struct cx_kernel_conn *c);
 
 /* Socket reads so far: grows while any byte arrives, even mid-message. */
 uint64_t cx_kernel_conn_reads(const struct cx_kernel_conn *c);
+
+/* Reads after which quick-ACK mode was re-armed (a tuned connection: every
+ * one; a plain one: none). */
+uint64_t cx_kernel_conn_quickacks(const struct cx_kernel_conn *c);
 
 #endif

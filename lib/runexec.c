@@ -633,7 +633,13 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
      * not be live, and output sent before it is would be lost. */
     if (s->kernel_fresh && cx_kernel_conn_messages(st->conn) == 0) {
         rc = cx_kernel_ready(st->conn, deadline);
-        if (rc == CX_ERR_KERNEL_DIED || rc == CX_ERR_IO)
+        /* The server's notice that it is restarting the kernel, or gave up
+         * on it (its restarter stops after five deaths ten seconds apart),
+         * came before anything of this run was sent: not this run's death.
+         * As for a kernel that vanished: a new one, and the run once more. */
+        if (rc == CX_ERR_KERNEL_DIED)
+            return CX_ERR_NOT_FOUND;
+        if (rc == CX_ERR_IO)
             return rc;
         if (rc)
             cx_log_warn(0, "kernel %s: output channel not confirmed live", s->kernel_id);

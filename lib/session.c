@@ -754,9 +754,40 @@ CX_SQL(q_by_kernel, 2,
        "SELECT user_id, conversation_id, id FROM sessions WHERE kernel_id = $1"
        " AND gateway_url = $2");
 
-/* One talker, under its conversation's lock. The session's row is left as
- * it is (kernel_fresh false): its next run finds the kernel restarted
- * behind it and says session.reset. */
+/* Whether a kernel a pooled connection found talking still talks, heard
+ * afresh under its conversation's lock (no run or file operation can be
+ * using it): over half a second, more than 64 messages or 1 MiB. What was
+ * in flight for a run or a file read that just ended (read late, or
+ * broadcast to this process's other connections), or a drain the
+ * machine's load held past its time budget, is not talk; a thread that
+ * prints on is (a flood, even one the server's rate limit thins out to
+ * 16 MiB/s, sends megabytes). A kernel not confirmed keeps the fresh
+ * connection in the pool, so it is heard again within a second. */
+#define TALK_LISTEN_MS 500
+#define TALK_MESSAGES  64
+#define TALK_BYTES     (1u << 20)
+
+static bool
+still_talking(struct cx_gateway *gw, const char *kernel_id)
+{
+    struct cx_kernel_conn *c = NULL;
+    char msg[256];
+    enum cx_drain d;
+
+    if (cx_kernel_conn_open(cx_gateway_url(gw), cx_gateway_token(gw), kernel_id, true, &c, msg,
+                            sizeof(msg)))
+        return false; /* nothing to hear it with: a run will find out */
+    d = cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES);
+    if (d == CX_DRAIN_QUIET)
+        cx_kernel_conn_put(c);
+    else
+        cx_kernel_conn_free(c);
+    return d == CX_DRAIN_TALKING;
+}
+
+/* One talker, under its conversation's lock, once confirmed. The session's
+ * row is left as it is (kernel_fresh false): its next run finds the kernel
+ * restarted behind it and says session.reset. */
 static bool
 restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t)
 {
@@ -769,6 +800,12 @@ restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t)
         goto out; /* a pooled kernel (no tenant code), or gone */
     if (try_lock(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), &got) || !got)
         goto out; /* a run reads it now: the run ends its output */
+    if (!still_talking(gw, t->kernel_id)) {
+        cx_log_info("session %s: kernel %s was quiet when looked at again; kept",
+                    PQgetvalue(r, 0, 2), t->kernel_id);
+        unlock_conversation(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+        goto out;
+    }
     cx_kernel_pool_forget(t->kernel_id);
     if (cx_gateway_kernel_restart(gw, t->kernel_id) == CX_OK) {
         cx_metrics_count_by(CX_FAMILY_KERNEL_RESTARTS, "idle_output");

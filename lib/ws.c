@@ -43,7 +43,8 @@ struct cx_ws {
     bool discard_fin;
     uint64_t discard_left;
     uint64_t reads;
-    uint64_t bytes_in; /* every byte received, frames and all */
+    uint64_t bytes_in;  /* every byte received, frames and all */
+    uint64_t quickacks; /* reads after which quick-ACK mode was re-armed */
 };
 
 static void
@@ -55,8 +56,9 @@ quickack(struct cx_ws *ws)
      * every read. */
     int one = 1;
 
-    if (ws->quickack && ws->fd != CURL_SOCKET_BAD)
-        setsockopt(ws->fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+    if (ws->quickack && ws->fd != CURL_SOCKET_BAD &&
+        setsockopt(ws->fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one)) == 0)
+        ws->quickacks++;
 }
 
 static int
@@ -661,6 +663,12 @@ uint64_t
 cx_ws_bytes_in(const struct cx_ws *ws)
 {
     return ws->bytes_in;
+}
+
+uint64_t
+cx_ws_quickacks(const struct cx_ws *ws)
+{
+    return ws->quickacks;
 }
 
 void

@@ -77,4 +77,7 @@ uint64_t cx_ws_reads(const struct cx_ws *ws);
 /* Bytes received so far, whole messages or not. */
 uint64_t cx_ws_bytes_in(const struct cx_ws *ws);
 
+/* Reads after which TCP_QUICKACK was set again (0 with no_quickack). */
+uint64_t cx_ws_quickacks(const struct cx_ws *ws);
+
 #endif

@@ -38,7 +38,7 @@ MAX_FRAME = 24 * 1024 * 1024
 # Messages waiting in ZeroMQ for the server to read them, per socket; only
 # reached while a client is paused (below): then the kernel waits, and its
 # own (bounded) memory holds the rest.
-RCVHWM = 64
+RCVHWM = 16
 # JSON the server would build objects from: a frame whose objects would
 # cost more than this (counted in its bytes, strings included, so never
 # less than it builds: a list or dict about 112 bytes, an element 56, a
@@ -48,8 +48,8 @@ MAX_COST = 64 * 1024 * 1024
 # What the server holds for one client that reads slowly: past the high
 # mark it stops reading that client's kernel sockets, below the low one it
 # reads again.
-PENDING_HIGH = 64 * 1024 * 1024
-PENDING_LOW = 16 * 1024 * 1024
+PENDING_HIGH = 32 * 1024 * 1024
+PENDING_LOW = 8 * 1024 * 1024
 
 REFUSED = {"msg_id": "", "msg_type": "codexec_refused", "username": "", "session": "",
            "date": "", "version": "5.3"}

@@ -267,6 +267,7 @@ def test_large_file_memory_bounded(ctx):
         finally:
             conn.close()
         eq(json.loads(body)["sha256"], want.hexdigest(), "the server's SHA-256")
+        run(ctx, "u-files-big", cid, "keep = 42")
         conn = http.client.HTTPConnection("127.0.0.1", ctx.st.http_port, timeout=600)
         try:
             t0 = time.monotonic()
@@ -291,6 +292,12 @@ def test_large_file_memory_bounded(ctx):
           f" codexec-fcgi RSS growth {w.growth_mib():.1f} MiB")
     if ctx.flavour != "sanitizers":  # (ASan keeps freed blocks in quarantine: RSS says nothing)
         check(w.growth_mib() < 16, f"codexec-fcgi's RSS grew {w.growth_mib():.1f} MiB")
+    # What was in flight when the read ended is no kernel talking on its
+    # own: the reaper (once a second) hears it out and leaves the kernel be.
+    time.sleep(3)
+    r = run(ctx, "u-files-big", cid, "print(keep)")
+    eq((r["stdout_tail"], r["session"]["reset"]), ("42\n", False),
+       "the kernel's state after the read")
     eq(ctx.request("DELETE", files_url(cid, "big.bin"), key=ctx.key("u-files-big")).status, 204,
        "deleted")
 

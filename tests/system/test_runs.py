@@ -316,7 +316,8 @@ def test_session_cap_evicts_least_recently_used(ctx):
     eq(r["session"]["reset"], True, "the evicted conversation says reset")
     eq(r["stdout_tail"], "False\n", "its state is gone")
     r = run(ctx, user, "c0", "print(v)")
-    eq(r["stdout_tail"], "0\n", "the recently used one kept its state")
+    eq((r["stdout_tail"], r["session"]["reset"], r.get("error")), ("0\n", False, None),
+       "the recently used one kept its state")
 
 
 def test_session_cap_all_busy_is_429(ctx):
