@@ -832,11 +832,16 @@ cx_session_restart_talker(struct cx_ctx *cx, const char *gateway_url, const char
     return restart_talker(cx, &t);
 }
 
+/* Two a pass: each is heard for half a second, and a tenant whose kernel
+ * talks in bursts (found talking, quiet when heard) must not hold the
+ * reaper's other work for long; the rest wait for the next pass. */
+#define TALKERS_A_PASS 2
+
 int
 cx_session_restart_talkers(struct cx_ctx *cx)
 {
-    struct cx_kernel_talker t[8];
-    int n = cx_kernel_pool_talkers(t, 8), restarted = 0;
+    struct cx_kernel_talker t[TALKERS_A_PASS];
+    int n = cx_kernel_pool_talkers(t, TALKERS_A_PASS), restarted = 0;
 
     for (int i = 0; i < n; i++)
         restarted += restart_talker(cx, &t[i]);
