@@ -333,15 +333,17 @@ cx_kernel_pool_drain_idle(void)
             return;
         if (cx_now_us() - c->last_used_us <= POOL_IDLE_US)
             d = cx_kernel_drain(c, 0);
-        keep = d == CX_DRAIN_QUIET && cx_ws_alive(c->ws);
+        keep = d != CX_DRAIN_FAILED && cx_ws_alive(c->ws);
         pthread_mutex_lock(&pool_lock);
         draining = NULL;
         c->drained_us = cx_now_us();
-        /* A kernel that talks on with no run to read it: the connection goes
-         * (the server then drops what it sends), the kernel is restarted. */
+        /* A kernel that seems to talk on with no run to read it: the reaper
+         * hears it out on this same connection (a second one would be two
+         * at the server for a while) and restarts it if it does talk; the
+         * server meanwhile holds at most 32 MiB for us (its guard). */
         if (d == CX_DRAIN_TALKING && !c->forget)
             note_talker_locked(c);
-        extra = keep && !c->forget ? pool_push_locked(c) : c; /* idle too long, gone, talking */
+        extra = keep && !c->forget ? pool_push_locked(c) : c; /* idle too long, gone */
         pthread_cond_broadcast(&drained);
         pthread_mutex_unlock(&pool_lock);
         cx_kernel_conn_free(extra);

@@ -755,17 +755,19 @@ CX_SQL(q_by_kernel, 2,
        " AND gateway_url = $2");
 
 /* Whether a kernel a pooled connection found talking still talks, heard
- * afresh under its conversation's lock (no run or file operation can be
- * using it): over half a second, more than 64 messages or 1 MiB. What was
+ * out under its conversation's lock (no run or file operation can be
+ * using it): once what was already waiting is read, more than 64 messages
+ * or 1 MiB over half a second. What was
  * in flight for a run or a file read that just ended (read late, or
  * broadcast to this process's other connections), or a drain the
  * machine's load held past its time budget, is not talk; a thread that
  * prints on is (a flood, even one the server's rate limit thins out to
- * 16 MiB/s, sends megabytes). A kernel not confirmed keeps the fresh
+ * 16 MiB/s, sends megabytes). A kernel not confirmed keeps the
  * connection in the pool, so it is heard again within a second. */
-#define TALK_LISTEN_MS 500
-#define TALK_MESSAGES  64
-#define TALK_BYTES     (1u << 20)
+#define TALK_LISTEN_MS     500
+#define TALK_BACKLOG_READS 16 /* of 4 MiB at most (cx_kernel_drain) */
+#define TALK_MESSAGES      64
+#define TALK_BYTES         (1u << 20)
 
 static bool
 still_talking(struct cx_gateway *gw, const char *kernel_id)
@@ -774,10 +776,19 @@ still_talking(struct cx_gateway *gw, const char *kernel_id)
     char msg[256];
     enum cx_drain d;
 
-    if (cx_kernel_conn_open(cx_gateway_url(gw), cx_gateway_token(gw), kernel_id, true, &c, msg,
-                            sizeof(msg)))
+    /* the pooled connection when there is one (a run since may have put
+     * one back): a kernel has one connection of each process at most */
+    if (cx_kernel_conn_get(cx_gateway_url(gw), cx_gateway_token(gw), kernel_id, &c, msg,
+                           sizeof(msg)))
         return false; /* nothing to hear it with: a run will find out */
-    d = cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES);
+    /* first what the server already holds for the connection (output of
+     * a run another process served, broadcast to it: 32 MiB at most, the
+     * server's guard), then what comes next */
+    d = CX_DRAIN_TALKING;
+    for (int i = 0; i < TALK_BACKLOG_READS && d == CX_DRAIN_TALKING; i++)
+        d = cx_kernel_drain(c, 0);
+    if (d == CX_DRAIN_QUIET)
+        d = cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES);
     if (d == CX_DRAIN_QUIET)
         cx_kernel_conn_put(c);
     else
