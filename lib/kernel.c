@@ -729,6 +729,9 @@ cx_kernel_listen(struct cx_kernel_conn *c, int ms, unsigned max_messages, uint64
             break;
         }
     }
+    /* (a message still arriving at the deadline counts by its bytes) */
+    if (d == CX_DRAIN_QUIET && cx_ws_bytes_in(c->ws) - start > max_bytes)
+        d = CX_DRAIN_TALKING;
     cx_buf_shrink(&c->msg, MSG_KEEP_ALLOC);
     return d;
 }

@@ -750,57 +750,69 @@ cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s)
     return rc;
 }
 
+/* The session of a kernel, and whether a run or file operation ended on
+ * it within the last 3 s (its output may still be arriving). */
 CX_SQL(q_by_kernel, 2,
-       "SELECT user_id, conversation_id, id FROM sessions WHERE kernel_id = $1"
-       " AND gateway_url = $2");
+       "SELECT user_id, conversation_id, id, last_used_at > now() - interval '3 seconds'"
+       " FROM sessions WHERE kernel_id = $1 AND gateway_url = $2");
 
-/* Whether a kernel a pooled connection found talking still talks, heard
- * out under its conversation's lock (no run or file operation can be
- * using it): once what was already waiting is read, more than 64 messages
- * or 1 MiB over half a second. What was
+/* A kernel a pooled connection found talking, heard out under its
+ * conversation's lock (no run or file operation can be using it) on that
+ * same connection: what was already waiting is read, then it must send
+ * more than 64 messages or 1 MiB in each of two windows of 0.3 s. What was
  * in flight for a run or a file read that just ended (read late, or
  * broadcast to this process's other connections), or a drain the
  * machine's load held past its time budget, is not talk; a thread that
  * prints on is (a flood, even one the server's rate limit thins out to
- * 16 MiB/s, sends megabytes). A kernel not confirmed keeps the
- * connection in the pool, so it is heard again within a second. */
-#define TALK_LISTEN_MS     500
+ * 16 MiB/s, sends megabytes a window). A kernel not confirmed keeps the
+ * connection in the pool, so it is heard again if it goes on; one that
+ * trickles below this is the sweep's to find (maint.c, idle_talkers). */
+#define TALK_LISTEN_MS     300
 #define TALK_BACKLOG_READS 16 /* of 4 MiB at most (cx_kernel_drain) */
 #define TALK_MESSAGES      64
 #define TALK_BYTES         (1u << 20)
 
-static bool
-still_talking(struct cx_gateway *gw, const char *kernel_id)
+enum heard { HEARD_TALKING, HEARD_QUIET, HEARD_UNSURE };
+
+static enum heard
+hear(struct cx_gateway *gw, const char *kernel_id)
 {
     struct cx_kernel_conn *c = NULL;
     char msg[256];
-    enum cx_drain d;
+    enum cx_drain d = CX_DRAIN_TALKING;
+    enum heard h;
 
     /* the pooled connection when there is one (a run since may have put
      * one back): a kernel has one connection of each process at most */
     if (cx_kernel_conn_get(cx_gateway_url(gw), cx_gateway_token(gw), kernel_id, &c, msg,
                            sizeof(msg)))
-        return false; /* nothing to hear it with: a run will find out */
+        return HEARD_UNSURE; /* nothing to hear it with: a run will find out */
     /* first what the server already holds for the connection (output of
      * a run another process served, broadcast to it: 32 MiB at most, the
-     * server's guard), then what comes next */
-    d = CX_DRAIN_TALKING;
+     * server's guard); a backlog not read through says nothing yet */
     for (int i = 0; i < TALK_BACKLOG_READS && d == CX_DRAIN_TALKING; i++)
         d = cx_kernel_drain(c, 0);
-    if (d == CX_DRAIN_QUIET)
-        d = cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES);
-    if (d == CX_DRAIN_QUIET)
-        cx_kernel_conn_put(c);
+    if (d != CX_DRAIN_QUIET)
+        h = HEARD_UNSURE;
+    else if (cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES) == CX_DRAIN_TALKING &&
+             cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES) == CX_DRAIN_TALKING)
+        h = HEARD_TALKING;
     else
+        h = HEARD_QUIET;
+    if (h == HEARD_TALKING)
         cx_kernel_conn_free(c);
-    return d == CX_DRAIN_TALKING;
+    else
+        cx_kernel_conn_put(c);
+    return h;
 }
 
-/* One talker, under its conversation's lock, once confirmed. The session's
- * row is left as it is (kernel_fresh false): its next run finds the kernel
- * restarted behind it and says session.reset. */
+/* One talker, under its conversation's lock: restarted when heard talking
+ * (heard = true: found by a pooled connection's drain) or at once (the
+ * sweep, which saw it active twice seconds apart while its session was
+ * idle). The session's row is left as it is (kernel_fresh false): its next
+ * run finds the kernel restarted behind it and says session.reset. */
 static bool
-restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t)
+restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t, bool heard)
 {
     const char *p[2] = {t->kernel_id, t->gateway_url};
     struct cx_gateway *gw = cx_ctx_gateway(cx, t->gateway_url);
@@ -809,11 +821,13 @@ restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t)
 
     if (!gw || cx_db_exec(cx->db, &q_by_kernel, p, &r) || PQntuples(r) != 1)
         goto out; /* a pooled kernel (no tenant code), or gone */
+    if (heard && PQgetvalue(r, 0, 3)[0] == 't')
+        goto out; /* just used: what it sent may be that use's (heard again if it goes on) */
     if (try_lock(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), &got) || !got)
         goto out; /* a run reads it now: the run ends its output */
-    if (!still_talking(gw, t->kernel_id)) {
-        cx_log_info("session %s: kernel %s was quiet when looked at again; kept",
-                    PQgetvalue(r, 0, 2), t->kernel_id);
+    if (heard && hear(gw, t->kernel_id) != HEARD_TALKING) {
+        cx_log_info("session %s: kernel %s not heard talking; kept", PQgetvalue(r, 0, 2),
+                    t->kernel_id);
         unlock_conversation(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
         goto out;
     }
@@ -840,12 +854,13 @@ cx_session_restart_talker(struct cx_ctx *cx, const char *gateway_url, const char
 
     snprintf(t.gateway_url, sizeof(t.gateway_url), "%s", gateway_url);
     snprintf(t.kernel_id, sizeof(t.kernel_id), "%s", kernel_id);
-    return restart_talker(cx, &t);
+    return restart_talker(cx, &t, false);
 }
 
-/* Two a pass: each is heard for half a second, and a tenant whose kernel
- * talks in bursts (found talking, quiet when heard) must not hold the
- * reaper's other work for long; the rest wait for the next pass. */
+/* Two a pass: each is heard for up to 0.6 s (and its backlog read), and a
+ * tenant whose kernel talks in bursts (found talking, quiet when heard)
+ * must not hold the reaper's other work for long; the rest wait for the
+ * next pass. */
 #define TALKERS_A_PASS 2
 
 int
@@ -855,7 +870,7 @@ cx_session_restart_talkers(struct cx_ctx *cx)
     int n = cx_kernel_pool_talkers(t, TALKERS_A_PASS), restarted = 0;
 
     for (int i = 0; i < n; i++)
-        restarted += restart_talker(cx, &t[i]);
+        restarted += restart_talker(cx, &t[i], true);
     return restarted;
 }
 
