@@ -406,6 +406,27 @@ main(void)
            "interrupted");
     cx_exec_cleanup(&e, 1);
 
+    /* listening to an idle kernel: quiet; one whose thread prints on after
+     * its cell: talking (the reaper's hearing of a suspected talker) */
+    ok(cx_kernel_listen(c, 300, 64, 1u << 20) == CX_DRAIN_QUIET, "an idle kernel is heard quiet");
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c,
+             "import threading, time\n"
+             "def _talk():\n"
+             "    t = time.time()\n"
+             "    while time.time() - t < 2:\n"
+             "        print('x' * 16384, flush=True)\n"
+             "        time.sleep(0.001)\n"
+             "threading.Thread(target=_talk, daemon=True).start()",
+             cx_now_us() + 10000000, &s, &e) == CX_OK,
+       "a thread that prints after its cell");
+    cx_exec_cleanup(&e, 1);
+    ok(cx_kernel_listen(c, 300, 64, 1u << 20) == CX_DRAIN_TALKING, "  is heard talking");
+    usleep(2500000);
+    while (cx_kernel_drain(c, 0) == CX_DRAIN_TALKING)
+        ;
+    ok(cx_kernel_listen(c, 300, 64, 1u << 20) == CX_DRAIN_QUIET, "  and quiet once it ended");
+
     /* delayed ACKs: the tuned client re-arms quick-ACK mode after every
      * read (checked by its count, not by time: a loaded machine stalls
      * either client); the stalls of both, straight to the Jupyter server
