@@ -821,8 +821,11 @@ restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t, bool heard)
 
     if (!gw || cx_db_exec(cx->db, &q_by_kernel, p, &r) || PQntuples(r) != 1)
         goto out; /* a pooled kernel (no tenant code), or gone */
-    if (heard && PQgetvalue(r, 0, 3)[0] == 't')
-        goto out; /* just used: what it sent may be that use's (heard again if it goes on) */
+    /* Just used: what it sent may be that use's. (The sweep's sightings
+     * can fall within a long file read, whose session's last use is its
+     * start; a kernel that goes on talking is found again.) */
+    if (PQgetvalue(r, 0, 3)[0] == 't')
+        goto out;
     if (try_lock(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), &got) || !got)
         goto out; /* a run reads it now: the run ends its output */
     if (heard && hear(gw, t->kernel_id) != HEARD_TALKING) {
