@@ -772,38 +772,32 @@ CX_SQL(q_by_kernel, 2,
 #define TALK_MESSAGES      64
 #define TALK_BYTES         (1u << 20)
 
-enum heard { HEARD_TALKING, HEARD_QUIET, HEARD_UNSURE };
-
-static enum heard
-hear(struct cx_gateway *gw, const char *kernel_id)
+static bool
+heard_talking(struct cx_gateway *gw, const char *kernel_id)
 {
     struct cx_kernel_conn *c = NULL;
     char msg[256];
     enum cx_drain d = CX_DRAIN_TALKING;
-    enum heard h;
+    bool talking;
 
     /* the pooled connection when there is one (a run since may have put
      * one back): a kernel has one connection of each process at most */
     if (cx_kernel_conn_get(cx_gateway_url(gw), cx_gateway_token(gw), kernel_id, &c, msg,
                            sizeof(msg)))
-        return HEARD_UNSURE; /* nothing to hear it with: a run will find out */
+        return false; /* nothing to hear it with: a run will find out */
     /* first what the server already holds for the connection (output of
      * a run another process served, broadcast to it: 32 MiB at most, the
      * server's guard); a backlog not read through says nothing yet */
     for (int i = 0; i < TALK_BACKLOG_READS && d == CX_DRAIN_TALKING; i++)
         d = cx_kernel_drain(c, 0);
-    if (d != CX_DRAIN_QUIET)
-        h = HEARD_UNSURE;
-    else if (cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES) == CX_DRAIN_TALKING &&
-             cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES) == CX_DRAIN_TALKING)
-        h = HEARD_TALKING;
-    else
-        h = HEARD_QUIET;
-    if (h == HEARD_TALKING)
+    talking = d == CX_DRAIN_QUIET &&
+              cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES) == CX_DRAIN_TALKING &&
+              cx_kernel_listen(c, TALK_LISTEN_MS, TALK_MESSAGES, TALK_BYTES) == CX_DRAIN_TALKING;
+    if (talking)
         cx_kernel_conn_free(c);
     else
         cx_kernel_conn_put(c);
-    return h;
+    return talking;
 }
 
 /* One talker, under its conversation's lock: restarted when heard talking
@@ -828,7 +822,7 @@ restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t, bool heard)
         goto out;
     if (try_lock(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), &got) || !got)
         goto out; /* a run reads it now: the run ends its output */
-    if (heard && hear(gw, t->kernel_id) != HEARD_TALKING) {
+    if (heard && !heard_talking(gw, t->kernel_id)) {
         cx_log_info("session %s: kernel %s not heard talking; kept", PQgetvalue(r, 0, 2),
                     t->kernel_id);
         unlock_conversation(cx, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
