@@ -134,8 +134,8 @@ connect_kernel(struct fileop *o, char *msg, size_t msglen)
         if (rc == CX_OK)
             rc = cx_kernel_conn_get(url, token, o->s.kernel_id, &o->conn, msg, msglen);
     }
-    if (rc == CX_OK && o->s.kernel_fresh && cx_kernel_conn_messages(o->conn) == 0)
-        rc = cx_kernel_ready(o->conn, cx_now_us() + OP_WAIT_US);
+    if (rc == CX_OK)
+        rc = cx_kernel_confirm(o->conn, o->s.kernel_fresh, cx_now_us() + OP_WAIT_US);
     if (rc && rc != CX_ERR_CAPACITY && rc != CX_ERR_NOMEM) {
         snprintf(msg, msglen, "the conversation's kernel can't be reached");
         rc = CX_ERR_GATEWAY;

@@ -29,7 +29,8 @@ struct cx_kernel_conn {
     int64_t last_used_us;
     int64_t drained_us; /* the ticker's last drain of it */
     uint64_t messages;
-    bool forget; /* its kernel was deleted while it was being drained */
+    bool forget;    /* its kernel was deleted while it was being drained */
+    bool restarted; /* it heard the server's notice that the kernel went away */
 };
 
 /* Kernels whose idle connection the drain found still talking, waiting
@@ -470,6 +471,41 @@ load_message(const char *json, size_t len)
     return json_loadb(json, len, JSON_ALLOW_NUL, NULL);
 }
 
+/* The server's notice that the kernel process went away (its restarter is
+ * starting another, or gave up): a status "restarting" or "dead" with no
+ * parent. Only a short text holding "execution_state" is parsed to tell. */
+#define NOTICE_MAX 4096
+
+static bool
+server_notice(const struct cx_buf *msg)
+{
+    json_t *m, *content;
+    const char *state;
+    bool notice;
+
+    if (msg->len > NOTICE_MAX || !memmem(msg->data, msg->len, "execution_state", 15))
+        return false;
+    m = load_message(msg->data, msg->len);
+    content = json_object_get(m, "content");
+    state = json_string_value(json_object_get(content, "execution_state"));
+    notice = state && (!strcmp(state, "dead") || !strcmp(state, "restarting")) &&
+             !json_object_get(json_object_get(m, "parent_header"), "msg_id");
+    json_decref(m);
+    return notice;
+}
+
+/* A message was read on c (rc and op as cx_ws_recv gave them). After the
+ * server's notice of the kernel's end, what the connection's output
+ * channel was subscribed to is gone: cx_kernel_confirm() must see it live
+ * again before the connection is trusted with output. */
+static void
+heard(struct cx_kernel_conn *c, enum cx_err rc, enum cx_ws_opcode op)
+{
+    c->messages++;
+    if (rc == CX_OK && op == CX_WS_TEXT && server_notice(&c->msg))
+        c->restarted = true;
+}
+
 static enum cx_err
 ready_answer(const struct cx_buf *msg, char ids[][40], int n)
 {
@@ -510,6 +546,8 @@ cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
                                 &op)) == CX_OK) {
             c->messages++;
             rc = op == CX_WS_TEXT ? ready_answer(&c->msg, ids, n) : CX_ERR_TIMEOUT;
+            if (rc == CX_OK)
+                c->restarted = false; /* live again: the new process answered */
             if (rc != CX_ERR_TIMEOUT)
                 return rc;
         }
@@ -517,6 +555,23 @@ cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
             return rc;
     }
     return CX_ERR_TIMEOUT;
+}
+
+enum cx_err
+cx_kernel_confirm(struct cx_kernel_conn *c, bool fresh, int64_t deadline_us)
+{
+    /* a pooled connection's backlog first: the notice may be in it */
+    if (c->messages > 0)
+        (void)cx_kernel_drain(c, 0);
+    if (!fresh && !c->restarted)
+        return CX_OK;
+    return cx_kernel_ready(c, deadline_us);
+}
+
+bool
+cx_kernel_conn_restarted(const struct cx_kernel_conn *c)
+{
+    return c->restarted;
 }
 
 enum cx_err
@@ -722,7 +777,7 @@ cx_kernel_listen(struct cx_kernel_conn *c, int ms, unsigned max_messages, uint64
             d = CX_DRAIN_FAILED;
             break;
         }
-        c->messages++;
+        heard(c, rc, op);
         cx_metrics_count(CX_COUNT_GATEWAY_STALE);
         if (++n > max_messages || cx_ws_bytes_in(c->ws) - start > max_bytes) {
             d = CX_DRAIN_TALKING;
@@ -762,7 +817,7 @@ cx_kernel_drain(struct cx_kernel_conn *c, int wait_ms)
             break;
         }
         if (rc != CX_ERR_TIMEOUT) {
-            c->messages++;
+            heard(c, rc, op);
             cx_metrics_count(CX_COUNT_GATEWAY_STALE);
         }
         if (cx_ws_bytes_in(c->ws) - start > DRAIN_MAX_BYTES || cx_now_us() > until)

@@ -628,22 +628,20 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
 {
     enum cx_err rc;
 
-    /* A kernel codexec (or the gateway, after a death) just started, on a
-     * connection that has heard nothing from it yet: its output channel may
-     * not be live, and output sent before it is would be lost. */
-    if (s->kernel_fresh && cx_kernel_conn_messages(st->conn) == 0) {
-        rc = cx_kernel_ready(st->conn, deadline);
-        /* The server's notice that it is restarting the kernel, or gave up
-         * on it (its restarter stops after five deaths ten seconds apart),
-         * came before anything of this run was sent: not this run's death.
-         * As for a kernel that vanished: a new one, and the run once more. */
-        if (rc == CX_ERR_KERNEL_DIED)
-            return CX_ERR_NOT_FOUND;
-        if (rc == CX_ERR_IO)
-            return rc;
-        if (rc)
-            cx_log_warn(0, "kernel %s: output channel not confirmed live", s->kernel_id);
-    }
+    /* A kernel codexec (or the gateway, after a death) just started: its
+     * output channel may not be live on this connection (a pooled one
+     * heard the old process), and output sent before it is would be lost. */
+    rc = cx_kernel_confirm(st->conn, s->kernel_fresh, deadline);
+    /* The server's notice that it is restarting the kernel, or gave up on
+     * it (its restarter stops after five deaths ten seconds apart), came
+     * before anything of this run was sent: not this run's death. As for a
+     * kernel that vanished: a new one, and the run once more. */
+    if (rc == CX_ERR_KERNEL_DIED)
+        return CX_ERR_NOT_FOUND;
+    if (rc == CX_ERR_IO)
+        return rc;
+    if (rc)
+        cx_log_warn(0, "kernel %s: output channel not confirmed live", s->kernel_id);
     /* Leftovers of an earlier run or of other clients (a restart notice,
      * say) must not be taken for this run's news. */
     cx_kernel_drain(st->conn, 0);

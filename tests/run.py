@@ -129,12 +129,43 @@ def run_system(res, st, ctx, only, pattern, label=""):
                 continue
             full = f"{label}{mod.__name__}.{name}"
             t0 = time.monotonic()
+            marks = log_marks(st.logdir)
             try:
                 fn(ctx)
                 res.record(True, f"{full} ({time.monotonic() - t0:.1f}s)")
             except Exception as e:  # a failed assertion or a broken service
                 detail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:]
-                res.record(False, full, detail)
+                res.record(False, full, detail + logs_since(st.logdir, marks))
+
+
+# What codexec's processes and the gateway logged during a failed test (they
+# log no user content): CI's output is all a failure leaves behind.
+LOGS_ON_FAILURE = ("codexec.log", "jupyter.log")
+
+
+def log_marks(logdir):
+    marks = {}
+    for name in LOGS_ON_FAILURE:
+        try:
+            marks[name] = os.path.getsize(os.path.join(logdir, name))
+        except OSError:
+            marks[name] = 0
+    return marks
+
+
+def logs_since(logdir, marks, lines=40):
+    out = []
+    for name, at in marks.items():
+        try:
+            with open(os.path.join(logdir, name), "rb") as f:
+                f.seek(at)
+                text = f.read(4 << 20).decode(errors="replace").splitlines()
+        except OSError:
+            continue
+        if text:
+            out.append(f"\n--- {name}, its last {min(lines, len(text))} of {len(text)} lines"
+                       " during the test:\n" + "\n".join(t[:300] for t in text[-lines:]))
+    return "".join(out)
 
 
 def run_faultinject(res, build, st, budget):

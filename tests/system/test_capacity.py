@@ -337,10 +337,10 @@ def jupyter_fds(ctx):
 
 def test_soak_one_connection_per_kernel(ctx):
     """64 clients (16 users x 4 conversations: the suite's session cap is 4)
-    run, upload and download for ten minutes (two under the sanitizers):
+    run, upload and download for five minutes (two under the sanitizers):
     every kernel has at most one channels connection from codexec-fcgi, and
     the Jupyter server's descriptors stay flat."""
-    seconds = 600 if ctx.flavour == "werror" else 120
+    seconds = 300 if ctx.flavour == "werror" else 120
     users = [f"soak-{u}" for u in range(16)]
     errors, counts, samples = [], {"ops": 0}, []
     done = threading.Event()

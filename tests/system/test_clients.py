@@ -59,7 +59,7 @@ def check_flow(ctx, o, user, url):
     _, died, after = o["reset"]
     eq((died["error_name"], died["session"]["reset"]), ("KernelDied", True),
        "the code killed its kernel: session.reset")
-    eq(after["stdout_tail"], "False kept\n", "a fresh kernel, the files kept")
+    eq(after["stdout_tail"], "False kept\n", f"a fresh kernel, the files kept: {after}")
     eq(o["ttl"]["expired"], 404, "a session past its TTL is gone")
     evs = [e for e, _ in o["stream"]]
     check(evs[0] == "run" and evs[-1] == "result" and "stdout" in evs, f"stream's events: {evs}")

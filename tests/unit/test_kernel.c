@@ -471,22 +471,46 @@ main(void)
        "the pooled connection comes back");
     c = again;
 
-    /* restart: state gone, connection notices */
+    /* restart through the API (no connection hears of it): the pooled
+     * connection that heard the old process is confirmed live again before
+     * it carries output, and the first cell's output arrives */
     ok(cx_gateway_kernel_restart(gw, kid) == CX_OK, "restart");
-    cx_kernel_conn_free(c);
-    c = NULL;
-    ok(cx_kernel_conn_open(url, token, kid, true, &c, msg, sizeof(msg)) == CX_OK, "reconnect");
-    /* Right after a restart the server's iopub channel may still be joining
-     * the new process; ask until the output is seen (at most a few times). */
-    for (int tries = 0; tries < 5; tries++) {
+    ok(cx_kernel_confirm(c, true, cx_now_us() + 30000000) == CX_OK,
+       "the old connection is confirmed live on the new process");
+    memset(&s, 0, sizeof(s));
+    rc = exec1(c, "print('a' in globals())", cx_now_us() + 10000000, &s, &e);
+    cx_exec_cleanup(&e, 1);
+    ok(rc == CX_OK && !strcmp(s.text, "False\n"),
+       "a restarted kernel has no state, and its first output is not lost (%zu bytes)",
+       strlen(s.text));
+
+    /* a death the gateway's restarter answers: a second (pooled)
+     * connection hears the server's notice in its backlog, and is
+     * confirmed again before it is trusted */
+    {
+        struct cx_kernel_conn *c2 = NULL;
+
+        need(cx_kernel_conn_open(url, token, kid, true, &c2, msg, sizeof(msg)) == CX_OK,
+             "a second connection");
+        ok(cx_kernel_confirm(c2, true, cx_now_us() + 30000000) == CX_OK &&
+               !cx_kernel_conn_restarted(c2),
+           "  confirmed");
         memset(&s, 0, sizeof(s));
-        rc = exec1(c, "print('a' in globals())", cx_now_us() + 5000000, &s, &e);
+        is_int(exec1(c, "a = 1\nimport os\nos._exit(1)", cx_now_us() + 30000000, &s, &e),
+               CX_ERR_KERNEL_DIED, "a cell that kills its kernel: the server's notice");
         cx_exec_cleanup(&e, 1);
-        if (rc == CX_OK && s.text[0])
-            break;
-        usleep(200 * 1000);
+        (void)cx_kernel_drain(c2, 2000);
+        ok(cx_kernel_conn_restarted(c2), "  heard by the other connection too");
+        ok(cx_kernel_confirm(c2, false, cx_now_us() + 30000000) == CX_OK &&
+               !cx_kernel_conn_restarted(c2),
+           "  which is confirmed live again, though codexec did not restart the kernel");
+        memset(&s, 0, sizeof(s));
+        rc = exec1(c2, "print('a' in globals())", cx_now_us() + 10000000, &s, &e);
+        cx_exec_cleanup(&e, 1);
+        ok(rc == CX_OK && !strcmp(s.text, "False\n"),
+           "  its first output after the restart arrives (%zu bytes)", strlen(s.text));
+        cx_kernel_conn_free(c2);
     }
-    ok(rc == CX_OK && !strcmp(s.text, "False\n"), "a restarted kernel has no state");
     cx_kernel_conn_free(c);
 
     ok(cx_gateway_kernel_delete(gw, kid) == CX_OK, "delete");
