@@ -128,14 +128,21 @@ connect_kernel(struct fileop *o, char *msg, size_t msglen)
     const char *url = cx_gateway_url(o->s.gw), *token = cx_gateway_token(o->s.gw);
     enum cx_err rc = cx_kernel_conn_get(url, token, o->s.kernel_id, &o->conn, msg, msglen);
 
+    if (rc == CX_OK) {
+        rc = cx_session_confirm(&o->s, o->conn, cx_now_us() + OP_WAIT_US);
+        if (rc == CX_ERR_NOT_FOUND) {
+            cx_kernel_conn_free(o->conn); /* pooled before its kernel was deleted */
+            o->conn = NULL;
+        }
+    }
     if (rc == CX_ERR_NOT_FOUND) {
         /* the gateway forgot it: a new kernel, an empty workspace */
         rc = cx_session_replace_kernel(o->cx, &o->s, msg, msglen);
         if (rc == CX_OK)
             rc = cx_kernel_conn_get(url, token, o->s.kernel_id, &o->conn, msg, msglen);
+        if (rc == CX_OK)
+            rc = cx_session_confirm(&o->s, o->conn, cx_now_us() + OP_WAIT_US);
     }
-    if (rc == CX_OK)
-        rc = cx_kernel_confirm(o->conn, o->s.kernel_fresh, cx_now_us() + OP_WAIT_US);
     if (rc && rc != CX_ERR_CAPACITY && rc != CX_ERR_NOMEM) {
         snprintf(msg, msglen, "the conversation's kernel can't be reached");
         rc = CX_ERR_GATEWAY;

@@ -631,12 +631,12 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
     /* A kernel codexec (or the gateway, after a death) just started: its
      * output channel may not be live on this connection (a pooled one
      * heard the old process), and output sent before it is would be lost. */
-    rc = cx_kernel_confirm(st->conn, s->kernel_fresh, deadline);
+    rc = cx_session_confirm(s, st->conn, deadline);
     /* The server's notice that it is restarting the kernel, or gave up on
      * it (its restarter stops after five deaths ten seconds apart), came
      * before anything of this run was sent: not this run's death. As for a
      * kernel that vanished: a new one, and the run once more. */
-    if (rc == CX_ERR_KERNEL_DIED)
+    if (rc == CX_ERR_KERNEL_DIED || rc == CX_ERR_NOT_FOUND)
         return CX_ERR_NOT_FOUND;
     if (rc == CX_ERR_IO)
         return rc;

@@ -115,7 +115,7 @@ warm(struct cx_session *s, char *msg, size_t msglen)
                                         s->kernel_id, &c, msg, msglen);
 
     if (rc == CX_OK)
-        rc = cx_kernel_ready(c, cx_now_us() + WARM_WAIT_US);
+        rc = cx_session_confirm(s, c, cx_now_us() + WARM_WAIT_US);
     if (rc == CX_OK && cx_kernel_drain(c, 0) == CX_DRAIN_QUIET)
         cx_kernel_conn_put(c);
     else

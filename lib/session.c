@@ -734,6 +734,23 @@ cx_session_replace_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, si
     return rc;
 }
 
+#define CONFIRM_ASK_US 2000000
+
+enum cx_err
+cx_session_confirm(struct cx_session *s, struct cx_kernel_conn *c, int64_t deadline_us)
+{
+    for (;;) {
+        int64_t step = cx_now_us() + CONFIRM_ASK_US;
+        enum cx_err rc =
+            cx_kernel_confirm(c, s->kernel_fresh, step < deadline_us ? step : deadline_us);
+
+        if (rc != CX_ERR_TIMEOUT || cx_now_us() >= deadline_us)
+            return rc;
+        if (cx_gateway_kernel_get(s->gw, s->kernel_id, NULL) == CX_ERR_NOT_FOUND)
+            return CX_ERR_NOT_FOUND;
+    }
+}
+
 enum cx_err
 cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s)
 {

@@ -14,6 +14,8 @@
 #include "codexec.h"
 #include "util.h"
 
+struct cx_kernel_conn;
+
 /* A session's workspace directory on the gateway: "w-<session id>", the
  * same for a pooled kernel's (its id becomes the session's). */
 #define CX_WORKSPACE_MAX 48
@@ -69,6 +71,13 @@ enum cx_err cx_session_replace_kernel(struct cx_ctx *cx, struct cx_session *s, c
  * that failed half-way), or whose gateway went away. */
 enum cx_err cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg,
                                    size_t msglen) CX_MUSTCHECK;
+
+/* cx_kernel_confirm() for the session's kernel on c, asking the gateway
+ * every 2 s without an answer whether the kernel still exists (one deleted
+ * behind codexec's back answers nothing on a connection pooled before):
+ * CX_ERR_NOT_FOUND then. */
+enum cx_err cx_session_confirm(struct cx_session *s, struct cx_kernel_conn *c,
+                               int64_t deadline_us) CX_MUSTCHECK;
 
 /* Restarts the kernel (a run overran its grace period): s->reset. */
 enum cx_err cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s) CX_MUSTCHECK;
