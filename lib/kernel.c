@@ -473,23 +473,29 @@ load_message(const char *json, size_t len)
 
 /* The server's notice that the kernel process went away (its restarter is
  * starting another, or gave up): a status "restarting" or "dead" with no
- * parent. Only a short text holding "execution_state" is parsed to tell. */
+ * parent. */
+static bool
+is_notice(const char *parent, const char *state)
+{
+    return !parent && state && (!strcmp(state, "dead") || !strcmp(state, "restarting"));
+}
+
+/* Whether msg is that notice: only a short text holding "execution_state"
+ * is parsed to tell. */
 #define NOTICE_MAX 4096
 
 static bool
 server_notice(const struct cx_buf *msg)
 {
-    json_t *m, *content;
-    const char *state;
+    json_t *m;
     bool notice;
 
     if (msg->len > NOTICE_MAX || !memmem(msg->data, msg->len, "execution_state", 15))
         return false;
     m = load_message(msg->data, msg->len);
-    content = json_object_get(m, "content");
-    state = json_string_value(json_object_get(content, "execution_state"));
-    notice = state && (!strcmp(state, "dead") || !strcmp(state, "restarting")) &&
-             !json_object_get(json_object_get(m, "parent_header"), "msg_id");
+    notice = is_notice(
+        json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id")),
+        json_string_value(json_object_get(json_object_get(m, "content"), "execution_state")));
     json_decref(m);
     return notice;
 }
@@ -517,7 +523,7 @@ ready_answer(const struct cx_buf *msg, char ids[][40], int n)
         json_string_value(json_object_get(json_object_get(m, "content"), "execution_state"));
     enum cx_err rc = CX_ERR_TIMEOUT;
 
-    if (!parent && state && (!strcmp(state, "dead") || !strcmp(state, "restarting")))
+    if (is_notice(parent, state))
         rc = CX_ERR_KERNEL_DIED;
     for (int i = 0; channel && parent && !strcmp(channel, "iopub") && i < n && rc; i++)
         if (!strcmp(parent, ids[i]))
@@ -560,12 +566,18 @@ cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
 enum cx_err
 cx_kernel_confirm(struct cx_kernel_conn *c, bool fresh, int64_t deadline_us)
 {
-    /* a pooled connection's backlog first: the notice may be in it */
+    enum cx_err rc;
+
+    /* a pooled connection's backlog first: the notice may be in it (what
+     * a request then hears of a notice is news, not a leftover) */
     if (c->messages > 0)
         (void)cx_kernel_drain(c, 0);
     if (!fresh && !c->restarted)
         return CX_OK;
-    return cx_kernel_ready(c, deadline_us);
+    rc = cx_kernel_ready(c, deadline_us);
+    if (rc == CX_OK)
+        (void)cx_kernel_drain(c, 0); /* the handshake's stragglers */
+    return rc;
 }
 
 bool
@@ -689,8 +701,7 @@ dispatch(struct cx_exec *reqs, int n, const char *json, size_t json_len,
     if (!type || !channel || !json_is_object(content))
         goto out;
     state = json_string_value(json_object_get(content, "execution_state"));
-    if (!parent_id && !strcmp(type, "status") && state &&
-        (!strcmp(state, "restarting") || !strcmp(state, "dead"))) {
+    if (!strcmp(type, "status") && is_notice(parent_id, state)) {
         rc = CX_ERR_KERNEL_DIED; /* the server's own notice: the kernel process went away */
         goto out;
     }

@@ -642,9 +642,8 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
         return rc;
     if (rc)
         cx_log_warn(0, "kernel %s: output channel not confirmed live", s->kernel_id);
-    /* Leftovers of an earlier run or of other clients (a restart notice,
-     * say) must not be taken for this run's news. */
-    cx_kernel_drain(st->conn, 0);
+    /* (the confirmation read what an earlier run or other clients left: a
+     * restart notice, say, is not taken for this run's news) */
     rc = cx_stage_send(st->cx, st->conn, in, st->all);
     if (rc == CX_ERR_IO || rc == CX_ERR_NOT_FOUND) {
         snprintf(msg, msglen, "an input could not be read from storage");
