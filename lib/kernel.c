@@ -458,9 +458,6 @@ send_kernel_info(struct cx_kernel_conn *c, char msg_id[40])
                                      "channel", "shell", "buffers"));
 }
 
-/* A message during cx_kernel_ready(): CX_OK when it is on iopub with a
- * parent in ids[0..n), CX_ERR_KERNEL_DIED for the server's notice that the
- * kernel is dead or restarting, CX_ERR_TIMEOUT (keep waiting) otherwise. */
 /* A kernel's message, unless it would cost too much to build (then NULL,
  * as for text that is not JSON). */
 static json_t *
@@ -512,10 +509,18 @@ heard(struct cx_kernel_conn *c, enum cx_err rc, enum cx_ws_opcode op)
         c->restarted = true;
 }
 
+/* A message during cx_kernel_ready(): CX_OK when it is on iopub with a
+ * parent in ids[0..n), CX_ERR_KERNEL_DIED for the server's notice that it
+ * gave up on the kernel ("dead": it is gone from the server),
+ * CX_ERR_TIMEOUT (keep waiting) otherwise. Its notice that it is
+ * restarting the kernel only marks c: the new process is coming, in the
+ * same sandbox and workspace, and answers a later nudge. (A death heard
+ * by another connection, whose run reported it, reaches this one late: it
+ * is no reason to replace the kernel and lose its workspace.) */
 static enum cx_err
-ready_answer(const struct cx_buf *msg, char ids[][40], int n)
+ready_answer(struct cx_kernel_conn *c, char ids[][40], int n)
 {
-    json_t *m = load_message(msg->data, msg->len);
+    json_t *m = load_message(c->msg.data, c->msg.len);
     const char *channel = json_string_value(json_object_get(m, "channel"));
     const char *parent =
         json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
@@ -523,8 +528,11 @@ ready_answer(const struct cx_buf *msg, char ids[][40], int n)
         json_string_value(json_object_get(json_object_get(m, "content"), "execution_state"));
     enum cx_err rc = CX_ERR_TIMEOUT;
 
-    if (is_notice(parent, state))
-        rc = CX_ERR_KERNEL_DIED;
+    if (is_notice(parent, state)) {
+        c->restarted = true;
+        if (!strcmp(state, "dead"))
+            rc = CX_ERR_KERNEL_DIED;
+    }
     for (int i = 0; channel && parent && !strcmp(channel, "iopub") && i < n && rc; i++)
         if (!strcmp(parent, ids[i]))
             rc = CX_OK;
@@ -551,7 +559,7 @@ cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
         while ((rc = cx_ws_recv(c->ws, window < deadline_us ? window : deadline_us, &c->msg,
                                 &op)) == CX_OK) {
             c->messages++;
-            rc = op == CX_WS_TEXT ? ready_answer(&c->msg, ids, n) : CX_ERR_TIMEOUT;
+            rc = op == CX_WS_TEXT ? ready_answer(c, ids, n) : CX_ERR_TIMEOUT;
             if (rc == CX_OK)
                 c->restarted = false; /* live again: the new process answered */
             if (rc != CX_ERR_TIMEOUT)

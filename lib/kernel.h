@@ -118,7 +118,8 @@ void cx_kernel_pool_clear(void);
  * wait_for_ready). After a (re)start, the server's subscription to the new
  * kernel's iopub may not be in place yet, and what the kernel publishes
  * meanwhile is lost. CX_ERR_TIMEOUT at the deadline, CX_ERR_KERNEL_DIED
- * when the server says the kernel is dead or restarting. */
+ * when the server says it gave up on the kernel ("dead"); its notice that
+ * it is restarting the kernel is waited out (the new process answers). */
 enum cx_err cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us) CX_MUSTCHECK;
 
 /* Before a connection carries a run or a file operation: its backlog is

@@ -517,6 +517,25 @@ main(void)
         cx_exec_cleanup(&e, 1);
         ok(rc == CX_OK && !strcmp(s.text, "False\n"),
            "  its first output after the restart arrives (%zu bytes)", strlen(s.text));
+
+        /* the notice reaches a connection in the middle of its handshake
+         * (another connection's run heard of the death first, and the
+         * restarter polls every 3 s): the handshake waits for the new
+         * process, in the same sandbox; it is no reason to replace the
+         * kernel (and lose its workspace) */
+        struct cx_exec kill;
+        memset(&kill, 0, sizeof(kill));
+        kill.code = "b = 1\nimport os\nos._exit(1)";
+        ok(cx_kernel_execute(c, &kill) == CX_OK, "a cell that kills its kernel, not waited for");
+        usleep(300000); /* (it is dead; the restarter has not yet looked, as a rule) */
+        rc = cx_kernel_confirm(c2, true, cx_now_us() + 30000000);
+        is_int(rc, CX_OK, "  a handshake that hears the restart notice waits for the new process");
+        memset(&s, 0, sizeof(s));
+        rc = exec1(c2, "print('b' in globals())", cx_now_us() + 10000000, &s, &e);
+        cx_exec_cleanup(&e, 1);
+        ok(rc == CX_OK && !strcmp(s.text, "False\n"),
+           "  the same kernel, restarted: its first output arrives (%zu bytes)", strlen(s.text));
+        cx_exec_cleanup(&kill, 1);
         cx_kernel_conn_free(c2);
     }
     cx_kernel_conn_free(c);
