@@ -123,11 +123,13 @@ void cx_kernel_pool_clear(void);
 enum cx_err cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us) CX_MUSTCHECK;
 
 /* Before a connection carries a run or a file operation: its backlog is
- * read (a pooled one's; so is the handshake's after it), then, for a kernel codexec just
- * (re)started (fresh) or one the connection heard the server say went away, the kernel_info
- * handshake of cx_kernel_ready() on this very connection. Its earlier traffic proves nothing then:
- * the output channel it heard was the old process's, and the server may still be joining the new
- * one's (after a restart through the API, with no notice to any connection). */
+ * read (a pooled one's; so is the handshake's after it), then, for a
+ * kernel codexec just (re)started (fresh) or one the connection heard the
+ * server say went away, the kernel_info handshake of cx_kernel_ready() on
+ * this very connection. Its earlier traffic proves nothing then: the
+ * output channel it heard was the old process's, and the server may still
+ * be joining the new one's (after a restart through the API, with no
+ * notice to any connection). */
 enum cx_err cx_kernel_confirm(struct cx_kernel_conn *c, bool fresh,
                               int64_t deadline_us) CX_MUSTCHECK;
 

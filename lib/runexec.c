@@ -632,15 +632,12 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
      * output channel may not be live on this connection (a pooled one
      * heard the old process), and output sent before it is would be lost. */
     rc = cx_session_confirm(s, st->conn, deadline);
-    /* The server's notice that it gave up on the kernel (its restarter
-     * stops after five quick deaths, and the kernel is gone from the
-     * server) came before anything of this run was sent: not this run's
-     * death. As for a kernel that vanished: a new one, and the run once
-     * more. (A notice that it is restarting the kernel is waited out: the
-     * new process keeps the sandbox and its workspace.) */
-    if (rc == CX_ERR_KERNEL_DIED || rc == CX_ERR_NOT_FOUND)
-        return CX_ERR_NOT_FOUND;
-    if (rc == CX_ERR_IO)
+    /* A kernel that vanished, or that the server gave up on (its
+     * restarter stops after five quick deaths), before anything of this
+     * run was sent: not this run's death, but a new kernel and the run
+     * once more. (A notice that it is restarting the kernel is waited out:
+     * the new process keeps the sandbox and its workspace.) */
+    if (rc == CX_ERR_NOT_FOUND || rc == CX_ERR_IO)
         return rc;
     if (rc)
         cx_log_warn(0, "kernel %s: output channel not confirmed live", s->kernel_id);

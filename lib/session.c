@@ -744,6 +744,8 @@ cx_session_confirm(struct cx_session *s, struct cx_kernel_conn *c, int64_t deadl
         enum cx_err rc =
             cx_kernel_confirm(c, s->kernel_fresh, step < deadline_us ? step : deadline_us);
 
+        if (rc == CX_ERR_KERNEL_DIED)
+            return CX_ERR_NOT_FOUND;
         if (rc != CX_ERR_TIMEOUT || cx_now_us() >= deadline_us)
             return rc;
         if (cx_gateway_kernel_get(s->gw, s->kernel_id, NULL) == CX_ERR_NOT_FOUND)

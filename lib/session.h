@@ -75,7 +75,8 @@ enum cx_err cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char
 /* cx_kernel_confirm() for the session's kernel on c, asking the gateway
  * every 2 s without an answer whether the kernel still exists (one deleted
  * behind codexec's back answers nothing on a connection pooled before):
- * CX_ERR_NOT_FOUND then. */
+ * CX_ERR_NOT_FOUND then, as for the server's notice that it gave up on
+ * the kernel ("dead": the server forgets it). */
 enum cx_err cx_session_confirm(struct cx_session *s, struct cx_kernel_conn *c,
                                int64_t deadline_us) CX_MUSTCHECK;
 
