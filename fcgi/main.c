@@ -374,7 +374,7 @@ watcher_main(void *arg)
     return NULL;
 }
 
-/* Keeps the pool of pre-started kernels full (kernel_pool_size > 0). */
+/* Keeps the pools of pre-started kernels full (a kernel_pool_size > 0). */
 static void *
 prestart_main(void *arg)
 {
@@ -567,7 +567,9 @@ start_threads(struct threads *t)
         }
         t->watcher_started = true;
     }
-    if (cfg.kernel_pool_size > 0) {
+    if (cx_config_pool_size(&cfg, CX_LANG_PYTHON) + cx_config_pool_size(&cfg, CX_LANG_JAVASCRIPT) +
+            cx_config_pool_size(&cfg, CX_LANG_R) >
+        0) {
         if (pthread_create(&t->prestart, NULL, prestart_main, NULL) != 0) {
             cx_log_err(errno, "pthread_create() of the kernel pool failed");
             return false;

@@ -323,6 +323,8 @@ static const struct answer {
     [CX_ERR_RUN_ENDED] = {409, "run_ended", "the run already ended", NULL, false},
     [CX_ERR_IDEMPOTENCY] = {422, "idempotency_mismatch",
                             "this Idempotency-Key was used for another request", NULL, false},
+    [CX_ERR_LANGUAGE_MISMATCH] = {409, "language_mismatch",
+                                  "this conversation's session runs another language", NULL, false},
     [CX_ERR_IN_PROGRESS] = {409, "idempotency_in_progress",
                             "the first request with this Idempotency-Key is still in progress", "1",
                             false},

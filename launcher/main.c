@@ -1,4 +1,4 @@
-/* codexec-kernel-launcher [--config SANDBOX_CONF] CONNECTION_FILE
+/* codexec-kernel-launcher [--config SANDBOX_CONF] [--language L] CONNECTION_FILE
  *
  * The sandboxed kernelspec's argv: the Jupyter server runs it, as the
  * gateway's user, for every start and restart of a kernel. It prepares a
@@ -10,7 +10,9 @@
  * directory read-only inside the sandbox, then points the server's endpoint
  * names at it. It stays as the kernel's supervisor: signals go to bwrap,
  * and when the kernel ends its cgroup and private directory are removed and
- * its exit status is passed on. */
+ * its exit status is passed on. With --language javascript or r the
+ * kernel is the front kernel (front.py), whose child, the language's own
+ * kernel, is spared by a run's end as the kernel is. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -55,6 +57,7 @@ now_ms(void)
 /* What the launcher holds while the kernel runs. */
 struct launch {
     struct cx_sandbox_conf sc;
+    enum cx_sandbox_language lang;
     struct cx_sandbox_conn conn;
     struct cx_sandbox_cgroup cg;
     struct cx_keeper keeper; /* the workspace, kept across the kernel's restarts */
@@ -63,7 +66,9 @@ struct launch {
     pid_t bwrap;            /* our child */
     int sandbox;            /* the sandbox's first process (bwrap's info) */
     int kernel;             /* the kernel process, once sealed (-1: unknown) */
+    int inner;              /* a front kernel's child, once sealed (-1: none) */
     int init_fd, kernel_fd; /* pidfds of the sandbox's first process and the kernel */
+    int inner_fd;           /* ... and of the inner kernel */
     struct cx_relay *relay; /* the server's connections to the kernel (relay.h) */
     int out_fd;             /* the read end of the kernel's stdout and stderr */
     size_t out_logged;
@@ -96,7 +101,7 @@ exec_bwrap(struct launch *l, int info_fd, int out_fd, sigset_t *old)
         say("cannot enter the workspace keeper's namespaces", strerror(errno));
         _exit(127);
     }
-    if (cx_sandbox_argv(&l->sc, &l->conn, l->private_dir, l->keeper.files, l->keeper.state,
+    if (cx_sandbox_argv(&l->sc, l->lang, &l->conn, l->private_dir, l->keeper.files, l->keeper.state,
                         l->seccomp_fd, info_fd, &argv)) {
         say("out of memory", NULL);
         _exit(127);
@@ -183,18 +188,21 @@ reap(struct launch *l)
     }
 }
 
-/* Whether the sandbox's init and the kernel are still the processes the
- * seal saw (their pidfds answer): never a pid reused since. */
+/* Whether the sandbox's init, the kernel (and its inner kernel) are still
+ * the processes the seal saw (their pidfds answer): never a pid reused
+ * since. */
 static bool
 still_ours(const struct launch *l)
 {
     return l->init_fd >= 0 && l->kernel_fd >= 0 && pidfd_send_signal(l->init_fd, 0, NULL, 0) == 0 &&
-           pidfd_send_signal(l->kernel_fd, 0, NULL, 0) == 0;
+           pidfd_send_signal(l->kernel_fd, 0, NULL, 0) == 0 &&
+           (l->inner < 0 || (l->inner_fd >= 0 && pidfd_send_signal(l->inner_fd, 0, NULL, 0) == 0));
 }
 
 /* A run's end, from the relay (relay.h), before the reply that ends it
- * passes: every process of the sandbox but its init and the kernel ends
- * now, whatever the kernel's own code does. */
+ * passes: every process of the sandbox but its init and the kernel (and a
+ * front kernel's inner kernel) ends now, whatever the kernel's own code
+ * does. */
 static void
 end_run_processes(void *ctx)
 {
@@ -202,7 +210,7 @@ end_run_processes(void *ctx)
     int killed = 0;
 
     if (l->kernel > 0 && !l->reaped && still_ours(l) &&
-        cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, &killed))
+        cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, l->inner, &killed))
         say("could not end the run's processes", NULL);
 }
 
@@ -363,6 +371,13 @@ prepare(struct launch *l, const char *config, const char *conn_path, pid_t serve
         say("bad sandbox configuration", msg);
         return false;
     }
+    if (l->lang != CX_SANDBOX_PYTHON &&
+        access(l->lang == CX_SANDBOX_R ? l->sc.r : l->sc.deno, X_OK) != 0) {
+        say(l->lang == CX_SANDBOX_R ? "R is not installed (sandbox.conf: r)"
+                                    : "Deno is not installed (sandbox.conf: deno)",
+            l->lang == CX_SANDBOX_R ? l->sc.r : l->sc.deno);
+        return false;
+    }
     if (!getcwd(cwd, sizeof(cwd)) ||
         cx_sandbox_conn_read(conn_path, cwd, &l->conn, msg, sizeof(msg)) ||
         cx_keeper_hold(&l->conn, l->sc.max_workspace_bytes, server, &l->keeper, msg, sizeof(msg)) ||
@@ -410,16 +425,31 @@ block_signals(sigset_t *block, sigset_t *old)
 }
 
 /* Once sealed: the sandbox's init and the kernel, by pidfd (the run's
- * end reaps all but them). */
-static void
+ * end reaps all but them); a front kernel's inner kernel is its one child
+ * then (started before its connection file was written; no tenant code
+ * has run yet). false when a front kernel's child can't be told: the first
+ * run's end would take it. */
+static bool
 know_the_kernel(struct launch *l)
 {
     l->init_fd = pidfd_open(l->sandbox, 0);
     l->kernel = cx_sandbox_kernel_pid(l->sandbox);
     l->kernel_fd = l->kernel > 0 ? pidfd_open(l->kernel, 0) : -1;
-    if (l->kernel < 0 || l->init_fd < 0 || l->kernel_fd < 0)
+    if (l->kernel < 0 || l->init_fd < 0 || l->kernel_fd < 0) {
         say("the kernel process can't be told apart: its run's processes end only from inside",
             NULL);
+        return l->lang == CX_SANDBOX_PYTHON;
+    }
+    if (l->lang == CX_SANDBOX_PYTHON)
+        return true;
+    l->inner = cx_sandbox_kernel_pid(l->kernel);
+    l->inner_fd = l->inner > 0 ? pidfd_open(l->inner, 0) : -1;
+    if (l->inner < 0 || l->inner_fd < 0) {
+        say("the front kernel's inner kernel can't be told apart", NULL);
+        l->inner = -1;
+        return false;
+    }
+    return true;
 }
 
 /* Forks bwrap with the kernel in the sandbox, the kernel's output to
@@ -481,22 +511,30 @@ main(int argc, char **argv)
                        .signal_fd = -1,
                        .sandbox = -1,
                        .kernel = -1,
+                       .inner = -1,
                        .init_fd = -1,
                        .kernel_fd = -1,
+                       .inner_fd = -1,
                        .out_fd = -1,
                        .keeper = {.sock = -1, .userns = -1, .mntns = -1}};
     pid_t server = getppid();
     const char *config = NULL, *conn_path;
     sigset_t block, old;
-    int argi = 1, code = 1;
+    int argi = 1, code = 1, lang;
     char msg[CX_MSG_MAX];
 
-    if (argc == 4 && !strcmp(argv[1], "--config")) {
-        config = argv[2];
-        argi = 3;
+    for (; argi + 2 < argc && argv[argi][0] == '-'; argi += 2) {
+        if (!strcmp(argv[argi], "--config"))
+            config = argv[argi + 1];
+        else if (!strcmp(argv[argi], "--language") &&
+                 (lang = cx_sandbox_language_parse(argv[argi + 1])) >= 0)
+            l.lang = (enum cx_sandbox_language)lang;
+        else
+            break;
     }
-    if (argc != argi + 1) {
-        fprintf(stderr, "usage: codexec-kernel-launcher [--config SANDBOX_CONF] CONNECTION_FILE\n");
+    if (argc != argi + 1 || argv[argi][0] == '-') {
+        fprintf(stderr, "usage: codexec-kernel-launcher [--config SANDBOX_CONF] "
+                        "[--language python|javascript|r] CONNECTION_FILE\n");
         return 2;
     }
     conn_path = argv[argi];
@@ -514,7 +552,10 @@ main(int argc, char **argv)
         code = stop_unstarted(&l);
         goto out;
     }
-    know_the_kernel(&l);
+    if (!know_the_kernel(&l)) {
+        code = stop_unstarted(&l);
+        goto out;
+    }
     cx_relay_on_run_end(l.relay, end_run_processes, &l);
     supervise(&l);
     code = exit_code(&l);

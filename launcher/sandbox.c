@@ -35,6 +35,8 @@
  * together) and one core; the parent cgroup bounds them all together. */
 static const struct cx_conf_key keys[] = {
     {"python_env", CX_CONF_PATH, O(python_env), "", 0, 0},
+    {"r", CX_CONF_PATH, O(r), "/usr/bin/R", 0, 0},
+    {"deno", CX_CONF_PATH, O(deno), "/usr/local/lib/codexec-deno/deno", 0, 0},
     {"cache_dir", CX_CONF_PATH, O(cache_dir), "", 0, 0},
     {"cgroup", CX_CONF_STR, O(cgroup), "", 0, 0},
     {"bwrap", CX_CONF_PATH, O(bwrap), "/usr/bin/bwrap", 0, 0},
@@ -1023,13 +1025,13 @@ wait_ended(struct pollfd *p, int n, int64_t until_us)
         close(p[i].fd >= 0 ? p[i].fd : -1 - p[i].fd);
 }
 
-/* One round: SIGKILL for every listed process but init and the kernel
- * that is alive in ns, through a pidfd opened before the check (so the
+/* One round: SIGKILL for every listed process but the spared (init, the
+ * kernel and an inner kernel) that is alive in ns, through a pidfd opened before the check (so the
  * check is about the process the signal goes to: a pid reused since the
  * listing fails it). The first REAP_WAIT_FDS pidfds are left in wait. */
 static int
-reap_round(const int *pids, size_t n, int init_pid, int kernel_pid, const char *ns,
-           struct pollfd *wait, int *nwait)
+reap_round(const int *pids, size_t n, const int spare[3], const char *ns, struct pollfd *wait,
+           int *nwait)
 {
     int hit = 0;
 
@@ -1037,7 +1039,7 @@ reap_round(const int *pids, size_t n, int init_pid, int kernel_pid, const char *
     for (size_t i = 0; i < n; i++) {
         int fd;
 
-        if (pids[i] == init_pid || pids[i] == kernel_pid)
+        if (pids[i] == spare[0] || pids[i] == spare[1] || pids[i] == spare[2])
             continue;
         fd = pidfd_open(pids[i], 0);
         if (fd < 0)
@@ -1056,8 +1058,10 @@ reap_round(const int *pids, size_t n, int init_pid, int kernel_pid, const char *
 }
 
 enum cx_err
-cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid, int *killed)
+cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid, int inner_pid,
+                int *killed)
 {
+    const int spare[3] = {init_pid, kernel_pid, inner_pid > 0 ? inner_pid : init_pid};
     char path[64], ns[64], mine[64];
     int *pids = malloc(REAP_MAX * sizeof(*pids));
     struct pollfd wait[REAP_WAIT_FDS];
@@ -1084,14 +1088,15 @@ cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid
      * the killed to end; a process still ending when time is up has a
      * SIGKILL pending: it runs no more code of its own, nor forks. On
      * cgroup v2 the rounds run frozen, the first one seeing them all,
-     * unless bwrap, its init and the kernel are alone (most runs' end:
-     * nothing to freeze for) */
-    frozen = cg && cg->n && cg->v2[0] && list_cgroup(cg, pids, REAP_MAX) > 3 &&
+     * unless bwrap, its init and the kernel (and its inner kernel) are
+     * alone (most runs' end: nothing to freeze for) */
+    frozen = cg && cg->n && cg->v2[0] &&
+             list_cgroup(cg, pids, REAP_MAX) > (inner_pid > 0 ? 4u : 3u) &&
              freeze(cg->dirs[0], true, cx_now_us() + 100000);
     for (int round = 0; round < 64 && cx_now_us() < until; round++) {
         size_t n = cg && cg->n ? list_cgroup(cg, pids, REAP_MAX)
                                : list_descendants(init_pid, pids, REAP_MAX);
-        int nwait, hit = reap_round(pids, n, init_pid, kernel_pid, ns, wait, &nwait);
+        int nwait, hit = reap_round(pids, n, spare, ns, wait, &nwait);
         int64_t round_until = cx_now_us() + REAP_ROUND_MS * 1000;
 
         wait_ended(wait, nwait, round_until < until ? round_until : until);
@@ -1670,14 +1675,35 @@ add3(struct argv *a, const char *x, const char *y, const char *z)
 
 /* What of /etc a kernel sees: what the C library, Python and the kernel
  * image read, nothing of other services' configuration or secrets. */
-static const char *const etc_files[] = {
-    "ld.so.cache",    "ld.so.conf",   "ld.so.conf.d",    "nsswitch.conf",
-    "passwd",         "group",        "hosts",           "host.conf",
-    "gai.conf",       "localtime",    "timezone",        "os-release",
-    "debian_version", "ssl/certs",    "ca-certificates", "fonts",
-    "mime.types",     "mailcap",      "magic",           "magic.mime",
-    "protocols",      "services",     "python3",         "python3.11",
-    "alternatives",   "matplotlibrc", "locale.alias",    NULL};
+static const char *const etc_files[] = {"ld.so.cache",
+                                        "ld.so.conf",
+                                        "ld.so.conf.d",
+                                        "nsswitch.conf",
+                                        "passwd",
+                                        "group",
+                                        "hosts",
+                                        "host.conf",
+                                        "gai.conf",
+                                        "localtime",
+                                        "timezone",
+                                        "os-release",
+                                        "debian_version",
+                                        "ssl/certs",
+                                        "ca-certificates",
+                                        "fonts",
+                                        "mime.types",
+                                        "mailcap",
+                                        "magic",
+                                        "magic.mime",
+                                        "protocols",
+                                        "services",
+                                        "python3",
+                                        "python3.11",
+                                        "alternatives",
+                                        "matplotlibrc",
+                                        "locale.alias",
+                                        "R",
+                                        NULL};
 
 static void
 add_env(struct argv *a, const struct cx_sandbox_conf *sc)
@@ -1756,11 +1782,25 @@ add_identity(struct argv *a, const struct cx_sandbox_conf *sc)
     add_env(a, sc);
 }
 
+/* A language's binary outside /usr (Deno installed elsewhere), bound
+ * read-only at its own path. */
+static void
+add_language(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang)
+{
+    const char *bin = lang == CX_SANDBOX_R            ? sc->r
+                      : lang == CX_SANDBOX_JAVASCRIPT ? sc->deno
+                                                      : NULL;
+
+    if (bin && strncmp(bin, "/usr/", 5) != 0)
+        add3(a, "--ro-bind", bin, bin);
+}
+
 /* The sandbox's file system: the system read-only, sized tmpfs where it
  * writes, its private directory, the root and /dev read-only once built. */
 static void
-add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
-               const char *private_dir, const char *workspace, const char *state)
+add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
+               const struct cx_sandbox_conn *c, const char *private_dir, const char *workspace,
+               const char *state)
 {
     add3(a, "--ro-bind", "/usr", "/usr");
     for (size_t i = 0; etc_files[i]; i++) {
@@ -1793,6 +1833,7 @@ add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx
     add3(a, "--symlink", "/workspace", "/mnt/data");
     if (*sc->python_env && strncmp(sc->python_env, "/usr/", 5) != 0)
         add3(a, "--ro-bind", sc->python_env, sc->python_env);
+    add_language(a, sc, lang);
     /* Its sockets and connection file: the private directory, sealed
      * read-only by the launcher once the kernel has bound them. */
     add3(a, "--bind", private_dir, c->runtime);
@@ -1854,41 +1895,71 @@ static const char show_hook[] =
     "_codexec_show_hook()\n"
     "del _codexec_show_hook\n";
 
+/* The front kernel's source (front.py, embedded at build time). */
+extern const char cx_front_py[];
+
+int
+cx_sandbox_language_parse(const char *s)
+{
+    if (!strcmp(s, "python"))
+        return CX_SANDBOX_PYTHON;
+    if (!strcmp(s, "javascript"))
+        return CX_SANDBOX_JAVASCRIPT;
+    if (!strcmp(s, "r"))
+        return CX_SANDBOX_R;
+    return -1;
+}
+
 /* The kernel's command: its rlimits (they apply inside the user
  * namespace, so RLIMIT_NPROC counts this sandbox's processes only), then
- * ipykernel on the connection file. */
+ * ipykernel on the connection file; for JavaScript and R the front
+ * kernel, an ipykernel that runs the language's kernel as its child.
+ * Python runs with -P: the workspace (its cwd), which the tenant writes,
+ * is not on sys.path while the kernel imports its own modules. */
 static void
-add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c)
+add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
+           const struct cx_sandbox_conn *c)
 {
     char python[CX_SANDBOX_PATH_MAX + 16];
 
     add(a, "--");
     add(a, "/usr/bin/prlimit");
-    addn(a, "--as=", (unsigned long long)sc->address_space);
+    /* V8 reserves tens of GiB of address space for its heap cage: Deno's
+     * memory is bounded by the cgroup alone */
+    if (lang != CX_SANDBOX_JAVASCRIPT)
+        addn(a, "--as=", (unsigned long long)sc->address_space);
     addn(a, "--nproc=", sc->processes);
     addn(a, "--fsize=", (unsigned long long)sc->file_size);
     addn(a, "--nofile=", sc->open_files);
     add(a, "--");
     snprintf(python, sizeof(python), "%s/bin/python3", *sc->python_env ? sc->python_env : "/usr");
     add(a, python);
-    add3(a, "-m", "ipykernel_launcher", NULL);
+    add(a, "-P");
+    if (lang == CX_SANDBOX_PYTHON) {
+        add3(a, "-m", "ipykernel_launcher", NULL);
+    } else {
+        add3(a, "-c", cx_front_py, NULL);
+        add3(a, "--inner", lang == CX_SANDBOX_R ? "r" : "javascript", NULL);
+        add3(a, "--path", lang == CX_SANDBOX_R ? sc->r : sc->deno, NULL);
+    }
     add3(a, "-f", c->path, NULL);
     /* IPython's history in memory, not in an SQLite file of the sandbox's
      * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
      * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
     add(a, "--HistoryManager.hist_file=:memory:");
-    add(a, show_hook);
+    if (lang == CX_SANDBOX_PYTHON)
+        add(a, show_hook);
 }
 
 enum cx_err
-cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
-                const char *private_dir, const char *workspace, const char *state, int seccomp_fd,
-                int info_fd, char ***argv_out)
+cx_sandbox_argv(const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
+                const struct cx_sandbox_conn *c, const char *private_dir, const char *workspace,
+                const char *state, int seccomp_fd, int info_fd, char ***argv_out)
 {
     struct argv a = {0};
 
     add_identity(&a, sc);
-    add_filesystem(&a, sc, c, private_dir, workspace, state);
+    add_filesystem(&a, sc, lang, c, private_dir, workspace, state);
     if (seccomp_fd >= 0) {
         add(&a, "--seccomp");
         addn(&a, "", (unsigned long long)seccomp_fd);
@@ -1897,7 +1968,7 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *
         add(&a, "--info-fd");
         addn(&a, "", (unsigned long long)info_fd);
     }
-    add_kernel(&a, sc, c);
+    add_kernel(&a, sc, lang, c);
     if (a.failed) {
         cx_sandbox_argv_free(a.v);
         return CX_ERR_NOMEM;

@@ -22,9 +22,20 @@
 #define CX_SANDBOX_PATH_MAX 1024
 #define CX_SANDBOX_PORTS    5
 
+/* A kernelspec's language (the launcher's --language): python is
+ * ipykernel itself; javascript and r are the front kernel (front.py, an
+ * ipykernel) over Deno's kernel or IRkernel, its child in the same sandbox
+ * (docs/internals/languages.md). */
+enum cx_sandbox_language { CX_SANDBOX_PYTHON, CX_SANDBOX_JAVASCRIPT, CX_SANDBOX_R };
+
+/* "python", "javascript", "r": the language; -1 for another word. */
+int cx_sandbox_language_parse(const char *s);
+
 /* sandbox.conf: the limits of one kernel. */
 struct cx_sandbox_conf {
     char *python_env; /* "" = /usr/bin/python3; else a venv/prefix bound read-only */
+    char *r;          /* R's command (R kernels) */
+    char *deno;       /* Deno's binary (JavaScript kernels); bound read-only outside /usr */
     char *cache_dir;  /* read-only caches built at install time ("" = none) */
     char *cgroup;     /* parent cgroup below each controller's hierarchy ("" = none) */
     char *bwrap;      /* bubblewrap's path */
@@ -112,12 +123,13 @@ enum cx_err cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg) CX_MUSTCH
  * v2 any process left in them is ended first, all at once (cgroup.kill). */
 void cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg);
 
-/* The kernel process of the sandbox whose first process is init_pid (its
- * init's one child), as a pid of the caller's namespace; -1 when it can't
- * be told. */
+/* The one child of pid (the kernel, of the sandbox's first process; the
+ * inner kernel, of a front kernel), as a pid of the caller's namespace;
+ * -1 when there is none or more than one. */
 int cx_sandbox_kernel_pid(int init_pid);
 
-/* Ends every process of the sandbox but its init and the kernel: the run's
+/* Ends every process of the sandbox but its init, the kernel and the
+ * inner kernel of a front kernel (inner_pid; -1: none): the run's
  * end, done from outside, so no code in the kernel can keep its children
  * past it. The processes come from the kernel's cgroup when it has one
  * (cg may be NULL), else from the init's descendants; each is signalled
@@ -128,7 +140,7 @@ int cx_sandbox_kernel_pid(int init_pid);
  * CX_ERR_IO when the cgroup could not be thawed again: the sandbox is
  * then ended (cgroup.kill) rather than left frozen. */
 enum cx_err cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, int kernel_pid,
-                            int *killed) CX_MUSTCHECK;
+                            int inner_pid, int *killed) CX_MUSTCHECK;
 
 /* A file descriptor holding the seccomp filter as a BPF program, for
  * bwrap --seccomp (not close-on-exec): namespace creation, mount, ptrace,
@@ -137,13 +149,15 @@ enum cx_err cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, in
  * kill the process. */
 enum cx_err cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen) CX_MUSTCHECK;
 
-/* The bwrap command line (NULL-terminated; cx_sandbox_argv_free). A
- * descriptor < 0 leaves its option out. workspace and state: the keeper's
- * directories (keeper.h), bound at /workspace and /run/codexec; NULL: a
- * tmpfs of the sandbox's own at /workspace. */
-enum cx_err cx_sandbox_argv(const struct cx_sandbox_conf *sc, const struct cx_sandbox_conn *c,
-                            const char *private_dir, const char *workspace, const char *state,
-                            int seccomp_fd, int info_fd, char ***argv_out) CX_MUSTCHECK;
+/* The bwrap command line (NULL-terminated; cx_sandbox_argv_free) for a
+ * kernel of the language. A descriptor < 0 leaves its option out.
+ * workspace and state: the keeper's directories (keeper.h), bound at
+ * /workspace and /run/codexec; NULL: a tmpfs of the sandbox's own at
+ * /workspace. */
+enum cx_err cx_sandbox_argv(const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
+                            const struct cx_sandbox_conn *c, const char *private_dir,
+                            const char *workspace, const char *state, int seccomp_fd, int info_fd,
+                            char ***argv_out) CX_MUSTCHECK;
 void cx_sandbox_argv_free(char **argv);
 
 #endif

@@ -70,16 +70,30 @@ enum cx_err {
     CX_ERR_PROTOCOL,    /* a peer broke its protocol (WebSocket, Jupyter) */
     CX_ERR_KERNEL_DIED, /* the kernel exited or was restarted during a run */
     CX_ERR_INTERNAL,
-    CX_ERR_INVALID_PATH, /* a workspace path that breaks its rules */
-    CX_ERR_NOT_A_FILE,   /* a path through a symlink, or naming no regular file */
-    CX_ERR_RUN_ENDED,    /* a run that already ended (cancel) */
-    CX_ERR_IDEMPOTENCY,  /* an Idempotency-Key reused for another request */
-    CX_ERR_IN_PROGRESS,  /* the first request of an Idempotency-Key is still in progress */
+    CX_ERR_INVALID_PATH,      /* a workspace path that breaks its rules */
+    CX_ERR_NOT_A_FILE,        /* a path through a symlink, or naming no regular file */
+    CX_ERR_RUN_ENDED,         /* a run that already ended (cancel) */
+    CX_ERR_IDEMPOTENCY,       /* an Idempotency-Key reused for another request */
+    CX_ERR_IN_PROGRESS,       /* the first request of an Idempotency-Key is still in progress */
+    CX_ERR_LANGUAGE_MISMATCH, /* a run in another language than its session's */
     CX_ERR__COUNT
 };
 
 /* A static English description; never NULL. */
 const char *cx_strerror(enum cx_err err);
+
+/* --- Languages (SPEC §10.3; docs/internals/languages.md) -------------------- */
+
+/* A session's language, fixed when it starts. CX_LANG_ANY: whatever the
+ * session has (python for one created now), for calls that run no code of
+ * the caller's (file operations). */
+enum cx_lang {
+    CX_LANG_ANY = -1,
+    CX_LANG_PYTHON = 0,
+    CX_LANG_JAVASCRIPT,
+    CX_LANG_R,
+    CX_LANG__COUNT
+};
 
 /* --- Byte buffers with a cap (lib/buf.c) ------------------------------------- */
 
@@ -258,9 +272,11 @@ struct cx_config {
     char *database; /* libpq conninfo */
     char *gateway_url;
     char *gateway_token;
-    unsigned max_kernels; /* the first gateway's budget */
-    char *gateway_lines;  /* more gateways, one per line (the "gateway" key) */
-    char *kernel_name;
+    unsigned max_kernels;         /* the first gateway's budget */
+    char *gateway_lines;          /* more gateways, one per line (the "gateway" key) */
+    char *kernel_name;            /* python's kernelspec */
+    char *kernel_name_javascript; /* "": JavaScript is not offered */
+    char *kernel_name_r;          /* "": R is not offered */
     char *storage_dir;
     char *secret_file;
     /* object storage (storage = s3) */
@@ -304,11 +320,14 @@ struct cx_config {
     unsigned download_cache_entries; /* downloads by key answered without a query (0: off) */
     unsigned reaper_interval;
     unsigned kernel_orphan_grace; /* seconds before a kernel no row names is deleted */
-    unsigned kernel_pool_size;
-    char *kernel_preload;      /* "numpy,pandas": modules pooled kernels import while warming */
-    char *metrics_allow;       /* normalised address list (util.h) */
-    bool metrics_token;        /* /metrics by the operators' token only (auth.h) */
-    bool web_server_key;       /* trust params only with CODEXEC_WEB_KEY (auth.h) */
+    unsigned kernel_pool_size;    /* python's; the others' below */
+    char *kernel_preload;         /* "numpy,pandas": modules pooled kernels import while warming */
+    unsigned kernel_pool_size_javascript, kernel_pool_size_r;
+    char *kernel_preload_javascript; /* Node's built-in modules ("fs,path") */
+    char *kernel_preload_r;          /* R packages ("ggplot2,data.table") */
+    char *metrics_allow;             /* normalised address list (util.h) */
+    bool metrics_token;              /* /metrics by the operators' token only (auth.h) */
+    bool web_server_key;             /* trust params only with CODEXEC_WEB_KEY (auth.h) */
     char *mcp_allowed_origins; /* browser Origins /mcp serves, separated by commas or spaces */
     char *public_url; /* "": links in MCP answers start with the request's scheme and Host */
     unsigned
@@ -317,6 +336,10 @@ struct cx_config {
     struct cx_gateway_conf gateways[CX_GATEWAYS_MAX];
     unsigned ngateways;
 };
+
+/* A language's pool size (kernel_pool_size, kernel_pool_size_javascript,
+ * kernel_pool_size_r; 0 for a language the server does not offer). */
+unsigned cx_config_pool_size(const struct cx_config *cfg, enum cx_lang lang);
 
 /* Reads a file over the defaults. On failure *cfg is cleaned up and errbuf
  * holds "path:line: message". */
@@ -574,6 +597,7 @@ struct cx_run_request {
     double timeout;    /* seconds, clamped to (0, max_timeout] */
     unsigned ttl;      /* seconds, clamped to [1, max_ttl] */
     json_t *arguments; /* object, or NULL */
+    enum cx_lang lang; /* language: CX_LANG_PYTHON unless asked */
     bool output_full;  /* output: "full": stdout and stderr whole in the answer */
     bool detach;       /* wait: false: answered 202 at the "run" event, run without the client */
 };

@@ -10,6 +10,7 @@
 
 #include <sodium.h>
 
+#include "config.h"
 #include "mcp.h"
 #include "util.h"
 
@@ -261,17 +262,18 @@ unavailable(const char *why, const char *detail)
     return answer_of("runtime_error", "", why, -1, detail, NULL);
 }
 
+/* main(**arguments) in Python, main(arguments) in JavaScript. */
 static enum cx_err
-run_python(struct cx_ctx *cx, const struct cx_principal *who, const struct rf_req *q,
-           const char *cid, json_t **run, char *msg, size_t msglen)
+run_main(struct cx_ctx *cx, const struct cx_principal *who, const struct rf_req *q, const char *cid,
+         json_t **run, char *msg, size_t msglen)
 {
     struct cx_run_request req;
     /* (a session close that finds it held leaves it to this TTL) */
-    json_t *body =
-        json_pack("{s:s,s:s,s:b,s:s,s:o,s:i,s:i}", "conversation_id", cid, "code", q->code,
-                  "capture_artifacts", 0, "output", "full", "arguments",
-                  q->arguments ? json_incref(q->arguments) : json_object(), "timeout",
-                  (int)cx->cfg->ragflow_timeout, "ttl", (int)cx->cfg->ragflow_timeout + 60);
+    json_t *body = json_pack(
+        "{s:s,s:s,s:s,s:b,s:s,s:o,s:i,s:i}", "conversation_id", cid, "code", q->code, "language",
+        q->nodejs ? "javascript" : "python", "capture_artifacts", 0, "output", "full", "arguments",
+        q->arguments ? json_incref(q->arguments) : json_object(), "timeout",
+        (int)cx->cfg->ragflow_timeout, "ttl", (int)cx->cfg->ragflow_timeout + 60);
     bool pending = false;
     enum cx_err rc;
 
@@ -303,13 +305,14 @@ cx_compat_ragflow_run(struct cx_ctx *cx, const struct cx_principal *who, json_t 
 
     *out = NULL;
     rc = parse(cx->cfg, body, &q, msg, msglen);
-    if (rc == CX_OK && q.nodejs)
-        *out = unavailable("nodejs is not available on this codexec server (python only)",
+    if (rc == CX_OK && q.nodejs && !cx_config_kernel_name(cx->cfg, CX_LANG_JAVASCRIPT))
+        *out = unavailable("nodejs is not available on this codexec server "
+                           "(kernel_name_javascript is not set)",
                            "language_unavailable");
     else if (rc == CX_OK) {
         cx_random_id(id);
         snprintf(cid, sizeof(cid), "ragflow-run-%s", id);
-        rc = run_python(cx, who, &q, cid, &run, msg, msglen);
+        rc = run_main(cx, who, &q, cid, &run, msg, msglen);
         if (rc == CX_OK && (*out = outcome(run)) && !strcmp(str(*out, "status"), "success"))
             json_object_set_new(*out, "artifacts", artifacts(cx, who->user, cid));
         if (cx_session_close(cx, who->user, cid) == CX_ERR_CONFLICT)

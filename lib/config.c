@@ -33,6 +33,8 @@ static const struct cx_conf_key keys[] = {
     {"max_kernels", CX_CONF_UINT, O(max_kernels), "128", 1, 100000},
     {"gateway", CX_CONF_LINES, O(gateway_lines), "", 0, 0},
     {"kernel_name", CX_CONF_STR, O(kernel_name), "python3", 0, 0},
+    {"kernel_name_javascript", CX_CONF_STR, O(kernel_name_javascript), "", 0, 0},
+    {"kernel_name_r", CX_CONF_STR, O(kernel_name_r), "", 0, 0},
     {"storage_dir", CX_CONF_STR, O(storage_dir), CX_LOCALSTATEDIR "/lib/codexec/storage", 0, 0},
     {"secret_file", CX_CONF_STR, O(secret_file), CX_SYSCONFDIR "/codexec/secret", 0, 0},
     /* object storage instead of storage_dir */
@@ -84,6 +86,10 @@ static const struct cx_conf_key keys[] = {
     {"kernel_orphan_grace", CX_CONF_UINT, O(kernel_orphan_grace), "60", 1, 86400},
     {"kernel_pool_size", CX_CONF_UINT, O(kernel_pool_size), "0", 0, 1024},
     {"kernel_preload", CX_CONF_MODULES, O(kernel_preload), "", 0, 0},
+    {"kernel_pool_size_javascript", CX_CONF_UINT, O(kernel_pool_size_javascript), "0", 0, 1024},
+    {"kernel_pool_size_r", CX_CONF_UINT, O(kernel_pool_size_r), "0", 0, 1024},
+    {"kernel_preload_javascript", CX_CONF_MODULES, O(kernel_preload_javascript), "", 0, 0},
+    {"kernel_preload_r", CX_CONF_MODULES, O(kernel_preload_r), "", 0, 0},
     /* who may read /metrics (REMOTE_ADDR, as the web server passes it) */
     {"metrics_allow", CX_CONF_ADDRS, O(metrics_allow), "127.0.0.0/8, ::1", 0, 0},
     /* ... or only with the operators' token, whatever the address (auth.h) */
@@ -465,4 +471,58 @@ cx_config_load(struct cx_config *cfg, const char *path, char *errbuf, size_t err
         cx_config_cleanup(cfg);
     }
     return rc;
+}
+
+const char *
+cx_config_kernel_name(const struct cx_config *cfg, enum cx_lang lang)
+{
+    const char *name = lang == CX_LANG_JAVASCRIPT ? cfg->kernel_name_javascript
+                       : lang == CX_LANG_R        ? cfg->kernel_name_r
+                                                  : cfg->kernel_name;
+
+    return name && *name ? name : NULL;
+}
+
+unsigned
+cx_config_pool_size(const struct cx_config *cfg, enum cx_lang lang)
+{
+    if (!cx_config_kernel_name(cfg, lang))
+        return 0;
+    return lang == CX_LANG_JAVASCRIPT ? cfg->kernel_pool_size_javascript
+           : lang == CX_LANG_R        ? cfg->kernel_pool_size_r
+                                      : cfg->kernel_pool_size;
+}
+
+const char *
+cx_config_preload(const struct cx_config *cfg, enum cx_lang lang)
+{
+    const char *p = lang == CX_LANG_JAVASCRIPT ? cfg->kernel_preload_javascript
+                    : lang == CX_LANG_R        ? cfg->kernel_preload_r
+                                               : cfg->kernel_preload;
+
+    return p ? p : "";
+}
+
+enum cx_err
+cx_config_language(const struct cx_config *cfg, const json_t *v, enum cx_lang *out, char *msg,
+                   size_t msglen)
+{
+    char offered[64] = "";
+
+    *out = CX_LANG_PYTHON;
+    if (!v)
+        return CX_OK;
+    if (!json_is_string(v) || !cx_lang_parse(json_string_value(v), out)) {
+        snprintf(msg, msglen, "language must be \"python\", \"javascript\" or \"r\"");
+        return CX_ERR_INVALID;
+    }
+    if (cx_config_kernel_name(cfg, *out))
+        return CX_OK;
+    for (int i = 0; i < CX_LANG__COUNT; i++)
+        if (cx_config_kernel_name(cfg, (enum cx_lang)i))
+            snprintf(offered + strlen(offered), sizeof(offered) - strlen(offered), "%s%s",
+                     *offered ? ", " : "", cx_lang_name((enum cx_lang)i));
+    snprintf(msg, msglen, "language: this server does not run %s (it runs %s)", cx_lang_name(*out),
+             offered);
+    return CX_ERR_INVALID;
 }

@@ -27,12 +27,18 @@ def reap():
     a zombie of the kernel's, holding a pid, until the next run). Only
     inside codexec's sandbox (its launcher's CODEXEC_SANDBOX, and the kernel
     a child of the sandbox's own pid 1): a kernel started without the
-    sandbox shares the host's processes."""
+    sandbox shares the host's processes. A front kernel's inner kernel (the
+    JavaScript or R kernel it runs, launcher/front.py) is spared, as the
+    launcher spares it."""
     me, mine = os.getpid(), []
     if os.environ.get("CODEXEC_SANDBOX") != "1" or os.getppid() != 1:
         return
+    spare = {1, me}
+    inner = getattr(getattr(sys.modules.get("__codexec_inner__"), "proc", None), "pid", None)
+    if isinstance(inner, int):
+        spare.add(inner)
     for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) not in (1, me):
+        if d.isdigit() and int(d) not in spare:
             try:
                 with open(f"/proc/{d}/stat") as f:
                     child = f.read().rsplit(")", 1)[1].split()[1] == str(me)

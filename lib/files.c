@@ -162,8 +162,10 @@ op_begin(struct fileop *o, struct cx_ctx *cx, const char *user, const char *cid,
         snprintf(msg, msglen, "%s", CX_CONVERSATION_RULE);
         return CX_ERR_INVALID;
     }
-    rc = create ? cx_session_acquire(cx, user, cid, cx->cfg->default_ttl, &o->s, msg, msglen)
-                : cx_session_attach(cx, user, cid, cx->cfg->default_ttl, &o->s, msg, msglen);
+    rc = create ? cx_session_acquire(cx, user, cid, cx->cfg->default_ttl, CX_LANG_ANY, &o->s, msg,
+                                     msglen)
+                : cx_session_attach(cx, user, cid, cx->cfg->default_ttl, CX_LANG_ANY, &o->s, msg,
+                                    msglen);
     if (rc)
         return rc;
     rc = connect_kernel(o, msg, msglen);
@@ -212,6 +214,7 @@ op_send(struct fileop *o, struct cx_exec *e, json_t *params, const void *buf, si
     enum cx_err rc;
 
     *e = (struct cx_exec){.code = files_cell,
+                          .role = CX_EXEC_OWN,
                           .silent = true,
                           .stop_on_error = true,
                           .metadata = meta,

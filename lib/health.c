@@ -24,11 +24,11 @@ record(json_t *checks, const char *name, int failed, const char *msg, int *all_o
     json_object_set_new(checks, name, json_string(text));
 }
 
-/* One gateway: reachable, takes our token, has the kernelspec. msg says
- * what failed. One call: GET /api/kernelspecs, 3 s at most (a hung gateway
- * is a failed check, soon). */
+/* One gateway: reachable, takes our token, has the kernelspec of every
+ * language the server offers. msg says what failed. One call: GET
+ * /api/kernelspecs, 3 s at most (a hung gateway is a failed check, soon). */
 static enum cx_err
-check_gateway(struct cx_gateway *gw, const char *kernel_name, char *msg, size_t msglen)
+check_gateway(struct cx_gateway *gw, const struct cx_config *cfg, char *msg, size_t msglen)
 {
     json_t *specs = NULL;
     enum cx_err rc;
@@ -38,9 +38,14 @@ check_gateway(struct cx_gateway *gw, const char *kernel_name, char *msg, size_t 
     cx_gateway_timeout(gw, 0);
     if (rc)
         snprintf(msg, msglen, "GET /api/kernelspecs failed (gateway down, or our token refused)");
-    else if (!json_object_get(json_object_get(specs, "kernelspecs"), kernel_name)) {
-        snprintf(msg, msglen, "kernelspec \"%.64s\" not found on the gateway", kernel_name);
-        rc = CX_ERR_NOT_FOUND;
+    for (int i = 0; rc == CX_OK && i < CX_LANG__COUNT; i++) {
+        const char *name = cx_config_kernel_name(cfg, (enum cx_lang)i);
+
+        if (name && !json_object_get(json_object_get(specs, "kernelspecs"), name)) {
+            snprintf(msg, msglen, "kernelspec \"%.64s\" (%s) not found on the gateway", name,
+                     cx_lang_name((enum cx_lang)i));
+            rc = CX_ERR_NOT_FOUND;
+        }
     }
     json_decref(specs);
     return rc;
@@ -58,7 +63,7 @@ check_gateways(struct cx_ctx *cx, json_t *checks, int *ok)
     for (unsigned i = 0; i < cx->ngws; i++) {
         int this_ok = 1;
         msg[0] = '\0';
-        enum cx_err rc = check_gateway(cx->gws[i], cx->cfg->kernel_name, msg, sizeof(msg));
+        enum cx_err rc = check_gateway(cx->gws[i], cx->cfg, msg, sizeof(msg));
         record(each, cx->cfg->gateways[i].url, rc != 0, msg, &this_ok);
         usable += this_ok;
         if (rc && !first[0])
@@ -66,6 +71,18 @@ check_gateways(struct cx_ctx *cx, json_t *checks, int *ok)
     }
     record(checks, "gateway", usable == 0, first, ok);
     json_object_set_new(checks, "gateways", each);
+}
+
+/* The languages the server runs (those with a kernelspec configured). */
+static json_t *
+languages(const struct cx_config *cfg)
+{
+    json_t *list = json_array();
+
+    for (int i = 0; list && i < CX_LANG__COUNT; i++)
+        if (cx_config_kernel_name(cfg, (enum cx_lang)i))
+            json_array_append_new(list, json_string(cx_lang_name((enum cx_lang)i)));
+    return list;
 }
 
 static bool
@@ -81,7 +98,8 @@ check_now(struct cx_ctx *cx, json_t **out)
     msg[0] = '\0';
     rc = cx_storage_check_writable(cx->store, msg, sizeof(msg));
     record(checks, "storage", rc != 0, msg, &ok);
-    *out = json_pack("{s:s,s:o}", "status", ok ? "ok" : "unavailable", "checks", checks);
+    *out = json_pack("{s:s,s:o,s:o}", "status", ok ? "ok" : "unavailable", "checks", checks,
+                     "languages", languages(cx->cfg));
     return ok;
 }
 

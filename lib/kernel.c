@@ -623,6 +623,11 @@ cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
         json_object_set_new(m, "metadata", json_object());
     if (!e->user_expressions)
         json_object_set_new(json_object_get(m, "content"), "user_expressions", json_object());
+    if (e->role &&
+        json_object_set_new(json_object_get(m, "content"), "codexec", json_string(e->role))) {
+        json_decref(m);
+        return CX_ERR_NOMEM;
+    }
     rc = e->buffer ? send_binary(c, m, e->buffer, e->buffer_len) : send_message(c, m);
     if (rc == CX_OK)
         e->sent = true;

@@ -17,9 +17,18 @@
 struct cx_kernel_conn;
 
 /* One execute_request and what came back for it. */
+/* Whose code a request carries, for a front kernel (the kernel of a
+ * JavaScript or R session, docs/internals/languages.md): codexec's own
+ * Python (the epilogue, staging, the file API, the pool's warm-up), or the
+ * call of main(); NULL, the caller's, in the session's language. Sent as
+ * the request's content["codexec"]; ipykernel ignores it. */
+#define CX_EXEC_OWN  "own"
+#define CX_EXEC_CALL "call"
+
 struct cx_exec {
     /* in */
     const char *code;
+    const char *role; /* CX_EXEC_OWN, CX_EXEC_CALL or NULL */
     bool silent;
     bool store_history;
     bool stop_on_error;

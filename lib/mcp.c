@@ -345,6 +345,7 @@ cx_mcp_error(const struct cx_mcp_msg *m, enum cx_err rc, const char *msg, json_t
     case CX_ERR_NOT_A_FILE:
     case CX_ERR_TOO_LARGE:
     case CX_ERR_INPUT_NOT_FOUND:
+    case CX_ERR_LANGUAGE_MISMATCH:
     case CX_ERR_NOT_FOUND: code = -32602; break;
     default: break;
     }

@@ -37,14 +37,16 @@ static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
 static bool kicked, shut;
 
 enum cx_err
-cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, char id_out[37], char kernel_out[64],
-                  bool *got)
+cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, const char *kernel_name,
+                  char id_out[37], char kernel_out[64], bool *got)
 {
-    const char *p[2] = {gateway_url, cx->cfg->kernel_name};
+    const char *p[2] = {gateway_url, kernel_name};
     PGresult *r = NULL;
     enum cx_err rc;
 
     *got = false;
+    if (!kernel_name)
+        return CX_OK;
     rc = cx_db_exec(cx->db, &q_claim, p, &r);
     if (rc)
         return rc;
@@ -144,33 +146,48 @@ alive(struct cx_ctx *cx, const char *kernel_id)
     return ok || (rc != CX_OK && rc != CX_ERR_NOT_FOUND);
 }
 
-/* Keeps at most kernel_pool_size live kernels of the configured kernelspec;
- * returns how many are kept, or -1. */
+/* The language whose kernelspec is name; -1 for none the server offers. */
 static int
-prune(struct cx_ctx *cx)
+language_of(const struct cx_config *cfg, const char *name)
+{
+    for (int i = 0; i < CX_LANG__COUNT; i++) {
+        const char *k = cx_config_kernel_name(cfg, (enum cx_lang)i);
+        if (k && !strcmp(k, name))
+            return i;
+    }
+    return -1;
+}
+
+/* Keeps at most each language's pool size of live kernels of its
+ * kernelspec (kept[lang]: how many); false on a database failure. */
+static bool
+prune(struct cx_ctx *cx, int kept[CX_LANG__COUNT])
 {
     const char *p[1] = {cx_gateway_url(cx->gw)};
     PGresult *r = NULL;
-    int kept = 0;
+    bool ok = true;
 
+    memset(kept, 0, sizeof(int) * CX_LANG__COUNT);
     if (cx_db_exec(cx->db, &q_list, p, &r))
-        return -1;
+        return false;
     for (int i = 0; i < PQntuples(r); i++) {
         const char *id = PQgetvalue(r, i, 0), *kid = PQgetvalue(r, i, 1);
+        int lang = language_of(cx->cfg, PQgetvalue(r, i, 2));
         /* (one still warming under the fill lock we hold is a dead
          * process's warm-up: it goes) */
-        bool keep = (unsigned)kept < cx->cfg->kernel_pool_size && PQgetvalue(r, i, 3)[0] == 't' &&
-                    !strcmp(PQgetvalue(r, i, 2), cx->cfg->kernel_name) && alive(cx, kid);
+        bool keep = lang >= 0 &&
+                    (unsigned)kept[lang] < cx_config_pool_size(cx->cfg, (enum cx_lang)lang) &&
+                    PQgetvalue(r, i, 3)[0] == 't' && alive(cx, kid);
 
         if (keep) {
-            kept++;
+            kept[lang]++;
         } else if (take(cx, id)) {
-            kept = -1;
+            ok = false;
             break;
         }
     }
     PQclear(r);
-    return kept;
+    return ok;
 }
 
 /* The warming cell: imports kernel_preload's modules (validated by the
@@ -202,6 +219,34 @@ preload_cell(const char *modules)
     return code;
 }
 
+/* The warm-up of a JavaScript or R kernel's own language (the front
+ * kernel's inner kernel, whose first cell pays for its own set-up): its
+ * preload's modules or packages (dotted identifiers, validated by the
+ * config parser) loaded, none attached or bound. Free with free(). */
+static char *
+inner_warm_cell(enum cx_lang lang, const char *modules)
+{
+    static const char r_fmt[] =
+        "local({ failed <- 0L\n"
+        "  for (p in strsplit(\"%s\", \",\", fixed = TRUE)[[1]])\n"
+        "    if (!suppressPackageStartupMessages(requireNamespace(p, quietly = TRUE)))\n"
+        "      failed <- failed + 1L\n"
+        "  if (failed) stop(paste(\"kernel_preload_r:\", failed, \"failed\")) })\n";
+    static const char js_fmt[] = "{ let failed = 0;\n"
+                                 "  for (const m of \"%s\".split(\",\").filter(Boolean))\n"
+                                 "    try { await import(\"node:\" + m); } catch { failed++; }\n"
+                                 "  if (failed) throw new Error(`kernel_preload_javascript: "
+                                 "${failed} failed`); }\n";
+    size_t n = (lang == CX_LANG_R ? sizeof(r_fmt) : sizeof(js_fmt)) + strlen(modules);
+    char *code = malloc(n);
+
+    if (code && lang == CX_LANG_R)
+        snprintf(code, n, r_fmt, modules);
+    else if (code)
+        snprintf(code, n, js_fmt, modules);
+    return code;
+}
+
 static bool
 warm_ok(const struct cx_exec *e)
 {
@@ -213,25 +258,44 @@ warm_ok(const struct cx_exec *e)
 /* Warms a new kernel on a connection to it: the preload and, once on the
  * empty workspace, the epilogue: it and the capture helper are compiled
  * and cached, their modules imported and the record written, as after any
- * run, so the first real run pays none of it. */
+ * run, so the first real run pays none of it. A JavaScript or R kernel
+ * first runs a cell of its own language (its preload), then the same
+ * Python cell in its front kernel. */
 static enum cx_err
-warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid)
+warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang lang)
 {
     json_t *meta = cx_capture_metadata(cx->cfg, kid, NULL, false, true);
     json_t *uexpr = meta ? cx_runend_expr(kid, true, meta, true) : NULL;
-    char *code = preload_cell(cx->cfg->kernel_preload);
-    struct cx_exec e = {.silent = true, .code = code, .user_expressions = uexpr, .metadata = meta};
-    enum cx_err rc = uexpr && meta && code ? cx_kernel_execute(c, &e) : CX_ERR_NOMEM;
+    bool inner = lang != CX_LANG_PYTHON;
+    char *code = preload_cell(inner ? "" : cx_config_preload(cx->cfg, lang));
+    char *lcode = inner ? inner_warm_cell(lang, cx_config_preload(cx->cfg, lang)) : NULL;
+    struct cx_exec e[2] = {{.silent = true, .code = lcode},
+                           {.silent = true,
+                            .code = code,
+                            .role = CX_EXEC_OWN,
+                            .user_expressions = uexpr,
+                            .metadata = meta}};
+    struct cx_exec *all = inner ? e : e + 1;
+    int n = inner ? 2 : 1;
+    enum cx_err rc = uexpr && meta && code && (lcode || !inner) ? CX_OK : CX_ERR_NOMEM;
 
+    for (int i = 0; rc == CX_OK && i < n; i++)
+        rc = cx_kernel_execute(c, &all[i]);
     if (rc == CX_OK)
-        rc = cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
-    if (rc == CX_OK && !warm_ok(&e))
-        cx_log_warn(0, "kernel_preload: a module failed to import in pooled kernel %s", kid);
-    e.user_expressions = e.metadata = NULL;
-    cx_exec_cleanup(&e, 1);
+        rc = cx_kernel_wait(c, all, n, n, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+    for (int i = 0; rc == CX_OK && i < n; i++)
+        if (!warm_ok(&all[i]))
+            cx_log_warn(0, "%s: a module failed to import in pooled kernel %s",
+                        lang == CX_LANG_PYTHON ? "kernel_preload"
+                        : lang == CX_LANG_R    ? "kernel_preload_r"
+                                               : "kernel_preload_javascript",
+                        kid);
+    e[1].user_expressions = e[1].metadata = NULL;
+    cx_exec_cleanup(e, 2);
     json_decref(uexpr);
     json_decref(meta);
     free(code);
+    free(lcode);
     return rc;
 }
 
@@ -239,16 +303,17 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid)
  * cell with the preload and the capture, so that its first real run does
  * not wait for its start-up. */
 static enum cx_err
-start_one(struct cx_ctx *cx)
+start_one(struct cx_ctx *cx, enum cx_lang lang)
 {
     char id[37], kid[64], msg[CX_MSG_MAX];
-    const char *p[4] = {id, cx_gateway_url(cx->gw), cx->cfg->kernel_name, kid};
+    const char *name = cx_config_kernel_name(cx->cfg, lang);
+    const char *p[4] = {id, cx_gateway_url(cx->gw), name, kid};
     struct cx_kernel_conn *c = NULL;
     int64_t t0 = cx_now_us();
     enum cx_err rc;
 
     cx_uuid_generate(id);
-    rc = cx_gateway_kernel_start(cx->gw, cx->cfg->kernel_name, kid, msg, sizeof(msg));
+    rc = cx_gateway_kernel_start(cx->gw, name, kid, msg, sizeof(msg));
     if (rc)
         return rc;
     /* named at once (warming): never taken for an orphan */
@@ -260,7 +325,7 @@ start_one(struct cx_ctx *cx)
     rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
                              sizeof(msg));
     if (rc == CX_OK) {
-        rc = warm(cx, c, kid);
+        rc = warm(cx, c, kid, lang);
         /* Kept in this process's pool of connections: a first run through a
          * new connection waits for the server's set-up of it (tens of ms,
          * measured). When another process claims the kernel, this one sits
@@ -278,7 +343,8 @@ start_one(struct cx_ctx *cx)
             discard(cx, kid);
         return rc;
     }
-    cx_log_info("pooled kernel %s ready in %lldms", kid, (long long)(cx_now_us() - t0) / 1000);
+    cx_log_info("pooled %s kernel %s ready in %lldms", cx_lang_name(lang), kid,
+                (long long)(cx_now_us() - t0) / 1000);
     return CX_OK;
 }
 
@@ -298,8 +364,8 @@ fill_gateway(struct cx_ctx *cx, unsigned max, int *started)
     const char *p[1] = {cx_gateway_url(cx->gw)};
     PGresult *r = NULL;
     enum cx_err rc;
-    int have;
-    bool got;
+    int have[CX_LANG__COUNT];
+    bool got, failed[CX_LANG__COUNT] = {false};
 
     rc = cx_db_exec(cx->db, &q_fill_lock, p, &r);
     if (rc)
@@ -308,17 +374,30 @@ fill_gateway(struct cx_ctx *cx, unsigned max, int *started)
     PQclear(r);
     if (!got)
         return CX_OK; /* another process is refilling */
-    have = prune(cx);
-    rc = have < 0 ? CX_ERR_DB : CX_OK;
-    while (rc == CX_OK && (unsigned)have < cx->cfg->kernel_pool_size && !shutting_down() &&
-           room_for_one(cx, max)) {
-        rc = start_one(cx);
-        if (rc) {
-            cx_log_warn(0, "could not start a pooled kernel: %s", cx_strerror(rc));
-            break;
+    rc = prune(cx, have) ? CX_OK : CX_ERR_DB;
+    /* one kernel of each language a round, so one slow to start holds up
+     * no other's pool, and one that fails to start none either */
+    for (bool more = rc == CX_OK; more && !shutting_down();) {
+        more = false;
+        for (int l = 0; l < CX_LANG__COUNT && !shutting_down(); l++) {
+            enum cx_err one;
+
+            if (failed[l] || (unsigned)have[l] >= cx_config_pool_size(cx->cfg, (enum cx_lang)l))
+                continue;
+            if (!room_for_one(cx, max))
+                break;
+            one = start_one(cx, (enum cx_lang)l);
+            if (one) {
+                cx_log_warn(0, "could not start a pooled %s kernel: %s",
+                            cx_lang_name((enum cx_lang)l), cx_strerror(one));
+                failed[l] = true;
+                rc = rc ? rc : one;
+                continue;
+            }
+            have[l]++;
+            (*started)++;
+            more = true;
         }
-        have++;
-        (*started)++;
     }
     if (cx_db_exec(cx->db, &q_fill_unlock, p, NULL))
         cx_log_warn(0, "pool advisory unlock failed; the lock ends with the connection");

@@ -505,7 +505,8 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     if (rc == CX_OK) {
         cx_runexec_cancel_by(r.st, cancel);
         cx_runexec_status(r.st, "queued"); /* for the conversation and its kernel */
-        rc = cx_session_acquire(cx, who->user, req->conversation_id, req->ttl, &r.s, msg, msglen);
+        rc = cx_session_acquire(cx, who->user, req->conversation_id, req->ttl, req->lang, &r.s, msg,
+                                msglen);
     }
     if (rc == CX_OK && cx_cancel_requested(cancel))
         cx_runexec_note(r.st, CX_OUTCOME_CANCELLED); /* cancelled while it waited */

@@ -607,13 +607,14 @@ prepare_requests(struct cx_runexec *st, const struct cx_run_request *req, int la
 
     memset(st->all, 0, sizeof(*st->all) * (st->base + CX_REQ_MAX));
     reqs[CX_REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
-    reqs[CX_REQ_CALL] = (struct cx_exec){.code = call_cell};
+    reqs[CX_REQ_CALL] = (struct cx_exec){.code = call_cell, .role = CX_EXEC_CALL};
     reqs[last].user_expressions = uexpr;
     reqs[last].metadata = meta;
     /* the requests that may end the run: their replies pass once the
      * sandbox's other processes are ended, from outside the kernel */
     reqs[last].ends_run = true;
     reqs[CX_REQ_EPILOGUE] = (struct cx_exec){.code = "",
+                                             .role = CX_EXEC_OWN,
                                              .silent = true,
                                              .user_expressions = uexpr,
                                              .metadata = epimeta,

@@ -174,11 +174,7 @@ static enum cx_err
 f_language(const struct cx_config *cfg, json_t *v, struct cx_run_request *req, char *msg,
            size_t msglen)
 {
-    (void)cfg;
-    (void)req;
-    if (v && (!json_is_string(v) || strcmp(json_string_value(v), "python") != 0))
-        return fail(msg, msglen, CX_ERR_INVALID, "language: this server runs \"python\"");
-    return CX_OK;
+    return cx_config_language(cfg, v, &req->lang, msg, msglen);
 }
 
 static enum cx_err

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "config.h"
 #include "db.h"
 #include "gateway.h"
 #include "kernel.h"
@@ -21,8 +22,9 @@
         "s.expires_at") ", EXISTS (SELECT 1 FROM pg_locks l"                                       \
                         " WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"          \
                         " AND (l.classid::bigint << 32 | l.objid::bigint)"                         \
-                        " = hashtextextended(s.user_id || E'\\n' || s.conversation_id, 0))"        \
-                        " FROM sessions s WHERE s.user_id = $1 AND s.kernel_id IS NOT NULL AND "   \
+                        " = hashtextextended(s.user_id || E'\\n' || s.conversation_id, 0)),"       \
+                        " s.language FROM sessions s WHERE s.user_id = $1 AND s.kernel_id IS NOT " \
+                        "NULL AND "                                                                \
                         "s.expires_at > now()"
 
 CX_SQL(q_one, 2, SESSION_COLUMNS " AND s.conversation_id = $2");
@@ -32,8 +34,8 @@ static json_t *
 session_object(PGresult *r, int i, bool created)
 {
     return json_pack("{s:s,s:b,s:s,s:s,s:s}", "conversation_id", PQgetvalue(r, i, 0), "created",
-                     created, "language", "python", "expires_at", PQgetvalue(r, i, 1), "state",
-                     PQgetvalue(r, i, 2)[0] == 't' ? "busy" : "idle");
+                     created, "language", PQgetvalue(r, i, 3), "expires_at", PQgetvalue(r, i, 1),
+                     "state", PQgetvalue(r, i, 2)[0] == 't' ? "busy" : "idle");
 }
 
 enum cx_err
@@ -75,9 +77,11 @@ cx_session_list_live(struct cx_ctx *cx, const char *user, json_t **out)
     return *out ? CX_OK : CX_ERR_NOMEM;
 }
 
-/* The body's ttl (seconds, clamped to [1, max_ttl]) and language. */
+/* The body's ttl (seconds, clamped to [1, max_ttl]) and language (absent:
+ * the session's, python for a new one). */
 static enum cx_err
-open_body(const struct cx_config *cfg, json_t *body, unsigned *ttl, char *msg, size_t msglen)
+open_body(const struct cx_config *cfg, json_t *body, unsigned *ttl, enum cx_lang *lang_out,
+          char *msg, size_t msglen)
 {
     json_t *t = json_object_get(body, "ttl"), *lang = json_object_get(body, "language");
     const char *key;
@@ -99,11 +103,8 @@ open_body(const struct cx_config *cfg, json_t *body, unsigned *ttl, char *msg, s
         json_int_t s = json_integer_value(t);
         *ttl = s < 1 ? 1 : s > (json_int_t)cfg->max_ttl ? cfg->max_ttl : (unsigned)s;
     }
-    if (lang && (!json_is_string(lang) || strcmp(json_string_value(lang), "python") != 0)) {
-        snprintf(msg, msglen, "language: this server runs \"python\"");
-        return CX_ERR_INVALID;
-    }
-    return CX_OK;
+    *lang_out = CX_LANG_ANY;
+    return lang ? cx_config_language(cfg, lang, lang_out, msg, msglen) : CX_OK;
 }
 
 /* A kernel just started answers before the call returns. */
@@ -132,6 +133,7 @@ cx_session_open(struct cx_ctx *cx, const char *user, const char *cid, json_t *bo
                 bool *created, char *msg, size_t msglen)
 {
     struct cx_session s;
+    enum cx_lang lang;
     unsigned ttl;
     enum cx_err rc;
 
@@ -141,9 +143,9 @@ cx_session_open(struct cx_ctx *cx, const char *user, const char *cid, json_t *bo
         snprintf(msg, msglen, "%s", CX_CONVERSATION_RULE);
         return CX_ERR_INVALID;
     }
-    rc = open_body(cx->cfg, body, &ttl, msg, msglen);
+    rc = open_body(cx->cfg, body, &ttl, &lang, msg, msglen);
     if (rc == CX_OK)
-        rc = cx_session_acquire(cx, user, cid, ttl, &s, msg, msglen);
+        rc = cx_session_acquire(cx, user, cid, ttl, lang, &s, msg, msglen);
     if (rc)
         return rc;
     if (s.kernel_fresh)
@@ -151,7 +153,8 @@ cx_session_open(struct cx_ctx *cx, const char *user, const char *cid, json_t *bo
     *created = s.created;
     if (rc == CX_OK)
         *out = json_pack("{s:s,s:b,s:s,s:s,s:s}", "conversation_id", cid, "created", s.created,
-                         "language", "python", "expires_at", s.expires_at, "state", "idle");
+                         "language", cx_lang_name(s.lang), "expires_at", s.expires_at, "state",
+                         "idle");
     cx_session_release(cx, &s);
     return rc == CX_OK && !*out ? CX_ERR_NOMEM : rc;
 }

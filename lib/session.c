@@ -40,7 +40,7 @@ CX_SQL(q_touch, 3,
        " expires_at = greatest(expires_at, now() + make_interval(secs => $3::int))"
        " WHERE user_id = $1 AND conversation_id = $2"
        " RETURNING id, coalesce(kernel_id, ''), workspace, kernel_fresh, gateway_url, " EXPIRES
-       ", capture_rescan");
+       ", capture_rescan, language");
 /* Sessions with a kernel count toward the cap; an evicted one keeps its row
  * (without a kernel) so its next run can say session.reset. */
 CX_SQL(q_count, 1, "SELECT count(*) FROM sessions WHERE user_id = $1 AND kernel_id IS NOT NULL");
@@ -48,9 +48,9 @@ CX_SQL(q_lru, 2,
        "SELECT conversation_id FROM sessions WHERE user_id = $1 AND conversation_id <> $2"
        " AND kernel_id IS NOT NULL ORDER BY last_used_at LIMIT 64");
 CX_SQL(q_evicted, 1, "UPDATE sessions SET kernel_id = NULL WHERE id = $1::uuid");
-CX_SQL(q_insert, 6,
-       "INSERT INTO sessions (id, user_id, conversation_id, gateway_url, expires_at, workspace)"
-       " VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5::int), $6)"
+CX_SQL(q_insert, 7,
+       "INSERT INTO sessions (id, user_id, conversation_id, gateway_url, expires_at, workspace,"
+       " language) VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5::int), $6, $7)"
        " RETURNING " EXPIRES);
 CX_SQL(q_set_kernel, 3,
        "UPDATE sessions SET kernel_id = $2, gateway_url = $3, kernel_fresh = true"
@@ -274,10 +274,15 @@ static enum cx_err
 start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
 {
     const char *p[3] = {s->id, NULL, s->gateway_url};
+    const char *name = cx_config_kernel_name(cx->cfg, s->lang);
     char kid[64];
     enum cx_err rc;
 
-    rc = cx_gateway_kernel_start(s->gw, cx->cfg->kernel_name, kid, msg, msglen);
+    if (!name) {
+        snprintf(msg, msglen, "this server no longer runs %s", cx_lang_name(s->lang));
+        return CX_ERR_INVALID;
+    }
+    rc = cx_gateway_kernel_start(s->gw, name, kid, msg, msglen);
     if (rc)
         return rc;
     p[1] = kid;
@@ -293,8 +298,8 @@ start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
     return CX_OK;
 }
 
-/* Inserts the session's row (s->id set; p[5] is s->workspace): its
- * workspace and expiry. */
+/* Inserts the session's row (s->id set; p[5] is s->workspace, p[6] its
+ * language): its workspace and expiry. */
 static enum cx_err
 insert_row(struct cx_ctx *cx, struct cx_session *s, const char *const *p)
 {
@@ -323,7 +328,8 @@ create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, 
     rc = cx_db_begin(cx->db);
     if (rc)
         return rc;
-    rc = cx_prestart_claim(cx, s->gateway_url, s->id, kid, got);
+    rc = cx_prestart_claim(cx, s->gateway_url, cx_config_kernel_name(cx->cfg, s->lang), s->id, kid,
+                           got);
     if (rc || !*got)
         goto fail;
     rc = insert_row(cx, s, p);
@@ -545,7 +551,8 @@ static enum cx_err
 create_session(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
 {
     char ttl_s[16];
-    const char *p[6] = {s->id, s->user, s->conversation_id, s->gateway_url, ttl_s, s->workspace};
+    const char *p[7] = {s->id, s->user,      s->conversation_id,   s->gateway_url,
+                        ttl_s, s->workspace, cx_lang_name(s->lang)};
     enum cx_err rc = room_begin(cx, s, msg, msglen);
     long room = 0;
     unsigned max = 0;
@@ -554,7 +561,7 @@ create_session(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg,
         return rc;
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
     /* a pooled kernel is counted in its gateway's budget already */
-    if (cx->cfg->kernel_pool_size > 0 && pick_gateway(cx, s, &room, &max) == CX_OK) {
+    if (cx_config_pool_size(cx->cfg, s->lang) > 0 && pick_gateway(cx, s, &room, &max) == CX_OK) {
         bool got = false;
         rc = create_from_pool(cx, s, p, &got);
         cx_prestart_kick(); /* taken, or wanted: the pool refills */
@@ -607,8 +614,8 @@ cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_
 }
 
 static enum cx_err
-acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl, bool create,
-        struct cx_session *s, char *msg, size_t msglen)
+acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl, enum cx_lang lang,
+        bool create, struct cx_session *s, char *msg, size_t msglen)
 {
     char ttl_s[16];
     PGresult *r = NULL;
@@ -618,6 +625,7 @@ acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl, bool
     memset(s, 0, sizeof(*s));
     snprintf(s->user, sizeof(s->user), "%s", user);
     snprintf(s->conversation_id, sizeof(s->conversation_id), "%s", cid);
+    s->lang = lang == CX_LANG_ANY ? CX_LANG_PYTHON : lang;
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
     rc = lock_and_touch(cx, s, ttl_s, &got, &r);
     s->locked = got;
@@ -646,7 +654,17 @@ acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl, bool
     s->capture_rescan = PQgetvalue(r, 0, 6)[0] == 't';
     snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 5));
     snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", PQgetvalue(r, 0, 4));
+    if (!cx_lang_parse(PQgetvalue(r, 0, 7), &s->lang))
+        s->lang = CX_LANG_PYTHON;
     PQclear(r);
+    if (lang != CX_LANG_ANY && lang != s->lang) {
+        snprintf(msg, msglen,
+                 "this conversation's session runs %s: %s runs need another conversation (or "
+                 "this one's session closed first)",
+                 cx_lang_name(s->lang), cx_lang_name(lang));
+        rc = CX_ERR_LANGUAGE_MISMATCH;
+        goto fail;
+    }
     s->gw = cx_ctx_gateway(cx, s->gateway_url);
     /* moving the kernel loses the session's state: worth a fresh probe */
     if (!s->kernel_id[0] || !s->gw || (!cx_gateway_usable(s->gw) && !cx_gateway_recheck(s->gw))) {
@@ -662,16 +680,16 @@ fail:
 
 enum cx_err
 cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
-                   struct cx_session *s, char *msg, size_t msglen)
+                   enum cx_lang lang, struct cx_session *s, char *msg, size_t msglen)
 {
-    return acquire(cx, user, cid, ttl, true, s, msg, msglen);
+    return acquire(cx, user, cid, ttl, lang, true, s, msg, msglen);
 }
 
 enum cx_err
 cx_session_attach(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
-                  struct cx_session *s, char *msg, size_t msglen)
+                  enum cx_lang lang, struct cx_session *s, char *msg, size_t msglen)
 {
-    return acquire(cx, user, cid, ttl, false, s, msg, msglen);
+    return acquire(cx, user, cid, ttl, lang, false, s, msg, msglen);
 }
 
 void

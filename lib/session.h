@@ -32,6 +32,7 @@ struct cx_session {
     char kernel_id[64];
     char workspace[CX_WORKSPACE_MAX];
     char expires_at[32];
+    enum cx_lang lang;   /* its language, fixed when it started */
     bool created;        /* this acquire made the session */
     bool reset;          /* its kernel was replaced: state lost */
     bool kernel_fresh;   /* codexec started or restarted the kernel itself */
@@ -46,16 +47,19 @@ struct cx_session {
  * to the usable gateway with the most room in its budget (max_kernels); at
  * every budget the least recently used idle session of any user is closed
  * to make room, and when none is idle: CX_ERR_CAPACITY. A session whose
- * gateway is no longer usable moves to another (s->reset). On success the
- * lock is held: cx_session_release() ends it. msg says what failed. */
+ * gateway is no longer usable moves to another (s->reset). A new session
+ * is of the language lang (python for CX_LANG_ANY); one that exists in
+ * another language than lang (unless CX_LANG_ANY) is
+ * CX_ERR_LANGUAGE_MISMATCH, nothing held. On success the lock is held:
+ * cx_session_release() ends it. msg says what failed. */
 enum cx_err cx_session_acquire(struct cx_ctx *cx, const char *user, const char *conversation_id,
-                               unsigned ttl, struct cx_session *s, char *msg,
+                               unsigned ttl, enum cx_lang lang, struct cx_session *s, char *msg,
                                size_t msglen) CX_MUSTCHECK;
 
 /* cx_session_acquire() of a session that exists: CX_ERR_NOT_FOUND (and
  * nothing held) when the conversation has none. */
 enum cx_err cx_session_attach(struct cx_ctx *cx, const char *user, const char *conversation_id,
-                              unsigned ttl, struct cx_session *s, char *msg,
+                              unsigned ttl, enum cx_lang lang, struct cx_session *s, char *msg,
                               size_t msglen) CX_MUSTCHECK;
 
 /* Records the kernel's state after a run and unlocks. Safe to call twice. */

@@ -121,8 +121,11 @@ send_chunk(struct sending *s)
     sodium_bin2base64(s->b64, s->b64len, s->buf, s->len, sodium_base64_VARIANT_ORIGINAL);
     meta = json_pack("{s:{s:s,s:b,s:s}}", "codexec_input", "path", s->path, "first", s->first,
                      "data", s->b64);
-    s->stage[s->k] = (struct cx_exec){
-        .code = stage_cell, .silent = true, .stop_on_error = true, .metadata = meta};
+    s->stage[s->k] = (struct cx_exec){.code = stage_cell,
+                                      .role = CX_EXEC_OWN,
+                                      .silent = true,
+                                      .stop_on_error = true,
+                                      .metadata = meta};
     rc = meta ? cx_kernel_execute(s->conn, &s->stage[s->k]) : CX_ERR_NOMEM;
     s->stage[s->k].metadata = NULL;
     json_decref(meta);

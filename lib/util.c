@@ -342,3 +342,23 @@ cx_hex_digit(char c)
         return c - 'A' + 10;
     return -1;
 }
+
+static const char *const lang_names[CX_LANG__COUNT] = {
+    [CX_LANG_PYTHON] = "python", [CX_LANG_JAVASCRIPT] = "javascript", [CX_LANG_R] = "r"};
+
+const char *
+cx_lang_name(enum cx_lang lang)
+{
+    return lang > CX_LANG_PYTHON && lang < CX_LANG__COUNT ? lang_names[lang] : "python";
+}
+
+bool
+cx_lang_parse(const char *s, enum cx_lang *out)
+{
+    for (int i = 0; i < CX_LANG__COUNT; i++)
+        if (s && !strcmp(s, lang_names[i])) {
+            *out = (enum cx_lang)i;
+            return true;
+        }
+    return false;
+}

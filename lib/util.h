@@ -57,4 +57,9 @@ size_t cx_json_cost(const char *s, size_t len);
  * a normalised list. */
 enum cx_err cx_addr_list_normalize(const char *text, char **out) CX_MUSTCHECK;
 
+/* "python", "javascript", "r"; "python" for CX_LANG_ANY. */
+const char *cx_lang_name(enum cx_lang lang);
+/* The language named s; false for another word. */
+bool cx_lang_parse(const char *s, enum cx_lang *out);
+
 #endif

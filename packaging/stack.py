@@ -31,6 +31,20 @@ PG_BIN = "/usr/lib/postgresql/15/bin"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_NAME = "python3-sandbox"
 TEST_KERNEL_NAME = "python3-sandbox-test"  # a kernelspec the system tests write
+# The JavaScript and R kernelspecs (packaging/kernels/), offered when their
+# runtimes are installed: Deno (from npm, packaging/deno/) and R's
+# IRkernel (Debian's r-cran-irkernel).
+LANGUAGE_KERNELS = {"javascript": "javascript-sandbox", "r": "r-sandbox"}
+DENO_PREFIX = "/usr/local/lib/codexec-deno"  # packaging/quickstart installs Deno here
+DENO = os.path.join(DENO_PREFIX, "deno")
+R_BIN = "/usr/bin/R"
+
+
+def language_available(lang):
+    """Whether this machine has the runtime of lang's kernel."""
+    if lang == "javascript":
+        return os.access(DENO, os.X_OK)
+    return os.access(R_BIN, os.X_OK) and os.path.isdir("/usr/lib/R/site-library/IRkernel")
 # Started as root, every service runs as its own system user: codexec-fcgi
 # and nginx as codexec (storage, secret, configuration), PostgreSQL as
 # codexec-db, the Jupyter server and its kernels as codexec-kernel, which
@@ -121,7 +135,9 @@ class Stack:
         # sit in a directory only its owner can enter)
         self.link_module_built = os.path.join(self.build, "nginx",
                                               "ngx_http_codexec_link_module.so")
-        self.kernelspecs = [KERNEL_NAME] + ([TEST_KERNEL_NAME] if test_kernel else [])
+        self.languages = [l for l in sorted(LANGUAGE_KERNELS) if language_available(l)]
+        self.kernelspecs = ([KERNEL_NAME] + [LANGUAGE_KERNELS[l] for l in self.languages] +
+                            ([TEST_KERNEL_NAME] if test_kernel else []))
         p = lambda *a: os.path.join(self.var, *a)
         self.pg_data, self.pg_run = p("pg", "data"), p("pg", "run")
         self.storage, self.workspaces = p("storage"), p("workspaces")
@@ -315,7 +331,10 @@ class Stack:
             (self.kernel_cache, "root", None, 0o755),
             (self.kernelspecs_dir, "root", None, 0o755),  # not even the gateway changes them
             (os.path.join(self.kernelspecs_dir, "kernels"), "root", None, 0o755),
-            (os.path.join(self.kernelspecs_dir, "kernels", KERNEL_NAME), "root", None, 0o755),
+        ] + [
+            (os.path.join(self.kernelspecs_dir, "kernels", k), "root", None, 0o755)
+            for k in [KERNEL_NAME] + [LANGUAGE_KERNELS[l] for l in self.languages]
+        ] + [
             (self.jdir, "root", None, 0o755),
             (j("home"), self.kernel_user, None, 0o700),
             (j("runtime"), self.kernel_user, None, 0o700),
@@ -642,6 +661,7 @@ class Stack:
         lines = {
             "cache_dir": self.kernel_cache,
             "cgroup": self.cgroup if self.cgroups_ok else "",
+            "deno": DENO,
         }
         lines.update(self.sandbox_extra)
         text = ("# Written by packaging/stack.py: the limits of every kernel, read by\n"
@@ -650,11 +670,13 @@ class Stack:
         self.write_file(self.sandbox_conf, text, 0o644, "root")
 
     def write_kernelspec(self):
-        with open(os.path.join(REPO, "packaging", "kernels", KERNEL_NAME, "kernel.json.in")) as f:
-            spec = f.read().replace("@LAUNCHER@", os.path.join(self.bin, "codexec-kernel-launcher"))
-            spec = spec.replace("@SANDBOX_CONF@", self.sandbox_conf)
-        self.write_file(os.path.join(self.kernelspecs_dir, "kernels", KERNEL_NAME, "kernel.json"),
-                        spec, 0o644, "root")
+        for name in [KERNEL_NAME] + [LANGUAGE_KERNELS[l] for l in self.languages]:
+            with open(os.path.join(REPO, "packaging", "kernels", name, "kernel.json.in")) as f:
+                spec = f.read().replace("@LAUNCHER@",
+                                        os.path.join(self.bin, "codexec-kernel-launcher"))
+                spec = spec.replace("@SANDBOX_CONF@", self.sandbox_conf)
+            self.write_file(os.path.join(self.kernelspecs_dir, "kernels", name, "kernel.json"),
+                            spec, 0o644, "root")
 
     def write_config(self):
         lines = {
@@ -666,6 +688,7 @@ class Stack:
             "gateway_url": self.gateway_url,
             "gateway_token": self.gateway_token,
             "kernel_name": KERNEL_NAME,
+            **{f"kernel_name_{l}": LANGUAGE_KERNELS[l] for l in self.languages},
             "storage_dir": self.storage,
             "secret_file": self.secret,
             "delivery": "x-accel",

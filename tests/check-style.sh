@@ -72,7 +72,7 @@ loops=$(printf '%s\n' "$arrows" | tsort 2>&1 >/dev/null | grep -v 'input contain
 if command -v pyflakes3 >/dev/null 2>&1; then
   out=$(pyflakes3 tests/run.py tests/system/*.py tests/bench/*.py packaging/stack.py \
     tests/clients/*.py clients/python/codexec/*.py clients/python/build_backend.py \
-    integrations/*/*.py 2>&1)
+    integrations/*/*.py launcher/front.py 2>&1)
   [ -z "$out" ]; check $? "pyflakes3: the test and packaging Python is clean"
   [ -n "$out" ] && printf '%s\n' "$out" | sed 's/^/# /'
 else

@@ -100,8 +100,21 @@ class CodexecProvider(SandboxProvider):
             self._request("GET", "/v1/conversations", timeout=10)
         except CodexecError:
             return False
+        self._offered = self._server_languages()
         self._initialized = True
         return True
+
+    def _server_languages(self) -> List[str]:
+        """What the server runs (its health says), in RAGFlow's names."""
+        try:
+            health = self._request("GET", "/v1/health", timeout=10) or {}
+        except CodexecError:  # (unhealthy: it answers 503) Python at least
+            health = {}
+        names = {"python": ["python"], "javascript": ["nodejs", "javascript"], "r": ["r"]}
+        langs = health.get("languages") if isinstance(health, dict) else None
+        if not isinstance(langs, list):
+            langs = ["python"]
+        return [n for lang in ("python", "javascript", "r") if lang in langs for n in names[lang]]
 
     def _conversation(self, instance_id: str) -> str:
         if not re.match(r"^[A-Za-z0-9._:-]{1,120}$", instance_id or ""):
@@ -163,7 +176,7 @@ class CodexecProvider(SandboxProvider):
             return False
 
     def get_supported_languages(self) -> List[str]:
-        return ["python"]
+        return list(getattr(self, "_offered", None) or ["python"])
 
     @staticmethod
     def get_config_schema() -> Dict[str, Dict]:

@@ -545,6 +545,63 @@ def cold_start(b, n):
         b.st.conf_extra["kernel_pool_size"] = size
 
 
+def languages(b, n_runs, n_cold):
+    """Per language of the stack (JavaScript, R): a trivial run against a
+    tuned raw execute on a kernel of the same kernelspec (the front kernel
+    and its inner kernel both), in alternating blocks of ten; then the first
+    run of a new conversation with a kernel ready in that language's pool,
+    against the same conversation's next run."""
+    for lang in b.st.languages:
+        name = stack.LANGUAGE_KERNELS[lang]
+        ws = f"w-bench-raw-{lang}"
+        os.makedirs(os.path.join(b.st.workspaces, ws), exist_ok=True)
+        b.st.chown_kernel(os.path.join(b.st.workspaces, ws))
+        k = b.gateway("POST", "/api/kernels", {"name": name, "path": ws})["id"]
+        b.raw(k, 5, "tuned")
+        cid = f"bench-lang-{lang}"
+        for _ in range(3):
+            b.run(cid, "x=1", language=lang)
+        lat, tuned = [], []
+        for _ in range(max(1, n_runs // 10)):
+            tuned += b.raw(k, 10, "tuned")
+            for _ in range(10):
+                t0 = time.perf_counter()
+                b.run(cid, "x=1", language=lang)
+                lat.append((time.perf_counter() - t0) * 1000)
+        b.gateway("DELETE", f"/api/kernels/{k}")
+        row("languages", f"{lang}: POST /v1/runs x=1 (median)", statistics.median(lat),
+            statistics.median(tuned), "ms",
+            f"ratio to a tuned raw execute on {name} (≤ 1.5 wanted); p95 {pct(lat, 95):.1f} ms")
+        b.st.conf_extra[f"kernel_pool_size_{lang}"] = "1"
+        b.st.write_config()
+        b.st.kill_pidfile("codexec-fcgi")
+        b.st.start_fcgi()
+        cold, warm = [], []
+        ready = lambda: int(b.psql("SELECT count(*) FROM prestarted_kernels WHERE ready"
+                                   f" AND kernel_name = '{name}'"))
+        for i in range(n_cold):
+            deadline = time.monotonic() + 120
+            while ready() < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.5)
+            c = f"bench-lang-cold-{lang}-{i}"
+            t0 = time.perf_counter()
+            b.run(c, "x=1", language=lang)
+            cold.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            b.run(c, "x=1", language=lang)
+            warm.append((time.perf_counter() - t0) * 1000)
+        row("languages", f"{lang}: first run of a new conversation, a kernel ready in the pool "
+            "(median)", statistics.median(cold), statistics.median(warm), "ms", "ratio to a warm run")
+        b.st.conf_extra.pop(f"kernel_pool_size_{lang}")
+        b.st.write_config()
+        b.st.kill_pidfile("codexec-fcgi")
+        subprocess.run([b.st.admin, "--config", b.st.conf, "pool", "drain"], check=True,
+                       stdout=subprocess.DEVNULL)
+        b.st.start_fcgi()
+        b.settle()
+
+
 def cold_imports(b, n):
     """A new conversation's first run that imports pandas and matplotlib,
     on a pooled kernel warmed without and with kernel_preload; the baseline
@@ -873,7 +930,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
     ap.add_argument("--only", action="append",
                     choices=["run", "stream", "cold", "capture", "download", "files", "s3",
-                             "concurrency", "capacity", "mcp", "dropins"],
+                             "concurrency", "capacity", "mcp", "dropins", "languages"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     others = other_stacks()
@@ -917,6 +974,8 @@ def main():
             mcp_overhead(b, a.runs)
         if want("dropins"):
             dropins(b, a.runs)
+        if want("languages"):
+            languages(b, a.runs, 3 if a.smoke else 8)
         if want("s3"):
             s3(b, 3 if a.smoke else 11)
         if want("concurrency"):

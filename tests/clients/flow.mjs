@@ -26,6 +26,12 @@ const collect = async (it) => {
 };
 
 await step("run", () => cx.run({ code: "x = 6 * 7\nprint(x)", conversationId: cid }));
+// the other languages: a session opened in R, a JavaScript main() with arguments
+await step("languages", async () => [
+  (await cx.sessions.create(cid + "-lang-r", { language: "r" })).language,
+  (await cx.run({ code: 'x <- 6 * 7\ncat(x, "\\n")', conversationId: cid + "-lang-r", language: "r" })).stdout_tail,
+  (await cx.run({ code: "const main = async (a) => a.n * 2;", conversationId: cid + "-lang-js", language: "javascript", arguments: { n: 21 } })).result,
+]);
 // RAGFlow's shape: main(**arguments), the arguments as data
 await step("arguments", () => cx.run({ code: "def main(a, b, c):\n    return [a, b, c]", conversationId: cid, arguments: { a: null, b: true, c: false } }));
 // DocsGPT's: a kernel the code killed comes back empty, the files stay

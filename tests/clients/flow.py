@@ -28,6 +28,11 @@ def step(name, fn):
 
 
 step("run", lambda: cx.run("x = 6 * 7\nprint(x)", cid))
+# the other languages: a session opened in R, a JavaScript main() with arguments
+step("languages", lambda: [cx.sessions.create(cid + "-lang-r", language="r")["language"],
+                           cx.run('x <- 6 * 7\ncat(x, "\\n")', cid + "-lang-r", language="r")["stdout_tail"],
+                           cx.run("const main = async (a) => a.n * 2;", cid + "-lang-js",
+                                  language="javascript", arguments={"n": 21})["result"]])
 # RAGFlow's shape: main(**arguments), the arguments as data
 step("arguments", lambda: cx.run("def main(a, b, c):\n    return [a, b, c]", cid,
                                  arguments={"a": None, "b": True, "c": False}))

@@ -136,7 +136,19 @@ async function open() {
   await c.close();
 }
 
-const scenarios = { flow, foreign, open };
+// run_code in JavaScript and R (extra: a conversation id prefix).
+async function languages() {
+  const [c] = await connect();
+  await step("js", () => run(c, "const y = 6 * 7;\nconsole.log(y);", { language: "javascript", conversation_id: `${extra}-js` }));
+  await step("js_state", () => run(c, "y + 1", { language: "javascript", conversation_id: `${extra}-js` }));
+  await step("r", () => run(c, 'cat(6 * 7, "\\n")', { language: "r", conversation_id: `${extra}-r` }));
+  await step("r_plot", () => run(c, "plot(1:3)", { language: "r", conversation_id: `${extra}-r` }));
+  await step("r_error", () => run(c, 'stop("nope")', { language: "r", conversation_id: `${extra}-r` }));
+  await step("mismatch", () => run(c, "print(1)", { conversation_id: `${extra}-r` }));
+  await c.close();
+}
+
+const scenarios = { flow, foreign, open, languages };
 try {
   await scenarios[scenario]();
 } catch (e) {

@@ -54,6 +54,7 @@ def run_flow(argv, what):
 
 def check_flow(ctx, o, user, url):
     eq(o["run"]["stdout_tail"], "42\n", f"run: {o['run']}")
+    eq(o["languages"], ["r", "42 \n", 42], f"R and JavaScript: {o['languages']}")
     eq((o["arguments"]["result"], o["arguments"]["result_present"]), ([None, True, False], True),
        "main(**arguments): null, true and false as data")
     _, died, after = o["reset"]

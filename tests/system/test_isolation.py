@@ -111,6 +111,27 @@ def test_symlink_then_die_writes_nothing(ctx):
 
 # --- the server's files are out of reach -------------------------------------
 
+def test_workspace_modules_do_not_shadow_the_kernels(ctx):
+    """The workspace is the tenant's: a json.py (or any module the kernel
+    imports at its start) planted there is not what the next kernel process
+    imports (python -P); the tenant's own modules still import, after the
+    standard library, as in Jupyter."""
+    user, cid = "iso-shadow", new_id()
+    plant = ("import os\nfor m in ('json', 'signal', 'zmq', 'traitlets', 'mymod'):\n"
+             "    open(m + '.py', 'w').write('open(\"/workspace/imported-' + m + '\", \"w\")\\n'"
+             " + ('VALUE = 7\\n' if m == 'mymod' else 'raise SystemExit(\"shadowed\")\\n'))\n"
+             "os._exit(1)")
+    run(ctx, user, cid, "x = 1")
+    r = run(ctx, user, cid, plant)
+    eq((r["status"], r.get("error_name"), r["session"]["reset"]), ("error", "KernelDied", True),
+       f"the kernel ended {r!r}")
+    r = run(ctx, user, cid, "import os, json, mymod\nprint(json.__file__.startswith('/usr/lib'),"
+                            " mymod.VALUE, sorted(f for f in os.listdir('.') if f.startswith('imported-')))")
+    eq(r["status"], "ok", f"a new kernel process started, the workspace's modules planted {r!r}")
+    eq(r["stdout_tail"], "True 7 ['imported-mymod']\n",
+       "the standard library's json, the tenant's own module, nothing planted imported at start")
+
+
 def test_codexec_files_are_out_of_reach(ctx):
     st = ctx.st
     paths = [st.conf, st.secret, st.storage, st.pg_data, os.path.join(st.pg_run, ".s.PGSQL.5432"),

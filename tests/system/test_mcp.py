@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import stack
-from harness import check, eq, wait_until
+from harness import check, eq, new_id, wait_until
 
 CLIENT = os.path.join(stack.REPO, "tests", "mcp", "client.mjs")
 
@@ -110,6 +110,23 @@ def test_the_sdk_client_through_nginx(ctx):
     o = sdk(ctx, "flow", ctx.key(user))
     sid = check_flow(ctx, o, user)
     check_live(ctx, o, user, sid)
+
+
+def test_run_code_in_each_language(ctx):
+    """run_code's language: JavaScript and R through the SDK's client, an
+    R plot as image content, a mismatch as a JSON-RPC error."""
+    o = sdk(ctx, "languages", ctx.key("u-mcp-lang"), extra="lang-" + new_id())
+    eq((texts(o["js"]), o["js"]["isError"]), ("42\n", False), f"JavaScript: {o['js']}")
+    eq(o["js_state"]["structuredContent"]["result"], "43", f"JavaScript's state: {o['js_state']}")
+    eq((texts(o["r"]), o["r"]["isError"]), ("42 \n", False), f"R: {o['r']}")
+    images = [b for b in o["r_plot"]["content"] if b["type"] == "image"]
+    check(len(images) == 1 and base64.b64decode(images[0]["data"]).startswith(b"\x89PNG"),
+          f"an R plot as image content: {[b['type'] for b in o['r_plot']['content']]}")
+    eq(o["r_error"]["isError"], True, f"an R error: {o['r_error']}")
+    check("nope" in texts(o["r_error"]), f"its message: {texts(o['r_error'])!r}")
+    eq(o["mismatch"].get("code"), -32602, f"a run in another language: {o['mismatch']}")
+    check("language_mismatch" in json.dumps(o["mismatch"]) or "runs r" in o["mismatch"]["error"],
+          f"... said so: {o['mismatch']}")
 
 
 def rpc(ctx, body, key=None, headers=None, sid=None, version="2025-06-18", method="POST"):

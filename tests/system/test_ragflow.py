@@ -170,8 +170,25 @@ def check_results(p, what, run_timeout=120):
 def test_self_managed_provider(ctx):
     p = self_managed(ctx)
     check_results(p, "SelfManagedProvider")
-    r = run(p, "function main(args) { return args; }", language="nodejs")
-    eq(r.metadata["status"], "runtime_error", f"nodejs, not available yet, is a clean runtime_error: {r}")
+    check_nodejs(p, "SelfManagedProvider")
+
+
+# RAGFlow's Node.js shape: an async main exported, Node's require().
+NODE_MAIN = ("const path = require('path');\n"
+             "async function main(args) {\n"
+             "  console.log('hi from node');\n"
+             "  return { joined: path.join(args.a, 'b'), n: args.n + 1, f: args.f };\n}\n"
+             "module.exports = { main };\n")
+
+
+def check_nodejs(p, what):
+    r = run(p, NODE_MAIN, language="nodejs", arguments={"a": "x", "n": 41, "f": None})
+    eq((r.metadata["status"], r.exit_code), ("success", 0), f"{what}: nodejs {r}")
+    eq(r.metadata["result_value"], {"joined": "x/b", "n": 42, "f": None}, f"{what}: main's value")
+    check("hi from node" in r.stdout, f"{what}: its output {r.stdout!r}")
+    r = run(p, "async function main() { throw new RangeError('nope'); }", language="nodejs")
+    eq(r.metadata["status"], "program_error", f"{what}: a JavaScript error {r}")
+    check("nope" in r.stderr, f"{what}: its message in stderr {r.stderr!r}")
 
 
 def test_a_lying_kernel(ctx):
@@ -235,5 +252,7 @@ def test_native_provider(ctx):
         check(p.destroy_instance(inst.instance_id), "destroyed")
     r = ctx.get(f"/v1/conversations/ragflow-{inst.instance_id}/session", key=ctx.key("u-ragflow-native"))
     eq(r.status, 404, "its session closed")
-    eq(p.get_supported_languages(), ["python"], "its languages (JavaScript and R: issue 28)")
+    eq(p.get_supported_languages(), ["python", "nodejs", "javascript", "r"],
+       "its languages: what the server's health says it runs")
+    check_nodejs(p, "CodexecProvider")
     json.dumps(schema)  # the admin API serves it as JSON

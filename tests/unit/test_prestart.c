@@ -30,7 +30,7 @@ claim(struct cxtest *t, char id[37], char kernel[64])
     bool got = false;
 
     if (cx_db_begin(t->cx.db) ||
-        cx_prestart_claim(&t->cx, t->cfg.gateways[0].url, id, kernel, &got)) {
+        cx_prestart_claim(&t->cx, t->cfg.gateways[0].url, t->cfg.kernel_name, id, kernel, &got)) {
         cx_db_rollback(t->cx.db);
         return -1;
     }

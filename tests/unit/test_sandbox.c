@@ -546,6 +546,54 @@ test_remove_tree(void)
     close(dfd);
 }
 
+/* The command line of a JavaScript and an R kernel: the front kernel
+ * (python -P -c, its source) over the language's binary; Deno outside
+ * /usr bound read-only, and no address-space limit for V8. */
+static void
+test_argv_languages(const struct cx_sandbox_conn *c)
+{
+    struct cx_sandbox_conf sc;
+    char err[256], joined[65536];
+    char **argv = NULL;
+
+    need(cx_sandbox_conf_parse(&sc, "s", "deno = /opt/deno/bin/deno\n", err, sizeof(err)) == CX_OK,
+         "conf for the languages");
+    for (int lang = CX_SANDBOX_JAVASCRIPT; lang <= CX_SANDBOX_R; lang++) {
+        joined[0] = '\0';
+        ok(cx_sandbox_argv(&sc, (enum cx_sandbox_language)lang, c, "/run/x/sbx-kernel-abc.123456",
+                           NULL, NULL, 7, 9, &argv) == CX_OK,
+           "argv (%d)", lang);
+        for (char **a = argv; a && *a; a++) {
+            strncat(joined, *a, sizeof(joined) - strlen(joined) - 2);
+            strncat(joined, " ", sizeof(joined) - strlen(joined) - 1);
+        }
+        ok(strstr(joined, "/usr/bin/python3 -P -c # codexec front kernel") != NULL,
+           "the front kernel from the launcher's own copy (%d)", lang);
+        if (lang == CX_SANDBOX_R) {
+            ok(strstr(joined, " --inner r --path /usr/bin/R -f ") != NULL, "R's IRkernel");
+            ok(strstr(joined, "--as=") != NULL, "R: an address-space limit");
+            ok(strstr(joined, "/opt/deno") == NULL, "R: no Deno bound");
+        } else {
+            ok(strstr(joined, " --inner javascript --path /opt/deno/bin/deno -f ") != NULL,
+               "Deno's kernel");
+            ok(strstr(joined, "--as=") == NULL, "JavaScript: no address-space limit (V8's cage)");
+            ok(strstr(joined, "--ro-bind /opt/deno/bin/deno /opt/deno/bin/deno") != NULL &&
+                   strstr(joined, "--ro-bind /opt/deno/bin/deno") <
+                       strstr(joined, "--remount-ro /"),
+               "Deno outside /usr bound read-only, before the root is sealed");
+        }
+        ok(strstr(joined, "exec_lines") == NULL, "no matplotlib hook outside Python");
+        cx_sandbox_argv_free(argv);
+        argv = NULL;
+    }
+    ok(cx_sandbox_language_parse("r") == CX_SANDBOX_R &&
+           cx_sandbox_language_parse("javascript") == CX_SANDBOX_JAVASCRIPT &&
+           cx_sandbox_language_parse("python") == CX_SANDBOX_PYTHON &&
+           cx_sandbox_language_parse("R") < 0 && cx_sandbox_language_parse("") < 0,
+       "the launcher's --language words");
+    cx_sandbox_conf_cleanup(&sc);
+}
+
 static void
 test_argv(void)
 {
@@ -561,7 +609,9 @@ test_argv(void)
     need(cx_sandbox_conf_parse(&sc, "s", "max_workspace_bytes = 300M\npython_env = /opt/env\n", err,
                                sizeof(err)) == CX_OK,
          "conf for argv");
-    ok(cx_sandbox_argv(&sc, &c, "/run/x/sbx-kernel-abc.123456", NULL, NULL, 7, 9, &argv) == CX_OK, "argv");
+    ok(cx_sandbox_argv(&sc, CX_SANDBOX_PYTHON, &c, "/run/x/sbx-kernel-abc.123456", NULL, NULL, 7, 9,
+                       &argv) == CX_OK,
+       "argv");
     for (char **a = argv; a && *a; a++) {
         strncat(joined, *a, sizeof(joined) - strlen(joined) - 2);
         strncat(joined, " ", sizeof(joined) - strlen(joined) - 1);
@@ -579,7 +629,9 @@ test_argv(void)
        "sized /tmp and /dev/shm");
     ok(strstr(joined, "--seccomp 7") && strstr(joined, "--info-fd 9"), "seccomp and info fds");
     ok(strstr(joined, "--ro-bind /opt/env /opt/env") != NULL, "the Python environment read-only");
-    ok(strstr(joined, "/opt/env/bin/python3 -m ipykernel_launcher -f") != NULL, "its python");
+    ok(strstr(joined, "/opt/env/bin/python3 -P -m ipykernel_launcher -f") != NULL,
+       "its python, the workspace not first on sys.path");
+    ok(strstr(joined, "--as=") != NULL, "an address-space limit");
     ok(strstr(joined, " --HistoryManager.hist_file=:memory:") != NULL, "history kept in memory");
     snprintf(text, sizeof(text), "--bind /run/x/sbx-kernel-abc.123456 %s ", dir);
     ok(strstr(joined, text) != NULL, "the private directory over the runtime directory");
@@ -587,6 +639,7 @@ test_argv(void)
     ok(strstr(joined, "--bind /") == strstr(joined, "--bind /run/x"), "no other writable bind");
     cx_sandbox_argv_free(argv);
     cx_sandbox_conf_cleanup(&sc);
+    test_argv_languages(&c);
 }
 
 /* Loads the filter into a child and tries what it must refuse. */
@@ -642,9 +695,28 @@ cgroup_procs(const char *cgdir, long *pids, int max)
     return n;
 }
 
+/* The first child listed of pid (the oldest: the list is in the order
+ * they were made); -1 for none. */
+static int
+first_child(int pid)
+{
+    char path[64], buf[8192];
+    FILE *f;
+    int child = -1;
+
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", pid, pid);
+    f = fopen(path, "re");
+    if (f && fgets(buf, sizeof(buf), f))
+        child = (int)strtol(buf, NULL, 10);
+    if (f)
+        fclose(f);
+    return child > 0 ? child : -1;
+}
+
 /* A sandbox's shape in a cgroup, made for real: a host process (outside
  * the namespace, in the cgroup), the namespace's init, the "kernel" under
- * it, and the kernel's children: 200 asleep and one forking without end.
+ * it, and the kernel's children: an inner kernel first (a front kernel's),
+ * then 200 asleep and one forking without end.
  * Its pid (the host process) is returned, the init's into *init. */
 static pid_t
 start_tenant(const char *cgdir, pid_t *init)
@@ -666,8 +738,11 @@ start_tenant(const char *cgdir, pid_t *init)
             _exit(1);
         close(fd);
         b = fork();
-        if (b == 0) {          /* init */
-            if (fork() == 0) { /* the kernel */
+        if (b == 0) {            /* init */
+            if (fork() == 0) {   /* the kernel */
+                if (fork() == 0) /* its inner kernel (a front kernel's), first */
+                    for (;;)
+                        pause();
                 for (int i = 0; i < 200; i++)
                     if (fork() == 0)
                         for (;;)
@@ -710,7 +785,7 @@ test_cgroup_v2_end(void)
     struct cx_sandbox_cgroup cg = {.v2 = {true}, .mask = {7}, .n = 1};
     long pids[1024];
     pid_t host, init = -1;
-    int kernel = -1, killed = 0, n = 0, status = 0;
+    int kernel = -1, inner = -1, killed = 0, n = 0, status = 0;
 
     snprintf(mnt, sizeof(mnt), "%s/cg2", dir);
     if (mkdir(mnt, 0700) || mount("none", mnt, "cgroup2", 0, NULL)) {
@@ -724,13 +799,24 @@ test_cgroup_v2_end(void)
         kernel = init > 0 ? cx_sandbox_kernel_pid(init) : -1;
         n = cgroup_procs(cg.dirs[0], pids, 1024);
     }
-    ok(host > 0 && kernel > 0 && n >= 204, "the tenant runs: %d processes", n);
-    ok(cx_sandbox_reap(&cg, init, kernel, &killed) == CX_OK && killed >= 201,
+    ok(host > 0 && kernel > 0 && n >= 205, "the tenant runs: %d processes", n);
+    inner = first_child(kernel);
+    ok(inner > 0, "the inner kernel: %d", inner);
+    ok(cx_sandbox_kernel_pid(kernel) < 0, "a kernel with many children names none of them");
+    ok(cx_sandbox_reap(&cg, init, kernel, inner, &killed) == CX_OK && killed >= 201,
        "the run's end: %d killed", killed);
+    for (int i = 0; i < 200 && (n = cgroup_procs(cg.dirs[0], pids, 1024)) > 4; i++)
+        usleep(10000);
+    ok(n == 4 && kill(kernel, 0) == 0 && kill(inner, 0) == 0,
+       "host process, init, kernel and inner kernel are left: %d", n);
+    ok(first_child(kernel) == inner, "... the inner kernel among them");
+    ok(cx_sandbox_reap(&cg, init, kernel, -1, &killed) == CX_OK && killed >= 1 &&
+           kill(kernel, 0) == 0,
+       "without it spared, the inner kernel goes too (%d)", killed);
     for (int i = 0; i < 200 && (n = cgroup_procs(cg.dirs[0], pids, 1024)) > 3; i++)
         usleep(10000);
-    ok(n == 3 && kill(kernel, 0) == 0, "host process, init and kernel are left: %d", n);
-    ok(cx_sandbox_reap(&cg, init, kernel, &killed) == CX_OK && killed == 0 && kill(kernel, 0) == 0,
+    ok(cx_sandbox_reap(&cg, init, kernel, -1, &killed) == CX_OK && killed == 0 &&
+           kill(kernel, 0) == 0,
        "the next run's end: nothing to kill (%d)", killed);
     snprintf(events, sizeof(events), "%s/cgroup.events", cg.dirs[0]);
     {

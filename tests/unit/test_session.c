@@ -13,7 +13,7 @@ static enum cx_err
 acquire(struct cx_ctx *cx, const char *cid, unsigned ttl, struct cx_session *s)
 {
     char msg[CX_MSG_MAX] = "";
-    enum cx_err rc = cx_session_acquire(cx, "bob", cid, ttl, s, msg, sizeof(msg));
+    enum cx_err rc = cx_session_acquire(cx, "bob", cid, ttl, CX_LANG_PYTHON, s, msg, sizeof(msg));
 
     if (rc)
         printf("# acquire %s: %d %s\n", cid, rc, msg);

@@ -351,7 +351,7 @@ export class Artifacts {
 /** A conversation's sandbox session: its kernel, started ahead of a run. */
 export class Sessions {
   constructor(private readonly c: Codexec) {}
-  create(conversationId: string, fields: { ttl?: number; language?: string } = {}): Promise<SessionInfo> {
+  create(conversationId: string, fields: { ttl?: number; language?: "python" | "javascript" | "r" } = {}): Promise<SessionInfo> {
     return this.c.call("POST", `/v1/conversations/${segment(conversationId)}/session`, fields);
   }
   get(conversationId: string): Promise<SessionInfo> {

@@ -512,8 +512,11 @@ export interface paths {
                     "application/json": {
                         /** @description seconds, clamped to [1, max_ttl]; default default_ttl */
                         ttl?: number;
-                        /** @enum {string} */
-                        language?: "python";
+                        /**
+                         * @description a new session's language (default python); one that exists in another answers 409 language_mismatch
+                         * @enum {string}
+                         */
+                        language?: "python" | "javascript" | "r";
                     };
                 };
             };
@@ -1533,6 +1536,8 @@ export interface components {
                     [key: string]: string;
                 };
             };
+            /** @description the languages this server runs (python, and javascript or r where their kernelspecs are set) */
+            languages?: ("python" | "javascript" | "r")[];
             error?: components["schemas"]["Error"]["error"];
         };
         RunRequest: {
@@ -1551,8 +1556,11 @@ export interface components {
              * @enum {string}
              */
             output?: "tail" | "full";
-            /** @enum {string} */
-            language?: "python";
+            /**
+             * @description default python; the session's language must be the same (409 language_mismatch); a language the server does not run is 400
+             * @enum {string}
+             */
+            language?: "python" | "javascript" | "r";
             /** @description false: answered 202 once the run is recorded; it goes on without the client */
             wait?: boolean;
         };
