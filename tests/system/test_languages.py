@@ -15,7 +15,7 @@ import os
 import time
 
 import stack
-from harness import check, eq, expect_error, new_id, wait_until
+from harness import check, eq, expect_error, metric, new_id, wait_until
 from test_files import files_url, get, put
 from test_isolation import Bystander
 from test_runs import gateway, run, session_kernel
@@ -206,6 +206,27 @@ def test_capture_and_the_file_api(ctx):
            f"{lang}: the listing")
         r = lrun(ctx, lang, user, cid, CODE[lang]["hello"])
         eq(r["artifacts"], [], f"{lang}: nothing new is captured again")
+
+
+MANY = {"javascript": 'for (let i = 0; i < 70; i++) Deno.writeTextFileSync(`f${i}.txt`, `${i}`);',
+        "r": 'for (i in 0:69) writeLines(as.character(i), sprintf("f%d.txt", i))'}
+
+
+def test_capture_caps_and_one_round_trip(ctx):
+    """Capture's caps are the same in every language (max_captured_files:
+    the rest skipped as too_many_files), and a run is one gateway round
+    trip, as in Python."""
+    for lang in LANGS:
+        user, cid = f"lang-caps-{lang}", new_id()
+        lrun(ctx, lang, user, cid, CODE[lang]["hello"])
+        trips = metric(ctx, "gateway_round_trips")
+        r = lrun(ctx, lang, user, cid, CODE[lang]["next"])
+        eq((r["status"], metric(ctx, "gateway_round_trips") - trips), ("ok", 1),
+           f"{lang}: one round trip for a run")
+        r = lrun(ctx, lang, user, cid, MANY[lang])
+        eq((r["status"], len(r["artifacts"])), ("ok", 64), f"{lang}: max_captured_files {r!r}")
+        reasons = {s["reason"] for s in r.get("skipped", [])}
+        eq((len(r["skipped"]), reasons), (6, {"too_many_files"}), f"{lang}: the rest skipped")
 
 
 def test_inputs_are_staged(ctx):
