@@ -35,10 +35,11 @@ import time
 import uuid
 
 INNER_CONN = "/tmp/.codexec-inner.json"
-ARGS_FILE = "/tmp/.codexec-args.json"
+ARGS_PREFIX = "/tmp/.codexec-args"
 RESULT_MIME = "application/vnd.codexec.result+json"
 RESULT_TEXT = "application/vnd.codexec.result-text"  # main()'s value as JSON text
 READY_TIMEOUT = 90.0
+FENCE_TIMEOUT = 2.0  # seconds a cell's end waits for Deno's late output
 RELAYED = ("stream", "display_data", "update_display_data", "execute_result", "error",
            "clear_output")
 
@@ -181,13 +182,15 @@ class Inner:
         env = dict(os.environ)
         env.update({"DENO_DIR": "/tmp/.deno", "DENO_NO_UPDATE_CHECK": "1",
                     "DENO_NO_PROMPT": "1", "NO_COLOR": "1", "R_HISTFILE": "/dev/null"})
-        # the same process group as this kernel (an interrupt of R is its
-        # SIGINT), its end tied to this kernel's
+        # a process group of its own (an interrupt of this kernel's own
+        # Python never reaches it; R's is sent to its pid), its end tied to
+        # this kernel's
         # its own stdout and stderr (what a process it starts writes to
         # them: R's system(), Deno.Command's "inherit") are pipes, relayed
         # as the running cell's output; what came while none ran is dropped
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, close_fds=True, cwd=cwd,
+                                     start_new_session=True,
                                      preexec_fn=lambda: __import__("ctypes").CDLL(
                                          None).prctl(1, signal.SIGKILL))
         self.pipes = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
@@ -215,9 +218,10 @@ class Inner:
         self.lock = threading.Lock()  # the control socket: interrupts
 
     def pump(self, fd, relay):
-        """What the pipe fd holds now, written to this kernel's stream of
+        """What the pipe fd holds now (1 MiB at most a call: a writer that
+        never pauses holds nothing up), written to this kernel's stream of
         the same name (relay) or dropped."""
-        while True:
+        for _ in range(16):
             try:
                 data = os.read(fd, 65536)
             except (BlockingIOError, InterruptedError):
@@ -237,8 +241,18 @@ class Inner:
                     pass
 
     def recv(self, sock):
-        idents, msg = self.session.feed_identities(sock.recv_multipart(copy=True))
-        return self.session.deserialize(msg, content=True, copy=True)
+        """The next message on sock, or None for one that is not a
+        well-formed, signed message (the inner kernel runs the tenant's
+        code: what it sends is read as hostile)."""
+        frames = sock.recv_multipart(copy=True)
+        try:
+            idents, msg = self.session.feed_identities(frames)
+            m = self.session.deserialize(msg, content=True, copy=True)
+        except Exception:
+            return None
+        if not isinstance(m.get("content"), dict) or not isinstance(m.get("parent_header"), dict):
+            return None
+        return m
 
     def ready(self, deadline):
         """Waits until the inner kernel answers kernel_info on its shell and
@@ -260,6 +274,8 @@ class Inner:
                     self.pump(s, False)
                     continue
                 m = self.recv(s)
+                if m is None:
+                    continue
                 if s is self.shell and m["msg_type"] == "kernel_info_reply":
                     replied = True
                     self.info = m["content"]
@@ -280,6 +296,7 @@ class Inner:
         mid = msg["header"]["msg_id"]
         reply = fence = None
         idle = fenced = False
+        fence_by = None
         for fd in list(self.pipes):
             self.pump(fd, False)  # an earlier cell's stragglers
         self.busy = mid
@@ -291,6 +308,9 @@ class Inner:
                         break
                     fence = self.session.msg("kernel_info_request", {})
                     self.session.send(self.shell, fence)
+                    fence_by = time.monotonic() + FENCE_TIMEOUT
+                if fence_by is not None and time.monotonic() > fence_by:
+                    break  # (the kernel is busy past its cell: it ended anyway)
                 if self.proc.poll() is not None:
                     raise RuntimeError("the %s kernel ended" % self.language)
                 if deadline is not None and time.monotonic() > deadline:
@@ -300,7 +320,9 @@ class Inner:
                         self.pump(s, True)
                         continue
                     m = self.recv(s)
-                    parent = m.get("parent_header", {}).get("msg_id")
+                    if m is None:
+                        continue
+                    parent = m["parent_header"].get("msg_id")
                     t = m["msg_type"]
                     if fence is not None and parent == fence["header"]["msg_id"]:
                         fenced |= t == "status" and m["content"].get("execution_state") == "idle"
@@ -331,6 +353,16 @@ class Inner:
             return
         with self.lock:
             self.session.send(self.control, "interrupt_request", {})
+
+
+def write_arguments(args):
+    """main()'s arguments as a JSON file of a fresh random name in /tmp
+    (never a path that existed: /tmp is the tenant's too)."""
+    path = "%s-%s.json" % (ARGS_PREFIX, uuid.uuid4().hex)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(args, f)
+    return path
 
 
 def watch(inner):
@@ -380,8 +412,11 @@ def main():
         def _send_interupt_children(self):
             if inner.busy is not None:
                 inner.interrupt()
-            else:
-                super()._send_interupt_children()
+            else:  # this process alone (ipykernel's own would signal its group)
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                except OSError:
+                    pass
 
         def _relay(self, t, content, buffers):
             if t == "execute_result":
@@ -410,6 +445,9 @@ def main():
             except (RuntimeError, TimeoutError) as e:
                 reply = {"status": "error", "ename": "KernelDied", "evalue": str(e),
                          "traceback": []}
+            except Exception as e:  # (a hostile answer must not leave the request unanswered)
+                reply = {"status": "error", "ename": "FrontKernelError",
+                         "evalue": type(e).__name__, "traceback": []}
             ok = bool(reply) and reply.get("status") == "ok"
             if not ok:
                 reply = dict(reply or {})
@@ -433,13 +471,16 @@ def main():
                 if not self.shell.last_execution_succeeded:
                     ok, reply = True, {"status": "ok"}
                 else:
-                    tmp = ARGS_FILE + ".tmp"
-                    with open(tmp, "w") as f:
-                        json.dump(meta.get("codexec_arguments") or {}, f)
-                    os.replace(tmp, ARGS_FILE)
+                    path = write_arguments(meta.get("codexec_arguments") or {})
                     call = (R_CALL if language == "r" else JS_CALL)
-                    call = call.replace("%ARGS%", ARGS_FILE).replace("%MIME%", RESULT_TEXT)
-                    ok, reply = self._forward(call, False, self._call_relay)
+                    call = call.replace("%ARGS%", path).replace("%MIME%", RESULT_TEXT)
+                    try:
+                        ok, reply = self._forward(call, False, self._call_relay)
+                    finally:
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
             elif code.strip() == "":
                 ok, reply = True, {"status": "ok"}
                 self.shell.last_execution_succeeded = True

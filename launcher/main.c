@@ -196,7 +196,8 @@ still_ours(const struct launch *l)
 {
     return l->init_fd >= 0 && l->kernel_fd >= 0 && pidfd_send_signal(l->init_fd, 0, NULL, 0) == 0 &&
            pidfd_send_signal(l->kernel_fd, 0, NULL, 0) == 0 &&
-           (l->inner < 0 || (l->inner_fd >= 0 && pidfd_send_signal(l->inner_fd, 0, NULL, 0) == 0));
+           (l->lang == CX_SANDBOX_PYTHON ||
+            (l->inner_fd >= 0 && pidfd_send_signal(l->inner_fd, 0, NULL, 0) == 0));
 }
 
 /* A run's end, from the relay (relay.h), before the reply that ends it
@@ -209,9 +210,30 @@ end_run_processes(void *ctx)
     struct launch *l = ctx;
     int killed = 0;
 
-    if (l->kernel > 0 && !l->reaped && still_ours(l) &&
-        cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, l->inner, &killed))
+    if (l->kernel <= 0 || l->reaped)
+        return;
+    if (!still_ours(l)) {
+        /* the kernel or its inner kernel ended: the sandbox goes with it
+         * (never a sandbox whose run's processes outlive the run) */
+        say("the kernel's processes are not the ones sealed: ending the sandbox", NULL);
+        kill(l->bwrap, SIGKILL);
+        return;
+    }
+    if (cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, l->inner, &killed))
         say("could not end the run's processes", NULL);
+}
+
+/* A front kernel's inner kernel ended (its pidfd is readable): the front
+ * should end too, and the server restart the pair; whatever the sandbox
+ * still runs is ended now, from outside. */
+static void
+on_inner_end(struct launch *l)
+{
+    say("the inner kernel ended: ending the sandbox", NULL);
+    close(l->inner_fd);
+    l->inner_fd = -1;
+    if (!l->reaped)
+        kill(l->bwrap, SIGKILL);
 }
 
 /* One signal from the signalfd: a child's exit, or one to pass on. */
@@ -318,18 +340,21 @@ ready_and_sealed(struct launch *l)
 static void
 supervise(struct launch *l)
 {
-    static struct pollfd p[2 + CX_RELAY_POLL_MAX];
+    static struct pollfd p[3 + CX_RELAY_POLL_MAX];
 
     while (!l->reaped) {
         int timeout = 1000, wanted = -1, nr;
 
         p[0] = (struct pollfd){.fd = l->signal_fd, .events = POLLIN};
         p[1] = (struct pollfd){.fd = l->out_fd, .events = POLLIN}; /* (-1: ignored) */
-        nr = cx_relay_poll_fds(l->relay, p + 2, CX_RELAY_POLL_MAX, &wanted);
+        p[2] = (struct pollfd){.fd = l->inner_fd, .events = POLLIN};
+        nr = cx_relay_poll_fds(l->relay, p + 3, CX_RELAY_POLL_MAX, &wanted);
         if (wanted >= 0 && wanted < timeout)
             timeout = wanted;
-        int n = poll(p, 2 + (nfds_t)nr, timeout);
+        int n = poll(p, 3 + (nfds_t)nr, timeout);
 
+        if (n > 0 && p[2].revents)
+            on_inner_end(l);
         if (n > 0 && p[1].revents & (POLLIN | POLLHUP))
             pump_output(l, false);
         if (n > 0 && p[1].revents & POLLHUP && !(p[1].revents & POLLIN)) {
@@ -341,7 +366,7 @@ supervise(struct launch *l)
         else if (n == 0)
             reap(l); /* a SIGCHLD the signalfd folded into another: once a second */
         if (n > 0)
-            cx_relay_handle(l->relay, p + 2, nr);
+            cx_relay_handle(l->relay, p + 3, nr);
     }
 }
 
@@ -361,6 +386,29 @@ cleanup(struct launch *l)
         close(rfd);
 }
 
+/* A JavaScript or R kernel's binary: a regular executable file (what the
+ * sandbox binds), R under /usr (its R_HOME must be in the sandbox). */
+static bool
+language_installed(const struct launch *l)
+{
+    const char *bin = l->lang == CX_SANDBOX_R ? l->sc.r : l->sc.deno;
+    struct stat st;
+
+    if (l->lang == CX_SANDBOX_PYTHON)
+        return true;
+    if (stat(bin, &st) != 0 || !S_ISREG(st.st_mode) || access(bin, X_OK) != 0) {
+        say(l->lang == CX_SANDBOX_R ? "R is not installed (sandbox.conf: r)"
+                                    : "Deno is not installed (sandbox.conf: deno)",
+            bin);
+        return false;
+    }
+    if (l->lang == CX_SANDBOX_R && strncmp(bin, "/usr/", 5) != 0) {
+        say("R must be installed under /usr (sandbox.conf: r)", bin);
+        return false;
+    }
+    return true;
+}
+
 /* Everything up to the fork. */
 static bool
 prepare(struct launch *l, const char *config, const char *conn_path, pid_t server, sigset_t *block)
@@ -371,13 +419,8 @@ prepare(struct launch *l, const char *config, const char *conn_path, pid_t serve
         say("bad sandbox configuration", msg);
         return false;
     }
-    if (l->lang != CX_SANDBOX_PYTHON &&
-        access(l->lang == CX_SANDBOX_R ? l->sc.r : l->sc.deno, X_OK) != 0) {
-        say(l->lang == CX_SANDBOX_R ? "R is not installed (sandbox.conf: r)"
-                                    : "Deno is not installed (sandbox.conf: deno)",
-            l->lang == CX_SANDBOX_R ? l->sc.r : l->sc.deno);
+    if (!language_installed(l))
         return false;
-    }
     if (!getcwd(cwd, sizeof(cwd)) ||
         cx_sandbox_conn_read(conn_path, cwd, &l->conn, msg, sizeof(msg)) ||
         cx_keeper_hold(&l->conn, l->sc.max_workspace_bytes, server, &l->keeper, msg, sizeof(msg)) ||

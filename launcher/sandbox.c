@@ -1782,17 +1782,13 @@ add_identity(struct argv *a, const struct cx_sandbox_conf *sc)
     add_env(a, sc);
 }
 
-/* A language's binary outside /usr (Deno installed elsewhere), bound
- * read-only at its own path. */
+/* Deno's binary outside /usr (installed elsewhere), bound read-only at
+ * its own path (R is under /usr: the launcher refuses another place). */
 static void
 add_language(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang)
 {
-    const char *bin = lang == CX_SANDBOX_R            ? sc->r
-                      : lang == CX_SANDBOX_JAVASCRIPT ? sc->deno
-                                                      : NULL;
-
-    if (bin && strncmp(bin, "/usr/", 5) != 0)
-        add3(a, "--ro-bind", bin, bin);
+    if (lang == CX_SANDBOX_JAVASCRIPT && strncmp(sc->deno, "/usr/", 5) != 0)
+        add3(a, "--ro-bind", sc->deno, sc->deno);
 }
 
 /* The sandbox's file system: the system read-only, sized tmpfs where it
@@ -1844,7 +1840,8 @@ add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox
 }
 
 /* Run at the kernel's start (IPython's exec_lines; it leaves no name in
- * the user's namespace): plt.show() displays every open figure as a PNG
+ * the user's namespace), its last step: the workspace joins sys.path, at
+ * its end. plt.show() displays every open figure as a PNG
  * whatever backend the code selected (matplotlib.use("Agg") included),
  * where the inline backend would, so the run captures it (SPEC §10.3).
  * The inline backend's own show() is left to itself. pyplot is patched
@@ -1892,6 +1889,7 @@ static const char show_hook[] =
     "        patch(sys.modules[\"matplotlib.pyplot\"])\n"
     "    else:\n"
     "        sys.meta_path.insert(0, Finder())\n"
+    "    sys.path.append('')  # the workspace's own modules, after every installed one\n"
     "_codexec_show_hook()\n"
     "del _codexec_show_hook\n";
 
@@ -1924,10 +1922,11 @@ add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_lan
 
     add(a, "--");
     add(a, "/usr/bin/prlimit");
-    /* V8 reserves tens of GiB of address space for its heap cage: Deno's
-     * memory is bounded by the cgroup alone */
-    if (lang != CX_SANDBOX_JAVASCRIPT)
-        addn(a, "--as=", (unsigned long long)sc->address_space);
+    /* V8 reserves tens of GiB of address space for its heap cage (none of
+     * it writable until used): a JavaScript sandbox's processes are held
+     * to the same bytes by RLIMIT_DATA, which counts writable memory only */
+    addn(a, lang == CX_SANDBOX_JAVASCRIPT ? "--data=" : "--as=",
+         (unsigned long long)sc->address_space);
     addn(a, "--nproc=", sc->processes);
     addn(a, "--fsize=", (unsigned long long)sc->file_size);
     addn(a, "--nofile=", sc->open_files);
@@ -1947,6 +1946,10 @@ add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_lan
      * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
      * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
     add(a, "--HistoryManager.hist_file=:memory:");
+    /* nor does IPython put it there before site-packages while the kernel
+     * starts (an extension it imports by a top-level name, say): the
+     * Python kernel's exec_lines append it last, once the kernel is up */
+    add(a, "--IPKernelApp.ignore_cwd=True");
     if (lang == CX_SANDBOX_PYTHON)
         add(a, show_hook);
 }

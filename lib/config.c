@@ -424,6 +424,26 @@ mcp_settings(struct cx_config *cfg, char *msg, size_t msglen)
     return CX_OK;
 }
 
+/* Each language its own kernelspec: the pool tells its kernels apart by
+ * kernelspec, and a session's replacements are of its language's. */
+static enum cx_err
+language_settings(const struct cx_config *cfg, char *msg, size_t msglen)
+{
+    for (int i = 0; i < CX_LANG__COUNT; i++)
+        for (int j = i + 1; j < CX_LANG__COUNT; j++) {
+            const char *a = cx_config_kernel_name(cfg, (enum cx_lang)i);
+            const char *b = cx_config_kernel_name(cfg, (enum cx_lang)j);
+
+            if (a && b && !strcmp(a, b)) {
+                snprintf(msg, msglen, "kernel_name%s%s and kernel_name_%s name the same kernelspec",
+                         i ? "_" : "", i ? cx_lang_name((enum cx_lang)i) : "",
+                         cx_lang_name((enum cx_lang)j));
+                return CX_ERR_INVALID;
+            }
+        }
+    return CX_OK;
+}
+
 static enum cx_err
 check_whole(struct cx_config *cfg, char *msg, size_t msglen)
 {
@@ -431,6 +451,8 @@ check_whole(struct cx_config *cfg, char *msg, size_t msglen)
 
     if (rc == CX_OK)
         rc = mcp_settings(cfg, msg, msglen);
+    if (rc == CX_OK)
+        rc = language_settings(cfg, msg, msglen);
     if (rc)
         return rc;
     for (size_t i = 0; i < sizeof(ordered) / sizeof(ordered[0]); i++)

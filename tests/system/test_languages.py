@@ -285,6 +285,26 @@ def test_a_dead_inner_kernel_is_a_restart(ctx):
            f"{lang}: works again, the state gone {r!r}")
 
 
+def test_the_sandbox_ends_with_its_inner_kernel(ctx):
+    """The launcher ends the sandbox when the inner kernel ends, whatever
+    the front kernel does: here the tenant stops the front first (its own
+    watch can't run), then kills R. Never a sandbox left whose processes
+    the run's end no longer reaps."""
+    user, cid = "lang-stop-front", new_id()
+    lrun(ctx, "r", user, cid, CODE["r"]["hello"])
+    t0 = time.monotonic()
+    r = lrun(ctx, "r", user, cid,
+             "front <- as.integer(strsplit(readLines('/proc/self/stat'), ' ')[[1]][4])\n"
+             "tools::pskill(front, tools::SIGSTOP)\n"
+             "tools::pskill(Sys.getpid(), tools::SIGKILL)", timeout=60)
+    eq((r["status"], r.get("error_name"), r["session"]["reset"]), ("error", "KernelDied", True),
+       f"the kernel died, said {r!r}")
+    check(time.monotonic() - t0 < 30, "at once, not at the run's timeout")
+    r = wait_until(lambda: (lambda x: x if x["status"] == "ok" else None)(
+        lrun(ctx, "r", user, cid, 'exists("x")')), 60, "a working run")
+    eq(r["result"], "[1] FALSE", f"a new pair of kernels {r!r}")
+
+
 def pool_rows(ctx, name):
     out = ctx.psql(f"SELECT kernel_id FROM prestarted_kernels WHERE ready AND kernel_name = '{name}'")
     return [line.strip() for line in out.splitlines() if line.strip()]

@@ -64,6 +64,17 @@ static const struct {
     {"kernel_preload = num py\n", CX_ERR_INVALID, "kernel_preload"},
     {"kernel_preload = n\\u00e9\n", CX_ERR_INVALID, "kernel_preload"},
     {"kernel_preload = caf\xc3\xa9\n", CX_ERR_INVALID, "kernel_preload"},
+    /* the languages: one kernelspec each, preload names as Python's */
+    {"kernel_name_r = r-sandbox\nkernel_name_javascript = javascript-sandbox\n", CX_OK, NULL},
+    {"kernel_name_r = python3\n", CX_ERR_INVALID, "kernel_name and kernel_name_r"},
+    {"kernel_name_r = k\nkernel_name_javascript = k\n", CX_ERR_INVALID,
+     "kernel_name_javascript and kernel_name_r"},
+    {"kernel_preload_r = ggplot2, data.table\n", CX_OK, NULL},
+    {"kernel_preload_r = ggplot2\"); system(\"x\n", CX_ERR_INVALID, "kernel_preload_r"},
+    {"kernel_preload_javascript = fs, path\n", CX_OK, NULL},
+    {"kernel_preload_javascript = fs\"); Deno.exit(\n", CX_ERR_INVALID,
+     "kernel_preload_javascript"},
+    {"kernel_pool_size_r = 1025\n", CX_ERR_INVALID, "kernel_pool_size_r"},
     /* more gateways: "gateway = URL [token=T] [max_kernels=N]", repeatable */
     {"gateway = http://10.0.0.2:8888 token=abc max_kernels=64\n", CX_OK, NULL},
     {"gateway = http://a\ngateway = https://b/ token=x\n", CX_OK, NULL},
@@ -78,6 +89,47 @@ static const struct {
     {"metrics_allow = 10.0.0.0/33\n", CX_ERR_INVALID, "metrics_allow"},
     {"max_code_bytes = 8M\n", CX_ERR_INVALID, "max_code_bytes is above max_run_body_bytes"},
 };
+
+/* A request's language: offered or not, by the kernelspecs configured. */
+static void
+languages(void)
+{
+    struct cx_config cfg;
+    char err[512] = "", msg[256] = "";
+    enum cx_lang lang;
+    json_t *v;
+
+    if (cx_config_parse(&cfg, "t.conf",
+                        "kernel_name_r = r-sandbox\nkernel_pool_size_r = 2\n"
+                        "kernel_pool_size_javascript = 3\n",
+                        err, sizeof(err)) != CX_OK) {
+        ok(0, "a configuration with R (%s)", err);
+        return;
+    }
+    ok(cx_config_language(&cfg, NULL, &lang, msg, sizeof(msg)) == CX_OK && lang == CX_LANG_PYTHON,
+       "no language: python");
+    v = json_string("r");
+    ok(cx_config_language(&cfg, v, &lang, msg, sizeof(msg)) == CX_OK && lang == CX_LANG_R, "r");
+    json_decref(v);
+    v = json_string("javascript");
+    ok(cx_config_language(&cfg, v, &lang, msg, sizeof(msg)) == CX_ERR_INVALID &&
+           strstr(msg, "does not run javascript (it runs python, r)"),
+       "javascript, not offered: %s", msg);
+    json_decref(v);
+    v = json_string("R");
+    ok(cx_config_language(&cfg, v, &lang, msg, sizeof(msg)) == CX_ERR_INVALID &&
+           strstr(msg, "\"python\", \"javascript\" or \"r\""),
+       "another word: %s", msg);
+    json_decref(v);
+    v = json_integer(1);
+    ok(cx_config_language(&cfg, v, &lang, msg, sizeof(msg)) == CX_ERR_INVALID, "not a string");
+    json_decref(v);
+    is_str(cx_config_kernel_name(&cfg, CX_LANG_R), "r-sandbox", "R's kernelspec");
+    ok(cx_config_kernel_name(&cfg, CX_LANG_JAVASCRIPT) == NULL, "JavaScript's: none");
+    is_int(cx_config_pool_size(&cfg, CX_LANG_R), 2, "R's pool");
+    is_int(cx_config_pool_size(&cfg, CX_LANG_JAVASCRIPT), 0, "no pool for a language not offered");
+    cx_config_cleanup(&cfg);
+}
 
 /* storage = s3 takes its keys from a file that only the service reads. */
 static void
@@ -120,6 +172,7 @@ main(void)
 
     if (cx_config_defaults(&cfg) != CX_OK)
         return 1;
+    languages();
     is_int(cfg.ngateways, 1, "one gateway by default");
     is_str(cfg.gateways[0].url, "http://127.0.0.1:8888", "from gateway_url");
     is_int(cfg.gateways[0].max_kernels, 128, "max_kernels 128");
@@ -146,6 +199,7 @@ main(void)
     cx_config_cleanup(&cfg);
     if (cx_config_defaults(&cfg) != CX_OK)
         return 1;
+    languages();
     /* docs/configuration.md defaults */
     is_int(cfg.default_timeout, 30, "default timeout 30 s");
     is_int(cfg.max_timeout, 300, "max timeout 300 s");

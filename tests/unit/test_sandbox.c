@@ -576,13 +576,16 @@ test_argv_languages(const struct cx_sandbox_conn *c)
         } else {
             ok(strstr(joined, " --inner javascript --path /opt/deno/bin/deno -f ") != NULL,
                "Deno's kernel");
-            ok(strstr(joined, "--as=") == NULL, "JavaScript: no address-space limit (V8's cage)");
+            ok(strstr(joined, "--as=") == NULL && strstr(joined, "--data=4294967296 ") != NULL,
+               "JavaScript: writable memory bounded (RLIMIT_DATA), not V8's reserved cage");
             ok(strstr(joined, "--ro-bind /opt/deno/bin/deno /opt/deno/bin/deno") != NULL &&
                    strstr(joined, "--ro-bind /opt/deno/bin/deno") <
                        strstr(joined, "--remount-ro /"),
                "Deno outside /usr bound read-only, before the root is sealed");
         }
         ok(strstr(joined, "exec_lines") == NULL, "no matplotlib hook outside Python");
+        ok(strstr(joined, " --IPKernelApp.ignore_cwd=True") != NULL,
+           "the workspace is not on the front kernel's sys.path while it starts");
         cx_sandbox_argv_free(argv);
         argv = NULL;
     }
@@ -633,6 +636,8 @@ test_argv(void)
        "its python, the workspace not first on sys.path");
     ok(strstr(joined, "--as=") != NULL, "an address-space limit");
     ok(strstr(joined, " --HistoryManager.hist_file=:memory:") != NULL, "history kept in memory");
+    ok(strstr(joined, " --IPKernelApp.ignore_cwd=True") && strstr(joined, "sys.path.append('')"),
+       "the workspace joins sys.path last, once the kernel is up");
     snprintf(text, sizeof(text), "--bind /run/x/sbx-kernel-abc.123456 %s ", dir);
     ok(strstr(joined, text) != NULL, "the private directory over the runtime directory");
     ok(strstr(joined, "--setenv CODEXEC_SANDBOX 1") != NULL, "the sandbox marker");
