@@ -77,12 +77,13 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...
   fail "$what"
 }
 
-run_code() {  # run_code KEY CONVERSATION CODE -> the answer
-  python3 - "$1" "$2" "$3" <<'EOF'
+run_code() {  # run_code KEY CONVERSATION CODE [LANGUAGE] -> the answer
+  python3 - "$1" "$2" "$3" "${4:-python}" <<'EOF'
 import json, sys, urllib.error, urllib.request
-key, conv, code = sys.argv[1:]
+key, conv, code, lang = sys.argv[1:]
 req = urllib.request.Request("http://127.0.0.1/v1/runs",
-    data=json.dumps({"conversation_id": conv, "code": code, "timeout": 120}).encode(),
+    data=json.dumps({"conversation_id": conv, "code": code, "timeout": 120,
+                     "language": lang}).encode(),
     headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
 try:
     print(urllib.request.urlopen(req, timeout=300).read().decode())
@@ -205,6 +206,35 @@ check_tenants_bounded() {  # check_tenants_bounded KEY
   say "tenants: a memory bomb ended at memory.max, a fork bomb held at pids.max, other runs unharmed"
 }
 
+# JavaScript and R under systemd: the package ships both kernelspecs, R
+# comes with its recommendations, Deno as docs/sandbox.md installs it; an
+# operator turns them on in codexec.conf.
+check_languages() {  # check_languages KEY
+  local out conf=/etc/codexec/codexec.conf
+  [ -x /usr/bin/R ] && [ -d /usr/lib/R/site-library/IRkernel ] ||
+    fail "R and IRkernel did not come with the package's recommendations"
+  [ -x /usr/local/lib/codexec-deno/deno ] || fail "no Deno in /usr/local/lib/codexec-deno"
+  sed -i -e 's|^#kernel_name_r = |kernel_name_r = |' \
+    -e 's|^#kernel_name_javascript = |kernel_name_javascript = |' "$conf"
+  grep -qx 'kernel_name_r = r-sandbox' "$conf" &&
+    grep -qx 'kernel_name_javascript = javascript-sandbox' "$conf" ||
+    fail "codexec.conf's commented language lines are not where docs/sandbox.md says"
+  systemctl restart codexec.service
+  out=$(run_code "$1" pkg-r $'x <- 6 * 7\nplot(1:3)\ncat(x, "\\n")' r)
+  [ "$(field "$out" 'd["stdout_tail"].strip()')" = 42 ] &&
+    [ "$(field "$out" 'd["artifacts"][0]["mime_type"]')" = image/png ] || fail "an R run: $out"
+  out=$(run_code "$1" pkg-js $'const x = 6 * 7;\nconsole.log(x);' javascript)
+  [ "$(field "$out" 'd["stdout_tail"].strip()')" = 42 ] || fail "a JavaScript run: $out"
+  if cgroups_here; then
+    out=$(run_code "$1" pkg-js-bomb $'const a = [];\nwhile (true) a.push(new Uint8Array(64 << 20).fill(1));' javascript)
+    [ "$(field "$out" 'd["status"]')" = error ] || fail "a JavaScript memory bomb: $out"
+    out=$(run_code "$1" pkg-other 'print("still here")')
+    [ "$(field "$out" 'd["stdout_tail"].strip()')" = "still here" ] ||
+      fail "another tenant's run after the JavaScript memory bomb: $out"
+  fi
+  say "languages: R (a plot) and JavaScript run under systemd; a JavaScript memory bomb ended, other runs unharmed"
+}
+
 check_cgroups() {  # check_cgroups KEY
   # Delegate=yes: the gateway's user owns its unit's cgroup, so the launcher
   # can make each kernel's cgroup below it.
@@ -279,6 +309,7 @@ phase_check() {
   check_kernel_user_reads_nothing
   check_cgroups "$key"
   check_tenants_bounded "$key"
+  check_languages "$key"
   say "/metrics (the operators' token only) shows the families operators alert on"
   local m f code
   code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1/metrics)
