@@ -800,7 +800,7 @@ test_cgroup_v2_end(void)
     snprintf(cg.dirs[0], sizeof(cg.dirs[0]), "%s/k-test", mnt);
     ok(mkdir(cg.dirs[0], 0755) == 0, "a kernel's cgroup");
     host = start_tenant(cg.dirs[0], &init);
-    for (int i = 0; i < 500 && (kernel < 0 || n < 204); i++, usleep(10000)) {
+    for (int i = 0; i < 500 && (kernel < 0 || n < 205); i++, usleep(10000)) {
         kernel = init > 0 ? cx_sandbox_kernel_pid(init) : -1;
         n = cgroup_procs(cg.dirs[0], pids, 1024);
     }
