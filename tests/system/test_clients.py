@@ -4,8 +4,10 @@ clients/typescript generated from docs/openapi.yaml, type-checked, built and
 run with Node. Each runs the same flow (tests/clients/flow.py, flow.mjs);
 what it saw is held here to what the API answers."""
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -17,11 +19,16 @@ FLOWS = os.path.join(stack.REPO, "tests", "clients")
 _venv = {}
 
 
+def ctx_tmp():
+    return "/var/tmp" if os.path.isdir("/var/tmp") else None
+
+
 def venv_python():
     """A venv with clients/python installed by pip, with no index and no
     network: what `pip install ./clients/python` does on a user's host."""
     if "py" not in _venv:
-        d = tempfile.mkdtemp(prefix="cx-client-venv-")
+        d = tempfile.mkdtemp(prefix="cx-client-venv-", dir=ctx_tmp())
+        atexit.register(shutil.rmtree, d, True)
         subprocess.run(["/usr/bin/python3", "-m", "venv", d], check=True, capture_output=True)
         p = subprocess.run([os.path.join(d, "bin", "pip"), "install", "--no-index",
                             os.path.join(CLIENTS, "python")], capture_output=True, text=True,
