@@ -36,12 +36,13 @@ struct held {
 };
 
 struct keeper {
-    int listen_fd, server_fd, root_fd, ns[2];
+    int listen_fd, server_fd, root_fd, ns[3]; /* user, mount, a pidfd of the keeper */
     const char *runtime; /* the runtime directory, by name: a descriptor would name the old mount */
     struct held *ws;
     int nws;
     struct pollfd *p; /* [0] listen, [1] server, then connections */
     int *conn_ws;     /* the workspace each connection holds (-1: none yet) */
+    int *conn_guard;  /* a pidfd of the connection's kernel, ended with it (-1: none) */
     int np, cap;
 };
 
@@ -157,7 +158,8 @@ unmount_ws(struct keeper *kp, int i)
 }
 
 /* "H<size>\0<base>\0<connection file>\0": hold (and make) the workspace.
- * The answer: "0" and the namespaces' descriptors, or "1" and why. */
+ * The answer: "0" and the namespaces' descriptors with a pidfd of the
+ * keeper, or "1" and why. */
 static const char *
 on_hold(struct keeper *kp, int c, const char *req, size_t n)
 {
@@ -191,9 +193,9 @@ on_hold(struct keeper *kp, int c, const char *req, size_t n)
 }
 
 static void
-answer(int fd, const char *why, const int ns[2])
+answer(int fd, const char *why, const int ns[3])
 {
-    char buf[CMSG_SPACE(2 * sizeof(int))];
+    char buf[CMSG_SPACE(3 * sizeof(int))];
     char text[128];
     struct iovec iov = {.iov_base = text};
     struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -208,10 +210,40 @@ answer(int fd, const char *why, const int ns[2])
         h = CMSG_FIRSTHDR(&m);
         h->cmsg_level = SOL_SOCKET;
         h->cmsg_type = SCM_RIGHTS;
-        h->cmsg_len = CMSG_LEN(2 * sizeof(int));
-        memcpy(CMSG_DATA(h), ns, 2 * sizeof(int));
+        h->cmsg_len = CMSG_LEN(3 * sizeof(int));
+        memcpy(CMSG_DATA(h), ns, 3 * sizeof(int));
     }
     (void)sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* "P" with a pidfd (SCM_RIGHTS), once, after the hold: the connection's
+ * kernel, not the launcher's child (a kernel forked from the template,
+ * launcher/template.c), which the keeper ends when the connection does.
+ * A launcher killed (Jupyter kills one that does not end in time) leaves
+ * no kernel running. false for anything else. */
+static bool
+on_guard(struct keeper *kp, int c, const char *req, ssize_t n, struct msghdr *m)
+{
+    struct cmsghdr *h = CMSG_FIRSTHDR(m);
+    int fd = -1;
+
+    if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS &&
+        h->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        memcpy(&fd, CMSG_DATA(h), sizeof(int));
+        for (size_t i = 1; i < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+            int extra;
+            memcpy(&extra, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+            close(extra);
+        }
+    }
+    if (n != 1 || req[0] != 'P' || kp->conn_ws[c] < 0 || kp->conn_guard[c] >= 0 || fd < 0 ||
+        (m->msg_flags & MSG_CTRUNC)) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    kp->conn_guard[c] = fd;
+    return true;
 }
 
 static void
@@ -221,17 +253,25 @@ drop_conn(struct keeper *kp, int c)
 
     if (i >= 0 && i < kp->nws)
         kp->ws[i].holders--;
+    if (kp->conn_guard[c] >= 0) {
+        (void)pidfd_send_signal(kp->conn_guard[c], SIGKILL, NULL, 0);
+        close(kp->conn_guard[c]);
+    }
     close(kp->p[c].fd);
     kp->p[c] = kp->p[kp->np - 1];
     kp->conn_ws[c] = kp->conn_ws[kp->np - 1];
+    kp->conn_guard[c] = kp->conn_guard[kp->np - 1];
     kp->np--;
 }
 
 static void
 on_conn(struct keeper *kp, int c)
 {
-    char req[REQ_MAX];
-    ssize_t n = recv(kp->p[c].fd, req, sizeof(req), MSG_DONTWAIT);
+    char req[REQ_MAX], cbuf[CMSG_SPACE(4 * sizeof(int))];
+    struct iovec iov = {.iov_base = req, .iov_len = sizeof(req)};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    ssize_t n = recvmsg(kp->p[c].fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     const char *why;
 
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
@@ -240,6 +280,18 @@ on_conn(struct keeper *kp, int c)
         drop_conn(kp, c); /* the launcher ended: its kernel is gone or restarting */
         return;
     }
+    if (kp->conn_ws[c] >= 0) { /* held: the kernel's pidfd, or a broken rule */
+        if (!on_guard(kp, c, req, n, &m))
+            drop_conn(kp, c);
+        return;
+    }
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h))
+        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
+            for (size_t i = 0; i < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                int extra;
+                memcpy(&extra, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+                close(extra); /* a hold carries none */
+            }
     why = on_hold(kp, c, req, (size_t)n);
     answer(kp->p[c].fd, why, kp->ns);
     if (why)
@@ -258,6 +310,7 @@ on_accept(struct keeper *kp)
         return;
     }
     kp->p[kp->np] = (struct pollfd){.fd = fd, .events = POLLIN};
+    kp->conn_guard[kp->np] = -1;
     kp->conn_ws[kp->np++] = -1;
 }
 
@@ -327,7 +380,8 @@ keeper_setup(struct keeper *kp, int ready, const char **step)
     kp->ws = calloc(HOLDERS, sizeof(*kp->ws));
     kp->p = calloc((size_t)kp->cap, sizeof(*kp->p));
     kp->conn_ws = calloc((size_t)kp->cap, sizeof(*kp->conn_ws));
-    if (kp->cap < 8 || !kp->ws || !kp->p || !kp->conn_ws) {
+    kp->conn_guard = calloc((size_t)kp->cap, sizeof(*kp->conn_guard));
+    if (kp->cap < 8 || !kp->ws || !kp->p || !kp->conn_ws || !kp->conn_guard) {
         *step = "memory";
         return false;
     }
@@ -336,10 +390,11 @@ keeper_setup(struct keeper *kp, int ready, const char **step)
     *step = "the namespaces' descriptors";
     kp->ns[0] = open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC);
     kp->ns[1] = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    kp->ns[2] = pidfd_open(getpid(), 0);
     kp->p[0] = (struct pollfd){.fd = kp->listen_fd, .events = POLLIN};
     kp->p[1] = (struct pollfd){.fd = kp->server_fd, .events = POLLIN};
     kp->np = 2;
-    return kp->ns[0] >= 0 && kp->ns[1] >= 0 && write(ready, "0", 1) == 1;
+    return kp->ns[0] >= 0 && kp->ns[1] >= 0 && kp->ns[2] >= 0 && write(ready, "0", 1) == 1;
 }
 
 /* --- The launcher's side ------------------------------------------------------ */
@@ -463,11 +518,11 @@ keeper_connect(int rfd, const char *runtime, pid_t server, char *msg, size_t msg
     return fd;
 }
 
-/* The keeper's answer to our hold: "0" with two descriptors. */
+/* The keeper's answer to our hold: "0" with three descriptors. */
 static enum cx_err
 hold_answer(struct cx_keeper *k, char *msg, size_t msglen)
 {
-    char text[128], buf[CMSG_SPACE(2 * sizeof(int))];
+    char text[128], buf[CMSG_SPACE(3 * sizeof(int))];
     struct iovec iov = {.iov_base = text, .iov_len = sizeof(text) - 1};
     struct msghdr m = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = buf, .msg_controllen = sizeof(buf)};
@@ -475,17 +530,20 @@ hold_answer(struct cx_keeper *k, char *msg, size_t msglen)
     ssize_t n = recvmsg(k->sock, &m, MSG_CMSG_CLOEXEC);
 
     h = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
+    /* a keeper of the launcher before the template sends no pidfd of its
+     * own: kernels start with bwrap until the gateway restarts */
     if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS &&
-        h->cmsg_len == CMSG_LEN(2 * sizeof(int))) {
-        int ns[2];
-        memcpy(ns, CMSG_DATA(h), sizeof(ns));
+        (h->cmsg_len == CMSG_LEN(3 * sizeof(int)) || h->cmsg_len == CMSG_LEN(2 * sizeof(int)))) {
+        int ns[3] = {-1, -1, -1}, got = h->cmsg_len == CMSG_LEN(3 * sizeof(int)) ? 3 : 2;
+        memcpy(ns, CMSG_DATA(h), (size_t)got * sizeof(int));
         if (text[0] == '0') {
             k->userns = ns[0];
             k->mntns = ns[1];
+            k->pidfd = ns[2];
             return CX_OK;
         }
-        close(ns[0]);
-        close(ns[1]);
+        for (int i = 0; i < got; i++)
+            close(ns[i]);
     }
     text[n > 0 ? n : 0] = '\0';
     snprintf(msg, msglen, "the workspace keeper refused: %s", n > 1 ? text + 1 : "no answer");
@@ -501,7 +559,7 @@ cx_keeper_hold(const struct cx_sandbox_conn *c, uint64_t size, pid_t server, str
     int n;
     enum cx_err rc = CX_ERR_IO;
 
-    *k = (struct cx_keeper){.sock = -1, .userns = -1, .mntns = -1};
+    *k = (struct cx_keeper){.sock = -1, .userns = -1, .mntns = -1, .pidfd = -1};
     msg[0] = '\0';
     if (rfd < 0 || !name_ok(c->base)) {
         snprintf(msg, msglen, "workspace keeper: no runtime directory, or an odd kernel name");
@@ -538,6 +596,24 @@ cx_keeper_enter(const struct cx_keeper *k)
                                                                                      : CX_ERR_IO;
 }
 
+enum cx_err
+cx_keeper_guard(const struct cx_keeper *k, int pidfd)
+{
+    char buf[CMSG_SPACE(sizeof(int))], word[1] = {'P'};
+    struct iovec iov = {.iov_base = word, .iov_len = 1};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = buf, .msg_controllen = sizeof(buf)};
+    struct cmsghdr *h;
+
+    memset(buf, 0, sizeof(buf));
+    h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &pidfd, sizeof(int));
+    return sendmsg(k->sock, &m, MSG_NOSIGNAL) == 1 ? CX_OK : CX_ERR_IO;
+}
+
 void
 cx_keeper_release(struct cx_keeper *k)
 {
@@ -547,5 +623,7 @@ cx_keeper_release(struct cx_keeper *k)
         close(k->userns);
     if (k->mntns >= 0)
         close(k->mntns);
-    k->sock = k->userns = k->mntns = -1;
+    if (k->pidfd >= 0)
+        close(k->pidfd);
+    k->sock = k->userns = k->mntns = k->pidfd = -1;
 }

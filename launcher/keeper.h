@@ -33,6 +33,7 @@ struct cx_keeper {
     int sock;   /* the connection: held while the kernel lives (-1: none) */
     int userns; /* the keeper's user and mount namespaces */
     int mntns;
+    int pidfd; /* the keeper's process (a kernel template ends with it) */
     char files[CX_SANDBOX_PATH_MAX + 320]; /* the workspace, in the keeper's mount namespace */
     char state[CX_SANDBOX_PATH_MAX + 320]; /* codexec's state beside it (the capture's record) */
 };
@@ -46,6 +47,11 @@ enum cx_err cx_keeper_hold(const struct cx_sandbox_conn *c, uint64_t size, pid_t
 
 /* Enters the keeper's namespaces (in the child that execs bwrap). */
 enum cx_err cx_keeper_enter(const struct cx_keeper *k) CX_MUSTCHECK;
+
+/* Hands the keeper a pidfd of the kernel (one not the launcher's child:
+ * forked from the template), which it ends when the launcher's connection
+ * ends, however the launcher did. */
+enum cx_err cx_keeper_guard(const struct cx_keeper *k, int pidfd) CX_MUSTCHECK;
 
 /* Closes what cx_keeper_hold opened (the kernel ended). */
 void cx_keeper_release(struct cx_keeper *k);

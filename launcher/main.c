@@ -35,6 +35,7 @@
 #include "keeper.h"
 #include "relay.h"
 #include "sandbox.h"
+#include "template.h"
 
 #define READY_TIMEOUT_MS (120 * 1000)
 
@@ -63,7 +64,9 @@ struct launch {
     struct cx_keeper keeper; /* the workspace, kept across the kernel's restarts */
     char private_dir[CX_SANDBOX_PATH_MAX + 64];
     int seccomp_fd, inotify_fd, signal_fd;
-    pid_t bwrap;            /* our child */
+    pid_t bwrap;   /* our child (a kernel from the template: none) */
+    bool template; /* the kernel was forked from the template (template.h) */
+    struct cx_template_kernel tk;
     int sandbox;            /* the sandbox's first process (bwrap's info) */
     int kernel;             /* the kernel process, once sealed (-1: unknown) */
     int inner;              /* a front kernel's child, once sealed (-1: none) */
@@ -177,15 +180,53 @@ pump_output(struct launch *l, bool log)
     }
 }
 
+/* Whether the process of a pidfd has ended. */
+static bool
+pidfd_ended(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+
+    return fd < 0 || (poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP | POLLERR)));
+}
+
 static void
 reap(struct launch *l)
 {
     int st;
 
-    if (!l->reaped && waitpid(l->bwrap, &st, WNOHANG) == l->bwrap) {
+    if (l->reaped)
+        return;
+    if (l->template) {
+        /* not our child: its status is the template's to reap */
+        if (pidfd_ended(l->tk.pidfd)) {
+            l->status = 0;
+            l->reaped = true;
+        }
+    } else if (waitpid(l->bwrap, &st, WNOHANG) == l->bwrap) {
         l->status = st;
         l->reaped = true;
     }
+}
+
+/* Ends the sandbox: bwrap, or the template's kernel (pid 1 of its pid
+ * namespace: every process of the sandbox ends with it). */
+static void
+end_sandbox(struct launch *l)
+{
+    if (l->reaped)
+        return;
+    if (l->template)
+        (void)pidfd_send_signal(l->tk.pidfd, SIGKILL, NULL, 0);
+    else
+        kill(l->bwrap, SIGKILL);
+}
+
+/* The descriptor that is readable once the sandbox ended, besides
+ * SIGCHLD: the template's kernel's pidfd (-1: none, bwrap is our child). */
+static int
+end_fd(const struct launch *l)
+{
+    return l->template && !l->reaped ? l->tk.pidfd : -1;
 }
 
 /* Whether the sandbox's init, the kernel (and its inner kernel) are still
@@ -216,7 +257,7 @@ end_run_processes(void *ctx)
         /* the kernel or its inner kernel ended: the sandbox goes with it
          * (never a sandbox whose run's processes outlive the run) */
         say("the kernel's processes are not the ones sealed: ending the sandbox", NULL);
-        kill(l->bwrap, SIGKILL);
+        end_sandbox(l);
         return;
     }
     if (cx_sandbox_reap(l->cg.n ? &l->cg : NULL, l->sandbox, l->kernel, l->inner, &killed))
@@ -232,8 +273,7 @@ on_inner_end(struct launch *l)
     say("the inner kernel ended: ending the sandbox", NULL);
     close(l->inner_fd);
     l->inner_fd = -1;
-    if (!l->reaped)
-        kill(l->bwrap, SIGKILL);
+    end_sandbox(l);
 }
 
 /* One signal from the signalfd: a child's exit, or one to pass on. */
@@ -245,8 +285,14 @@ on_signal(struct launch *l)
     while (read(l->signal_fd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGCHLD)
             reap(l);
-        else if (!l->reaped)
+        else if (l->reaped)
+            continue;
+        else if (!l->template)
             kill(l->bwrap, (int)si.ssi_signo);
+        else if (si.ssi_signo == SIGINT) /* the kernel has a handler while it runs a cell */
+            (void)pidfd_send_signal(l->tk.pidfd, SIGINT, NULL, 0);
+        else /* pid 1 of its namespace: a signal it has no handler for would not end it */
+            end_sandbox(l);
     }
 }
 
@@ -259,20 +305,23 @@ wait_ready(struct launch *l)
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
 
     while (l->ready != READY_ALL && !l->reaped) {
-        struct pollfd p[3] = {{.fd = l->inotify_fd, .events = POLLIN},
+        struct pollfd p[4] = {{.fd = l->inotify_fd, .events = POLLIN},
                               {.fd = l->signal_fd, .events = POLLIN},
-                              {.fd = l->out_fd, .events = POLLIN}};
+                              {.fd = l->out_fd, .events = POLLIN},
+                              {.fd = end_fd(l), .events = POLLIN}};
         long long left = deadline - now_ms();
         ssize_t n;
 
         if (left <= 0)
             return false;
-        if (poll(p, 3, (int)(left > 1000 ? 1000 : left)) < 0 && errno != EINTR)
+        if (poll(p, 4, (int)(left > 1000 ? 1000 : left)) < 0 && errno != EINTR)
             return false;
         if (p[2].revents)
             pump_output(l, true);
         if (p[1].revents)
             on_signal(l);
+        if (p[3].revents)
+            reap(l);
         if (!p[0].revents)
             continue;
         n = read(l->inotify_fd, buf, sizeof(buf));
@@ -340,7 +389,7 @@ ready_and_sealed(struct launch *l)
 static void
 supervise(struct launch *l)
 {
-    static struct pollfd p[3 + CX_RELAY_POLL_MAX];
+    static struct pollfd p[4 + CX_RELAY_POLL_MAX];
 
     while (!l->reaped) {
         int timeout = 1000, wanted = -1, nr;
@@ -348,11 +397,14 @@ supervise(struct launch *l)
         p[0] = (struct pollfd){.fd = l->signal_fd, .events = POLLIN};
         p[1] = (struct pollfd){.fd = l->out_fd, .events = POLLIN}; /* (-1: ignored) */
         p[2] = (struct pollfd){.fd = l->inner_fd, .events = POLLIN};
-        nr = cx_relay_poll_fds(l->relay, p + 3, CX_RELAY_POLL_MAX, &wanted);
+        p[3] = (struct pollfd){.fd = end_fd(l), .events = POLLIN};
+        nr = cx_relay_poll_fds(l->relay, p + 4, CX_RELAY_POLL_MAX, &wanted);
         if (wanted >= 0 && wanted < timeout)
             timeout = wanted;
-        int n = poll(p, 3 + (nfds_t)nr, timeout);
+        int n = poll(p, 4 + (nfds_t)nr, timeout);
 
+        if (n > 0 && p[3].revents)
+            reap(l);
         if (n > 0 && p[2].revents)
             on_inner_end(l);
         if (n > 0 && p[1].revents & (POLLIN | POLLHUP))
@@ -366,7 +418,7 @@ supervise(struct launch *l)
         else if (n == 0)
             reap(l); /* a SIGCHLD the signalfd folded into another: once a second */
         if (n > 0)
-            cx_relay_handle(l->relay, p + 3, nr);
+            cx_relay_handle(l->relay, p + 4, nr);
     }
 }
 
@@ -376,6 +428,8 @@ cleanup(struct launch *l)
     int rfd = open(l->conn.runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
     cx_relay_free(l->relay);
+    if (l->tk.pidfd >= 0)
+        close(l->tk.pidfd);
     cx_keeper_release(&l->keeper);
     cx_sandbox_cgroup_remove(&l->cg);
     if (rfd >= 0 && l->private_dir[0]) {
@@ -475,6 +529,12 @@ block_signals(sigset_t *block, sigset_t *old)
 static bool
 know_the_kernel(struct launch *l)
 {
+    if (l->template) { /* pid 1 of its namespaces: the init and the kernel in one */
+        l->kernel = l->tk.pid;
+        l->init_fd = dup(l->tk.pidfd);
+        l->kernel_fd = dup(l->tk.pidfd);
+        return l->init_fd >= 0 && l->kernel_fd >= 0;
+    }
     l->init_fd = pidfd_open(l->sandbox, 0);
     l->kernel = cx_sandbox_kernel_pid(l->sandbox);
     l->kernel_fd = l->kernel > 0 ? pidfd_open(l->kernel, 0) : -1;
@@ -532,11 +592,48 @@ start_sandbox(struct launch *l, sigset_t *old)
     return true;
 }
 
-/* The kernel did not start (l->bwrap is a process of ours): bwrap is
- * killed and reaped; the launcher's exit code, bwrap's when it failed. */
+/* A Python kernel forked from the template (template.h), when
+ * sandbox.conf asks for it: false (said why) when it can't be had, and
+ * the kernel starts with bwrap. */
+static bool
+start_from_template(struct launch *l, pid_t server)
+{
+    char msg[CX_MSG_MAX];
+    int out[2];
+
+    if (!cx_template_wanted(&l->sc, l->lang, &l->conn, server))
+        return false;
+    if (pipe2(out, O_CLOEXEC) != 0)
+        return false;
+    if (cx_template_start(&l->sc, &l->conn, l->private_dir, &l->keeper, &l->cg, l->seccomp_fd,
+                          out[1], server, &l->tk, msg, sizeof(msg)) != CX_OK) {
+        say(msg, NULL);
+        say("starting the kernel with bubblewrap instead (for a minute)", NULL);
+        close(out[0]);
+        close(out[1]);
+        return false;
+    }
+    close(out[1]);
+    l->out_fd = out[0];
+    (void)fcntl(l->out_fd, F_SETFL, O_NONBLOCK);
+    l->template = true;
+    l->sandbox = l->tk.pid;
+    return true;
+}
+
+/* The kernel did not start (l->bwrap is a process of ours, or the
+ * template's kernel): it is killed and reaped; the launcher's exit code,
+ * bwrap's when it failed. */
 static int
 stop_unstarted(struct launch *l)
 {
+    if (l->template) {
+        struct pollfd p = {.fd = l->tk.pidfd, .events = POLLIN};
+        say("the kernel did not start; stopping it", NULL);
+        end_sandbox(l);
+        (void)poll(&p, 1, 2000);
+        return 1;
+    }
     if (!l->reaped) {
         say("the kernel did not start in the sandbox; stopping it", NULL);
         kill(l->bwrap, SIGKILL);
@@ -559,7 +656,8 @@ main(int argc, char **argv)
                        .kernel_fd = -1,
                        .inner_fd = -1,
                        .out_fd = -1,
-                       .keeper = {.sock = -1, .userns = -1, .mntns = -1}};
+                       .keeper = {.sock = -1, .userns = -1, .mntns = -1, .pidfd = -1},
+                       .tk = {.pidfd = -1, .pid = -1}};
     pid_t server = getppid();
     const char *config = NULL, *conn_path;
     sigset_t block, old;
@@ -586,7 +684,8 @@ main(int argc, char **argv)
      * one started in its place knows none of them. */
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != server)
         goto out;
-    if (!prepare(&l, config, conn_path, server, &block) || !start_sandbox(&l, &old))
+    if (!prepare(&l, config, conn_path, server, &block) ||
+        (!start_from_template(&l, server) && !start_sandbox(&l, &old)))
         goto out;
     /* the server's endpoints: the relay's, never the kernel's own */
     if (l.sandbox <= 0 || !ready_and_sealed(&l) ||

@@ -52,6 +52,8 @@ static const struct cx_conf_key keys[] = {
     {"cpu_percent", CX_CONF_UINT, O(cpu_percent), "100", 1, 100000},
     {"cpu_weight", CX_CONF_UINT, O(cpu_weight), "100", 1, 10000},
     {"threads", CX_CONF_UINT, O(threads), "1", 1, 1024},
+    {"template", CX_CONF_BOOL, O(template), "true", 0, 0},
+    {"template_preload", CX_CONF_MODULES, O(template_preload), "", 0, 0},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -805,15 +807,21 @@ fail:
 }
 
 enum cx_err
-cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg)
+cx_sandbox_cgroup_attach(const struct cx_sandbox_cgroup *cg, pid_t pid)
 {
-    char pid[32];
+    char text[32];
 
-    snprintf(pid, sizeof(pid), "%ld", (long)getpid());
+    snprintf(text, sizeof(text), "%ld", (long)pid);
     for (int i = 0; i < cg->n; i++)
-        if (write_value(cg->dirs[i], "cgroup.procs", pid, false))
+        if (write_value(cg->dirs[i], "cgroup.procs", text, false))
             return CX_ERR_IO;
     return CX_OK;
+}
+
+enum cx_err
+cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg)
+{
+    return cx_sandbox_cgroup_attach(cg, getpid());
 }
 
 void
@@ -1567,8 +1575,11 @@ socket_rules(scmp_filter_ctx ctx)
     return rc;
 }
 
+/* The template's filter is the kernels' but for unshare: its child makes
+ * the kernel's namespaces (template.py). No tenant code runs under it
+ * alone: each kernel loads the kernels' filter over it. */
 static int
-build_filter(scmp_filter_ctx ctx)
+build_filter(scmp_filter_ctx ctx, bool template)
 {
     int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
 
@@ -1579,7 +1590,10 @@ build_filter(scmp_filter_ctx ctx)
     }
     for (size_t i = 0; rc == 0 && i < sizeof(denied) / sizeof(denied[0]); i++)
         if (denied[i] >= 0) /* a call this architecture lacks is negative */
-            rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), denied[i], 0);
+            rc = seccomp_rule_add(
+                ctx,
+                template && denied[i] == SCMP_SYS(unshare) ? SCMP_ACT_ALLOW : SCMP_ACT_ERRNO(EPERM),
+                denied[i], 0);
     /* sync and syncfs write back every file system of the host (the
      * database's among them): they succeed and do nothing; fsync of the
      * kernel's own files, all on tmpfs, stays */
@@ -1596,8 +1610,8 @@ build_filter(scmp_filter_ctx ctx)
     return rc;
 }
 
-enum cx_err
-cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen)
+static enum cx_err
+seccomp_fd(bool template, int *fd_out, char *msg, size_t msglen)
 {
     scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(ENOSYS)); /* what is not allowed */
     int fd = -1;
@@ -1607,7 +1621,7 @@ cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen)
         return CX_ERR_NOMEM;
     }
     fd = memfd_create("codexec-seccomp", 0); /* inherited by bwrap */
-    if (fd < 0 || build_filter(ctx) != 0 || seccomp_export_bpf(ctx, fd) != 0 ||
+    if (fd < 0 || build_filter(ctx, template) != 0 || seccomp_export_bpf(ctx, fd) != 0 ||
         lseek(fd, 0, SEEK_SET) != 0) {
         snprintf(msg, msglen, "cannot build the seccomp filter");
         if (fd >= 0)
@@ -1618,6 +1632,18 @@ cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen)
     seccomp_release(ctx);
     *fd_out = fd;
     return CX_OK;
+}
+
+enum cx_err
+cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen)
+{
+    return seccomp_fd(false, fd_out, msg, msglen);
+}
+
+enum cx_err
+cx_sandbox_template_seccomp_fd(int *fd_out, char *msg, size_t msglen)
+{
+    return seccomp_fd(true, fd_out, msg, msglen);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1895,6 +1921,24 @@ static const char show_hook[] =
 
 /* The front kernel's source (front.py, embedded at build time). */
 extern const char cx_front_py[];
+/* The kernel template's (template.py). */
+extern const char cx_template_py[];
+
+/* ipykernel's options, but the connection file. */
+static void
+add_kernel_options(struct argv *a, enum cx_sandbox_language lang)
+{
+    /* IPython's history in memory, not in an SQLite file of the sandbox's
+     * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
+     * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
+    add(a, "--HistoryManager.hist_file=:memory:");
+    /* nor does IPython put it there before site-packages while the kernel
+     * starts (an extension it imports by a top-level name, say): the
+     * Python kernel's exec_lines append it last, once the kernel is up */
+    add(a, "--IPKernelApp.ignore_cwd=True");
+    if (lang == CX_SANDBOX_PYTHON)
+        add(a, show_hook);
+}
 
 int
 cx_sandbox_language_parse(const char *s)
@@ -1942,16 +1986,7 @@ add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_lan
         add3(a, "--path", lang == CX_SANDBOX_R ? sc->r : sc->deno, NULL);
     }
     add3(a, "-f", c->path, NULL);
-    /* IPython's history in memory, not in an SQLite file of the sandbox's
-     * tmpfs that goes with it anyway: a file journalled and fdatasync'd at
-     * every run was a sixth of the kernel's CPU a run (docs/performance.md) */
-    add(a, "--HistoryManager.hist_file=:memory:");
-    /* nor does IPython put it there before site-packages while the kernel
-     * starts (an extension it imports by a top-level name, say): the
-     * Python kernel's exec_lines append it last, once the kernel is up */
-    add(a, "--IPKernelApp.ignore_cwd=True");
-    if (lang == CX_SANDBOX_PYTHON)
-        add(a, show_hook);
+    add_kernel_options(a, lang);
 }
 
 enum cx_err
@@ -1972,6 +2007,88 @@ cx_sandbox_argv(const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
         addn(&a, "", (unsigned long long)info_fd);
     }
     add_kernel(&a, sc, lang, c);
+    if (a.failed) {
+        cx_sandbox_argv_free(a.v);
+        return CX_ERR_NOMEM;
+    }
+    *argv_out = a.v;
+    return CX_OK;
+}
+
+const char *const *
+cx_sandbox_etc_files(void)
+{
+    return etc_files;
+}
+
+/* The template's sandbox (template.h): a kernel's, but the user namespace
+ * may nest others (each kernel's, made by its child), no pid namespace of
+ * its own (a template that ends takes no kernel with it: each has its
+ * own), and nothing of any kernel's: no workspace, no runtime directory.
+ * Its kernels' root is built at /newroot. */
+static void
+add_template_identity(struct argv *a, const struct cx_sandbox_conf *sc)
+{
+    add(a, sc->bwrap);
+    add(a, "--unshare-user");
+    add(a, "--unshare-ipc");
+    add(a, "--unshare-net");
+    add(a, "--unshare-uts");
+    add(a, "--unshare-cgroup-try");
+    add3(a, "--uid", "65534", NULL);
+    add3(a, "--gid", "65534", NULL);
+    add(a, "--new-session");
+    add3(a, "--cap-drop", "ALL", NULL);
+    add_env(a, sc);
+}
+
+static void
+add_template_filesystem(struct argv *a, const struct cx_sandbox_conf *sc)
+{
+    add3(a, "--ro-bind", "/usr", "/usr");
+    for (size_t i = 0; etc_files[i]; i++) {
+        char etc[128];
+        snprintf(etc, sizeof(etc), "/etc/%s", etc_files[i]);
+        add3(a, "--ro-bind-try", etc, etc);
+    }
+    add3(a, "--symlink", "usr/bin", "/bin");
+    add3(a, "--symlink", "usr/sbin", "/sbin");
+    add3(a, "--symlink", "usr/lib", "/lib");
+    add3(a, "--symlink", "usr/lib64", "/lib64");
+    add3(a, "--proc", "/proc", NULL);
+    add3(a, "--dev", "/dev", NULL);
+    add_tmpfs(a, sc->tmp_bytes, "/tmp");
+    add3(a, "--dir", "/tmp/.matplotlib", NULL);
+    add_caches(a, sc);
+    if (*sc->python_env && strncmp(sc->python_env, "/usr/", 5) != 0)
+        add3(a, "--ro-bind", sc->python_env, sc->python_env);
+    add3(a, "--dir", "/newroot", NULL);
+    add3(a, "--remount-ro", "/dev", NULL);
+    add3(a, "--remount-ro", "/", NULL);
+    add3(a, "--chdir", "/", NULL);
+}
+
+enum cx_err
+cx_sandbox_template_argv(const struct cx_sandbox_conf *sc, int seccomp_fd, const int fds[4],
+                         char ***argv_out)
+{
+    struct argv a = {0};
+    char python[CX_SANDBOX_PATH_MAX + 16], list[64];
+
+    add_template_identity(&a, sc);
+    add_template_filesystem(&a, sc);
+    add(&a, "--seccomp");
+    addn(&a, "", (unsigned long long)seccomp_fd);
+    add(&a, "--");
+    snprintf(python, sizeof(python), "%s/bin/python3", *sc->python_env ? sc->python_env : "/usr");
+    add(&a, python);
+    add(&a, "-P");
+    add3(&a, "-c", cx_template_py, NULL);
+    snprintf(list, sizeof(list), "%d,%d,%d,%d", fds[0], fds[1], fds[2], fds[3]);
+    add3(&a, "--fds", list, NULL);
+    add3(&a, "--preload", sc->template_preload, NULL);
+    add(&a, "--");
+    add_kernel_options(&a, CX_SANDBOX_PYTHON);
     if (a.failed) {
         cx_sandbox_argv_free(a.v);
         return CX_ERR_NOMEM;

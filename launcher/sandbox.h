@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../lib/codexec.h"
 
@@ -49,6 +50,8 @@ struct cx_sandbox_conf {
     unsigned cpu_percent;              /* CPU time, percent of one core */
     unsigned cpu_weight;               /* share against other kernels, 1-10000 */
     unsigned threads;                  /* OpenBLAS / OpenMP / numexpr threads */
+    bool template;                     /* Python kernels forked from a template (template.h) */
+    char *template_preload;            /* modules the template imports: "a,b.c" */
 };
 
 /* Defaults over which path is read (NULL: defaults only). On failure the
@@ -119,6 +122,8 @@ enum cx_err cx_sandbox_cgroup_create(const struct cx_sandbox_conf *sc, const cha
                                      size_t msglen) CX_MUSTCHECK;
 /* Moves the calling process into the cgroup (before exec). */
 enum cx_err cx_sandbox_cgroup_join(const struct cx_sandbox_cgroup *cg) CX_MUSTCHECK;
+/* Moves process pid (all its threads) into the cgroup. */
+enum cx_err cx_sandbox_cgroup_attach(const struct cx_sandbox_cgroup *cg, pid_t pid) CX_MUSTCHECK;
 /* Removes the directories once the kernel's processes are gone; on cgroup
  * v2 any process left in them is ended first, all at once (cgroup.kill). */
 void cx_sandbox_cgroup_remove(struct cx_sandbox_cgroup *cg);
@@ -148,6 +153,9 @@ enum cx_err cx_sandbox_reap(const struct cx_sandbox_cgroup *cg, int init_pid, in
  * kexec and the like fail with EPERM; other architectures' system calls
  * kill the process. */
 enum cx_err cx_sandbox_seccomp_fd(int *fd_out, char *msg, size_t msglen) CX_MUSTCHECK;
+/* The same for the kernel template's own sandbox, but unshare allowed
+ * (its child makes each kernel's namespaces; template.h). */
+enum cx_err cx_sandbox_template_seccomp_fd(int *fd_out, char *msg, size_t msglen) CX_MUSTCHECK;
 
 /* The bwrap command line (NULL-terminated; cx_sandbox_argv_free) for a
  * kernel of the language. A descriptor < 0 leaves its option out.
@@ -159,5 +167,15 @@ enum cx_err cx_sandbox_argv(const struct cx_sandbox_conf *sc, enum cx_sandbox_la
                             const char *workspace, const char *state, int seccomp_fd, int info_fd,
                             char ***argv_out) CX_MUSTCHECK;
 void cx_sandbox_argv_free(char **argv);
+
+/* The kernel template's bwrap command line (template.h): fds are the
+ * descriptors it inherits (listening socket, the Jupyter server's and the
+ * keeper's pidfds, the ready pipe), seccomp_fd its own filter
+ * (cx_sandbox_template_seccomp_fd). */
+enum cx_err cx_sandbox_template_argv(const struct cx_sandbox_conf *sc, int seccomp_fd,
+                                     const int fds[4], char ***argv_out) CX_MUSTCHECK;
+
+/* The files and directories of /etc a kernel sees (NULL-terminated). */
+const char *const *cx_sandbox_etc_files(void);
 
 #endif

@@ -50,6 +50,8 @@ def language_available(lang):
 # codexec-db, the Jupyter server and its kernels as codexec-kernel, which
 # can read nothing of the other two.
 RUN_USER = "codexec"
+# What every kernel imports before its first run (kernel-image.list has them)
+PRELOAD = "numpy, pandas, matplotlib.pyplot"
 KERNEL_USER = "codexec-kernel"
 DB_USER = "codexec-db"
 # The test object store (tests/s3: s3rver behind a SigV4 check), when a
@@ -662,6 +664,10 @@ class Stack:
             "cache_dir": self.kernel_cache,
             "cgroup": self.cgroup if self.cgroups_ok else "",
             "deno": DENO,
+            # Python kernels forked from one that imported these already
+            # (codexec.conf's kernel_preload): an idle one costs a few MiB
+            "template": "true",
+            "template_preload": PRELOAD,
         }
         lines.update(self.sandbox_extra)
         text = ("# Written by packaging/stack.py: the limits of every kernel, read by\n"
@@ -699,7 +705,7 @@ class Stack:
             # a new conversation's first run finds a kernel already started
             "kernel_pool_size": "2",
             # ... with the data stack already imported (see kernel-image.list)
-            "kernel_preload": "numpy, pandas, matplotlib.pyplot",
+            "kernel_preload": PRELOAD,
         }
         lines.update(self.conf_extra)
         text = "# Written by packaging/stack.py; see docs/configuration.md for every key.\n"
