@@ -205,6 +205,7 @@ class Kernel:
         kernel.shell.display_pub.pub_socket = app.iopub_socket
         kernel.record_ports({name + "_port": port for name, port in app._ports.items()})
         app.displayhook.get_execution_count = lambda: kernel.execution_count
+        kernel.shell.events.register("pre_execute", reap_orphans)
         sys.stdout.flush()
         sys.stderr.flush()
         app.start()
@@ -274,6 +275,22 @@ def reseed():
     r = sys.modules.get("numpy.random")
     if r is not None:
         r.seed()
+
+
+def reap_orphans(*_):
+    """pid 1 of its namespace, the kernel inherits every orphan of the
+    sandbox: the run's end (the launcher, the epilogue) ends them, and
+    what it ended after the epilogue's own reaping is reaped before the
+    next cell runs, not left holding the sandbox's pids. Every process but
+    the kernel ended with the run: no status a later cell waits for is
+    taken."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def become_kernel(conn, req, kernel):

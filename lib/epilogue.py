@@ -26,12 +26,13 @@ def reap():
     on a loaded machine takes more than 200 ms, and an unreaped child stays
     a zombie of the kernel's, holding a pid, until the next run). Only
     inside codexec's sandbox (its launcher's CODEXEC_SANDBOX, and the kernel
-    a child of the sandbox's own pid 1): a kernel started without the
-    sandbox shares the host's processes. A front kernel's inner kernel (the
-    JavaScript or R kernel it runs, launcher/front.py) is spared, as the
-    launcher spares it."""
+    a child of the sandbox's own pid 1, or that pid 1 itself: a kernel
+    forked from the template, launcher/template.py, whose orphans are its
+    children then): a kernel started without the sandbox shares the host's
+    processes. A front kernel's inner kernel (the JavaScript or R kernel it
+    runs, launcher/front.py) is spared, as the launcher spares it."""
     me, mine = os.getpid(), []
-    if os.environ.get("CODEXEC_SANDBOX") != "1" or os.getppid() != 1:
+    if os.environ.get("CODEXEC_SANDBOX") != "1" or (os.getppid() != 1 and me != 1):
         return
     spare = {1, me}
     inner = getattr(getattr(sys.modules.get("__codexec_inner__"), "proc", None), "pid", None)
