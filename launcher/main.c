@@ -371,8 +371,14 @@ static bool
 ready_and_sealed(struct launch *l)
 {
     char what[96];
+    bool ready = wait_ready(l);
 
-    if (!wait_ready(l)) {
+    /* Linux gives a user 128 inotify instances by default
+     * (fs.inotify.max_user_instances): held for a kernel's life, they
+     * would bound the live kernels, not the ones starting at once */
+    close(l->inotify_fd);
+    l->inotify_fd = -1;
+    if (!ready) {
         if (l->reaped)
             snprintf(what, sizeof(what),
                      "the sandbox ended (status %d) before the kernel was ready", l->status);

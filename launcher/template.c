@@ -162,8 +162,13 @@ template_exec(const struct cx_sandbox_conf *sc, const struct cx_keeper *k, int f
     static const int want[4] = {3, 4, 5, 6};
     char **argv = NULL;
     int null = open("/dev/null", O_RDWR | O_CLOEXEC), hi = 64;
+    sigset_t none;
 
-    if (setsid() < 0 || null < 0 || dup2(null, 0) < 0 || dup2(2, 1) < 0)
+    /* the launcher's blocked signals (its signalfd's) would be every
+     * kernel's: an interrupt would never arrive */
+    sigemptyset(&none);
+    if (sigprocmask(SIG_SETMASK, &none, NULL) != 0 || setsid() < 0 || null < 0 ||
+        dup2(null, 0) < 0 || dup2(2, 1) < 0)
         _exit(127);
     if (fork() != 0)
         _exit(0); /* not the launcher's child: Jupyter ends launchers, not this */

@@ -41,6 +41,7 @@ import importlib
 import os
 import resource
 import select
+import signal
 import socket
 import struct
 import sys
@@ -426,6 +427,8 @@ def main():
     (listen_fd, server_fd, keeper_fd, ready_fd), modules, argv = parse_args(sys.argv[1:])
     READY.append(ready_fd)
     TEMPLATE_FDS.extend([server_fd, keeper_fd])
+    # every kernel's: nothing blocked (an interrupt is a SIGINT)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     prctl(PR_SET_CHILD_SUBREAPER, 1, what="subreaper")
     kernel = Kernel(argv)
     preload(modules)

@@ -35,10 +35,14 @@ c.ServerApp.rate_limit_window = 3
 # One frame from a kernel: larger ones end that connection (ZeroMQ
 # reconnects it); codexec itself skips any message over 16 MiB.
 MAX_FRAME = 24 * 1024 * 1024
-# Messages waiting in ZeroMQ for the server to read them, per socket; only
-# reached while a client is paused (below): then the kernel waits, and its
-# own (bounded) memory holds the rest.
-RCVHWM = 16
+# Messages waiting in ZeroMQ for the server to read them, per socket:
+# reached while a client is paused (below), and while the server's one
+# loop falls behind kernels that send large messages as fast as their
+# relays let them (8 kernels sending 4 MiB JSON frames held 16 of them on
+# each of their two iopub sockets: +1 GiB on a 2-core machine). Then the
+# kernel waits, and its own (bounded) memory holds the rest. ZeroMQ counts
+# messages, not bytes: this bounds a socket at 4 of the relay's largest.
+RCVHWM = 4
 # JSON the server would build objects from: a frame whose objects would
 # cost more than this (counted in its bytes, strings included, so never
 # less than it builds: a list or dict about 112 bytes, an element 56, a
@@ -58,17 +62,24 @@ REFUSED = {"msg_id": "", "msg_type": "codexec_refused", "username": "", "session
 def guarded_unpack(s):
     """Session.unpack: JSON, unless the frame is too large or too deep to
     build (then an empty header-shaped dict, which every reader of a part
-    copes with: the message is dropped or passed on empty)."""
-    if isinstance(s, (bytes, bytearray, memoryview)):
-        s = bytes(s).decode("utf8", "replace")
+    copes with: the message is dropped or passed on empty). Counted on the
+    bytes, before any copy: a kernel sending large frames as fast as its
+    relay lets it must not outrun the server's loop (while it falls behind,
+    each kernel socket holds RCVHWM of them)."""
+    if isinstance(s, (bytearray, memoryview)):
+        s = bytes(s)
     if len(s) > MAX_FRAME or (len(s) > 65536 and cost(s) > MAX_COST):
         return dict(REFUSED)
+    if isinstance(s, bytes):
+        s = s.decode("utf8", "replace")
     return json.loads(s)
 
 
 def cost(s):
-    return (112 * (s.count("[") + s.count("{")) + 56 * (s.count(",") + s.count(":"))
-            + 28 * s.count('"'))
+    """What the frame's objects would cost, from its bytes (or text)."""
+    b = s if isinstance(s, bytes) else s.encode("utf8", "replace")
+    return (112 * (b.count(b"[") + b.count(b"{")) + 56 * (b.count(b",") + b.count(b":"))
+            + 28 * b.count(b'"'))
 
 
 def install():
