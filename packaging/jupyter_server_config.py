@@ -7,6 +7,7 @@
 # keep what no client reads, nor build a huge object from a small message,
 # nor queue without bound for a client that reads slowly.
 import json
+import resource
 
 import zmq
 
@@ -16,6 +17,14 @@ import zmq
 zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)
 
 c = get_config()  # noqa: F821 (the config loader's)
+
+# A kernel holds about five of the server's descriptors (its sockets and
+# the launcher's pipes): the default 4096 would make descriptors the
+# ceiling at about 800 kernels. As many as the hard limit allows (the
+# package's unit: LimitNOFILE=65536).
+_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+c.ServerApp.min_open_files_limit = 65536 if _nofile == resource.RLIM_INFINITY else min(65536,
+                                                                                        _nofile)
 
 # A kernel nobody is connected to: its messages are dropped, never kept in
 # a list that grows for as long as it talks (jupyter_server's default keeps

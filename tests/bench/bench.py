@@ -757,6 +757,126 @@ def capacity(b, ceiling, minutes):
     b.st.start_fcgi()
 
 
+def pss_by_role(user):
+    """The PSS (MiB) of the gateway's processes, by role: kernels (pid 1 of
+    their namespaces: forked from the template), the template, launchers
+    (and the keeper), bwrap'd kernels, the Jupyter server."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                pss = int(re.search(r"^Pss:\s+(\d+)", f.read(), re.M).group(1)) / 1024
+        except (OSError, AttributeError):
+            continue
+        if not re.search(rf"^Uid:\s+{user}\b", status, re.M):
+            continue
+        name = re.search(r"^Name:\s+(.*)$", status, re.M).group(1)
+        nspid = re.search(r"^NSpid:\s+(.*)$", status, re.M).group(1).split()
+        if len(nspid) > 1 and nspid[-1] == "1" and name.startswith("python"):
+            role = "kernels"
+        elif name.startswith("codexec-kernel"):
+            role = "launchers"
+        elif name.startswith("python") and b" --fds " in cmd:
+            role = "template"
+        elif b"jupyter_server" in cmd or b"supervise.py" in cmd:
+            role = "jupyter server"
+        else:
+            role = "other (bwrap, bwrap'd kernels)"
+        out[role] = out.get(role, 0) + pss
+    return out
+
+
+def density(b, target, minutes):
+    """Idle conversations one machine holds, with kernel_preload = numpy,
+    pandas, matplotlib.pyplot (each kernel forked from the template that
+    imported them): new conversations one after another (x = i), until the
+    target, memory runs low (2 GiB available) or the time budget; then each
+    runs again and must print its own x (its state intact). Memory per
+    idle conversation: what MemAvailable fell by, over their number (every
+    process and kernel structure of theirs, the gateway's included)."""
+    saved = dict(b.st.conf_extra)
+    b.st.conf_extra.update(max_kernels=str(target + 10), max_sessions_per_user=str(target + 10),
+                           kernel_pool_size="2", default_ttl="7200", max_ttl="7200")
+    b.st.write_config()
+    b.st.kill_pidfile("codexec-fcgi")
+    b.st.start_fcgi()
+    b.settle()
+    uid = pwd_uid(b.st.kernel_user)
+    before_pss = pss_by_role(uid)
+    start_mem, t_end = mem_available_mib(), time.monotonic() + minutes * 60
+    live, limit, firsts = [], "the target of this measurement", []
+    lock = threading.Lock()
+
+    def create(i):
+        t0 = time.monotonic()
+        status, body = b.req("POST", "/v1/runs", {"conversation_id": f"idle-{i}", "code": f"x = {i}"})
+        return status, body, time.monotonic() - t0
+
+    while len(live) < target:
+        if time.monotonic() > t_end:
+            limit = f"the time budget ({minutes} min)"
+            break
+        if mem_available_mib() < 2048:
+            limit = "memory (less than 2 GiB available)"
+            break
+        batch = list(range(len(live), min(target, len(live) + 2)))
+        results = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, create(i)))
+                   for i in batch]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        bad = [(i, r) for i, r in sorted(results.items()) if r[0] != 200]
+        with lock:
+            live += [i for i in batch if results[i][0] == 200]
+            firsts += [results[i][2] for i in batch if results[i][0] == 200]
+        if bad:
+            limit = f"a new conversation answered {bad[0][1][0]}: {bad[0][1][1][:120]!r}"
+            break
+    time.sleep(10)  # the last ones idle, the pool refilled
+    used = start_mem - mem_available_mib()
+    after_pss = pss_by_role(uid)
+    intact, warm = 0, []
+    for i in live:
+        t0 = time.monotonic()
+        status, body = b.req("POST", "/v1/runs", {"conversation_id": f"idle-{i}", "code": "print(x)"})
+        warm.append(time.monotonic() - t0)
+        if status == 200 and json.loads(body).get("stdout_tail", "").strip() == str(i):
+            intact += 1
+    n = max(len(live), 1)
+    row("density", "idle conversations held, each answering a run afterwards, state intact",
+        intact, None, "convs",
+        f"kernel_preload = numpy, pandas, matplotlib.pyplot; stopped by {limit}; "
+        f"goal ≥ 1000; last round: a few hundred")
+    row("density", "memory per idle conversation (MemAvailable's fall / conversations)", used / n,
+        None, "MiB", "goal ≤ 16; last round ~133 MiB RSS, 58 MiB private a kernel")
+    roles = ", ".join(f"{k} {(after_pss.get(k, 0) - before_pss.get(k, 0)) / n:.1f}"
+                      for k in sorted(set(after_pss) | set(before_pss)))
+    row("density", "PSS per conversation, by process", sum(after_pss.values()) / n - sum(
+        before_pss.values()) / n, None, "MiB", roles)
+    if firsts and warm:
+        row("density", "first run of a new conversation, pool of 2 emptied (median)",
+            statistics.median(firsts) * 1000, statistics.median(warm) * 1000, "ms",
+            "ratio to the same conversations' next run")
+    for i in live:
+        b.req("DELETE", f"/v1/conversations/idle-{i}/session")
+    b.st.conf_extra.clear()
+    b.st.conf_extra.update(saved)
+    b.st.write_config()
+    b.st.kill_pidfile("codexec-fcgi")
+    b.st.start_fcgi()
+
+
+def pwd_uid(user):
+    import pwd
+    return pwd.getpwnam(user).pw_uid
+
+
 def stream_run(b, cid, code):
     """A streaming run: (time to the head, to the first event, to the first
     stdout event, to the end), ms."""
@@ -928,9 +1048,10 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="each measurement once, briefly")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "performance.md"))
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
+    ap.add_argument("--idle", type=int, default=1000, help="the density section's conversations")
     ap.add_argument("--only", action="append",
                     choices=["run", "stream", "cold", "capture", "download", "files", "s3",
-                             "concurrency", "capacity", "mcp", "dropins", "languages"],
+                             "concurrency", "capacity", "density", "mcp", "dropins", "languages"],
                     help="run only these sections (the document is then not written)")
     a = ap.parse_args()
     others = other_stacks()
@@ -982,6 +1103,8 @@ def main():
             concurrency(b, a.seconds)
         if want("capacity"):
             capacity(b, 20 if a.smoke else 400, 2 if a.smoke else 20)
+        if want("density"):
+            density(b, 20 if a.smoke else a.idle, 2 if a.smoke else 30)
         against_last_round()
         machine = describe_machine()
         if not a.smoke and not a.only:
