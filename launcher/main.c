@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -705,6 +706,9 @@ main(int argc, char **argv)
         goto out;
     }
     cx_relay_on_run_end(l.relay, end_run_processes, &l);
+    /* what the start freed (the seccomp filter's making, mostly) goes
+     * back: a launcher lives as long as its kernel, one per conversation */
+    (void)malloc_trim(0);
     supervise(&l);
     code = exit_code(&l);
 out:

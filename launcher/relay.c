@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -85,10 +86,16 @@ struct zmtp {
 };
 
 struct half {
-    unsigned char *buf;
+    unsigned char *buf; /* mmap'd: its pages given back once drained (fill) */
     size_t off, len, cap;
-    bool eof; /* its source ended: close once it is written */
+    size_t high; /* the most it held since its pages were last given back */
+    bool eof;    /* its source ended: close once it is written */
 };
+
+/* What a drained buffer keeps of its pages: a file passing through once
+ * (a capture's, an input's 1 MiB chunks) does not hold 256 KiB of each of
+ * the kernel's connections for the kernel's life. */
+#define HALF_KEEP (16 * 1024)
 
 struct pair {
     int srv, krn;
@@ -381,11 +388,32 @@ zmtp_feed(struct cx_relay *r, struct pair *p, struct zmtp *z, const unsigned cha
 static bool
 half_init(struct half *h, size_t cap)
 {
-    h->buf = malloc(cap);
-    h->off = h->len = 0;
+    void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    h->buf = m == MAP_FAILED ? NULL : m;
+    h->off = h->len = h->high = 0;
     h->cap = cap;
     h->eof = false;
     return h->buf != NULL;
+}
+
+static void
+half_free(struct half *h)
+{
+    if (h->buf)
+        munmap(h->buf, h->cap);
+    h->buf = NULL;
+}
+
+/* Drained: the pages past HALF_KEEP it touched go back to the system. */
+static void
+half_drained(struct half *h)
+{
+    h->off = h->len = 0;
+    if (h->high > HALF_KEEP) {
+        (void)madvise(h->buf + HALF_KEEP, h->cap - HALF_KEEP, MADV_DONTNEED);
+        h->high = 0;
+    }
 }
 
 static void
@@ -397,8 +425,8 @@ pair_free(struct pair *p)
         close(p->srv);
     if (p->krn >= 0)
         close(p->krn);
-    free(p->up.buf);
-    free(p->down.buf);
+    half_free(&p->up);
+    half_free(&p->down);
     free(p->z.keep);
     free(p->zs.keep);
     free(p);
@@ -412,7 +440,7 @@ fill(int fd, struct half *h, const unsigned char **start, size_t *got)
     ssize_t n;
 
     if (h->off == h->len) {
-        h->off = h->len = 0;
+        half_drained(h);
     } else if (h->off > 0 && h->len == h->cap) {
         memmove(h->buf, h->buf + h->off, h->len - h->off);
         h->len -= h->off;
@@ -429,6 +457,8 @@ fill(int fd, struct half *h, const unsigned char **start, size_t *got)
         return false;
     *got = (size_t)n;
     h->len += (size_t)n;
+    if (h->len > h->high)
+        h->high = h->len;
     return true;
 }
 

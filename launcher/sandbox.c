@@ -2087,6 +2087,11 @@ cx_sandbox_template_argv(const struct cx_sandbox_conf *sc, int seccomp_fd, const
     snprintf(list, sizeof(list), "%d,%d,%d,%d", fds[0], fds[1], fds[2], fds[3]);
     add3(&a, "--fds", list, NULL);
     add3(&a, "--preload", sc->template_preload, NULL);
+    /* what codexec's requests would have each kernel compile, compiled
+     * once (lib/codexec.h cx_kernel_source) */
+    add3(&a, "--epilogue", cx_kernel_source("epilogue"), NULL);
+    add3(&a, "--capture", cx_kernel_source("capture"), NULL);
+    add3(&a, "--files", cx_kernel_source("files"), NULL);
     add(&a, "--");
     add_kernel_options(&a, CX_SANDBOX_PYTHON);
     if (a.failed) {

@@ -78,6 +78,9 @@ template_id(const struct cx_sandbox_conf *sc)
     h = fnv(h, sc->bwrap);
     h = fnv(h, sc->template_preload);
     h = fnv(h, n);
+    h = fnv(h, cx_kernel_source("epilogue"));
+    h = fnv(h, cx_kernel_source("capture"));
+    h = fnv(h, cx_kernel_source("files"));
     return fnv(h, cx_template_py);
 }
 

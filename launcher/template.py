@@ -209,6 +209,9 @@ class Kernel:
         kernel.shell.events.register("pre_execute", reap_orphans)
         sys.stdout.flush()
         sys.stderr.flush()
+        # what the start freed of the template's heap pages it copied goes
+        # back (the pages it still shares stay shared)
+        libc.malloc_trim(0)
         app.start()
         os._exit(0)
 
@@ -405,26 +408,54 @@ def serve(listener, ends, kernel):
         reap()
 
 
+def precompile(sources):
+    """codexec's own Python (lib/codexec.h cx_kernel_source), kept where
+    every run looks for it first, exactly as a kernel keeps it the first
+    time a request carries it (lib/runend.c, capture.c, files.c): compiled
+    once here, not in each kernel (2-3 MiB of each kernel's pages, and
+    milliseconds of its first run). A version codexec no longer sends is
+    only compiled again."""
+    import hashlib
+
+    def version(src):
+        return hashlib.sha256(os.fsencode(src)).hexdigest()
+
+    if "epilogue" in sources:
+        d = {"__name__": "__codexec__"}
+        exec(sources["epilogue"], d)
+        sys._codexec_epi, sys._codexec_epi_v = d["epilogue"], version(sources["epilogue"])[:16]
+    if "capture" in sources:
+        sys._codexec_capture = (version(sources["capture"]),
+                                compile(sources["capture"], "<codexec-capture>", "exec"))
+    if "files" in sources:
+        d = {"__name__": "__codexec__"}
+        exec(sources["files"], d)
+        sys._codexec_files, sys._codexec_files_v = d["run"], version(sources["files"])
+
+
 def parse_args(argv):
-    fds, modules = None, []
+    fds, modules, sources = None, [], {}
     while argv and argv[0] != "--":
         if argv[0] == "--fds" and len(argv) > 1:
             fds = [int(x) for x in argv[1].split(",")]
         elif argv[0] == "--preload" and len(argv) > 1:
             modules = [m for m in argv[1].split(",") if m]
+        elif argv[0] in ("--epilogue", "--capture", "--files") and len(argv) > 1:
+            sources[argv[0][2:]] = argv[1]
         else:
             raise Failed(f"unknown argument {argv[0]!r}")
         argv = argv[2:]
     if not fds or len(fds) != 4 or not argv:
-        raise Failed("usage: --fds LISTEN,SERVER,KEEPER,READY [--preload M,M] -- ARGS")
-    return fds, modules, argv[1:]
+        raise Failed("usage: --fds LISTEN,SERVER,KEEPER,READY [--preload M,M] "
+                     "[--epilogue|--capture|--files SOURCE] -- ARGS")
+    return fds, modules, sources, argv[1:]
 
 
 READY = []
 
 
 def main():
-    (listen_fd, server_fd, keeper_fd, ready_fd), modules, argv = parse_args(sys.argv[1:])
+    (listen_fd, server_fd, keeper_fd, ready_fd), modules, sources, argv = parse_args(sys.argv[1:])
     READY.append(ready_fd)
     TEMPLATE_FDS.extend([server_fd, keeper_fd])
     # every kernel's: nothing blocked (an interrupt is a SIGINT)
@@ -432,6 +463,7 @@ def main():
     prctl(PR_SET_CHILD_SUBREAPER, 1, what="subreaper")
     kernel = Kernel(argv)
     preload(modules)
+    precompile(sources)
     listener = socket.socket(fileno=listen_fd)
     listener.setblocking(False)
     # what every kernel shares, never scanned again by the collector (a

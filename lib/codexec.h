@@ -34,6 +34,15 @@ struct cx_storage;
  * them). */
 #define CX_RELAY_RUN_END "codexec-run-end-"
 
+/* The Python codexec runs in every Python kernel, by name: "epilogue"
+ * (lib/epilogue.py), "capture" (lib/capture_helper.py), "files"
+ * (lib/files_helper.py); NULL for another. A kernel compiles each the
+ * first time a request carries it and keeps it under its version (the
+ * source's SHA-256); the launcher's kernel template compiles them ahead,
+ * kept where every kernel forked from it finds them
+ * (launcher/template.py). */
+const char *cx_kernel_source(const char *name);
+
 /* --- Errors (lib/err.c) ------------------------------------------------------ */
 
 #define CX_MUSTCHECK    __attribute__((warn_unused_result))

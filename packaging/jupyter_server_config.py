@@ -13,7 +13,18 @@ import zmq
 
 # ZeroMQ's default of 1023 sockets per context (a few per kernel and per
 # channels connection) would make sockets, not memory, the ceiling on
-# kernels (about 175). See docs/configuration.md, "Capacity".
+# kernels (about 170: measured). See docs/configuration.md, "Capacity".
+# Every context the server makes: the kernel manager's is its own, not
+# Context.instance().
+_context_init = zmq.Context.__init__
+
+
+def _context_with_sockets(self, *args, **kwargs):
+    _context_init(self, *args, **kwargs)
+    self.set(zmq.MAX_SOCKETS, 65536)
+
+
+zmq.Context.__init__ = _context_with_sockets
 zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)
 
 c = get_config()  # noqa: F821 (the config loader's)

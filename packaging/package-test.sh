@@ -206,6 +206,30 @@ check_tenants_bounded() {  # check_tenants_bounded KEY
   say "tenants: a memory bomb ended at memory.max, a fork bomb held at pids.max, other runs unharmed"
 }
 
+# Python kernels forked from the template (sandbox.conf: template =
+# true) under systemd's hardening and cgroups: the kernel of a run is pid 1
+# of its own pid namespace, the template's child (its subreaper), in its
+# own cgroup, and shares the data stack's pages: its private memory is a
+# small part of what it maps.
+check_template() {  # check_template KEY
+  local out pid tpl rss priv
+  out=$(run_code "$1" pkg-template $'import sys, os\nprint(os.getpid(), "numpy" in sys.modules)')
+  [ "$(field "$out" 'd["stdout_tail"].strip()')" = "1 True" ] ||
+    fail "a Python kernel is not pid 1 of its namespace with numpy preloaded: $out"
+  pid=$(for p in $(pgrep -u codexec-kernel python3); do
+          [ "$(awk '/^NSpid:/ {print NF, $NF}' "/proc/$p/status")" = "3 1" ] && echo "$p"
+        done | tail -1)
+  [ -n "$pid" ] || fail "no kernel forked from the template (pid 1 of a namespace below the host's)"
+  tpl=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status")
+  grep -q -- ' --fds ' <(tr '\0' ' ' <"/proc/$tpl/cmdline") ||
+    fail "the kernel's parent ($tpl) is not the template"
+  rss=$(awk '/^Rss:/ {print $2}' "/proc/$pid/smaps_rollup")
+  priv=$(awk '/^Private_Dirty:/ {print $2}' "/proc/$pid/smaps_rollup")
+  [ "$priv" -lt 40960 ] && [ "$rss" -gt 81920 ] ||
+    fail "the kernel shares too little: $priv KiB private of $rss KiB"
+  say "template: the kernel is pid 1 of its namespace, the template's child, $((priv / 1024)) MiB of its $((rss / 1024)) MiB its own"
+}
+
 # JavaScript and R under systemd: the package ships both kernelspecs, R
 # comes with its recommendations, Deno as docs/sandbox.md installs it; an
 # operator turns them on in codexec.conf.
@@ -308,6 +332,7 @@ phase_check() {
   check_kernels_user
   check_kernel_user_reads_nothing
   check_cgroups "$key"
+  check_template "$key"
   check_tenants_bounded "$key"
   check_languages "$key"
   say "/metrics (the operators' token only) shows the families operators alert on"

@@ -31,7 +31,7 @@ if [ -f "$lib_a" ]; then
   used=""
   for prog in "fcgi:fcgi/main.o fcgi/request.o fcgi/router.o fcgi/handlers.o fcgi/mcp.o" \
               "admin:admin/main.o" \
-              "launcher:launcher/main.o launcher/sandbox.o launcher/relay.o"; do
+              "launcher:launcher/main.o launcher/sandbox.o launcher/relay.o launcher/keeper.o launcher/template.o"; do
     name=${prog%%:*}; objs=""
     for o in ${prog#*:}; do objs="$objs $build/$o"; done
     # shellcheck disable=SC2086
