@@ -697,11 +697,8 @@ main(int argc, char **argv)
     /* the server's endpoints: the relay's, never the kernel's own */
     if (l.sandbox <= 0 || !ready_and_sealed(&l) ||
         (cx_relay_open(&l.conn, l.private_dir, &l.relay, msg, sizeof(msg)) &&
-         (say("cannot relay the kernel's sockets", msg), true))) {
-        code = stop_unstarted(&l);
-        goto out;
-    }
-    if (!know_the_kernel(&l)) {
+         (say("cannot relay the kernel's sockets", msg), true)) ||
+        !know_the_kernel(&l)) {
         code = stop_unstarted(&l);
         goto out;
     }
