@@ -259,13 +259,15 @@ enum cx_storage_kind { CX_STORAGE_LOCAL, CX_STORAGE_S3 };
 #endif
 #define CX_CONFIG_FILE CX_SYSCONFDIR "/codexec/codexec.conf"
 
-/* A Jupyter gateway: gateway_url/gateway_token/max_kernels, then each
- * "gateway = URL [token=TOKEN] [max_kernels=N]" line. */
+/* A Jupyter gateway: gateway_url/gateway_token/max_kernels/
+ * max_kernel_memory, then each "gateway = URL [token=TOKEN]
+ * [max_kernels=N] [max_memory=SIZE]" line. */
 #define CX_GATEWAY_URL_MAX 512
 struct cx_gateway_conf {
     char url[CX_GATEWAY_URL_MAX]; /* without a trailing slash */
     char *token;                  /* "" for none; wiped on cleanup */
-    unsigned max_kernels;         /* its kernel budget */
+    unsigned max_kernels;         /* its kernel count budget (0: by memory, lib/budget.h) */
+    uint64_t max_memory;          /* its kernels' memory budget (0: their cgroup's limit) */
 };
 
 struct cx_config {
@@ -281,11 +283,13 @@ struct cx_config {
     char *database; /* libpq conninfo */
     char *gateway_url;
     char *gateway_token;
-    unsigned max_kernels;         /* the first gateway's budget */
-    char *gateway_lines;          /* more gateways, one per line (the "gateway" key) */
-    char *kernel_name;            /* python's kernelspec */
-    char *kernel_name_javascript; /* "": JavaScript is not offered */
-    char *kernel_name_r;          /* "": R is not offered */
+    unsigned max_kernels;            /* the first gateway's budget (0: by memory) */
+    uint64_t max_kernel_memory;      /* ... its kernels' memory budget (0: their cgroup's) */
+    uint64_t gateway_memory_reserve; /* what a gateway's host keeps free (0: a 20th) */
+    char *gateway_lines;             /* more gateways, one per line (the "gateway" key) */
+    char *kernel_name;               /* python's kernelspec */
+    char *kernel_name_javascript;    /* "": JavaScript is not offered */
+    char *kernel_name_r;             /* "": R is not offered */
     char *storage_dir;
     char *secret_file;
     /* object storage (storage = s3) */

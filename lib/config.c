@@ -30,7 +30,13 @@ static const struct cx_conf_key keys[] = {
     {"database", CX_CONF_STR, O(database), "dbname=codexec", 0, 0},
     {"gateway_url", CX_CONF_STR, O(gateway_url), "http://127.0.0.1:8888", 0, 0},
     {"gateway_token", CX_CONF_STR, O(gateway_token), "", 0, 0},
-    {"max_kernels", CX_CONF_UINT, O(max_kernels), "128", 1, 100000},
+    /* 0: no count of its own where the gateway reports its memory, else
+     * CX_KERNELS_COUNTED (budget.h) */
+    {"max_kernels", CX_CONF_UINT, O(max_kernels), "0", 0, 100000},
+    /* 0: the gateway's kernels' cgroup limit (budget.h) */
+    {"max_kernel_memory", CX_CONF_SIZE, O(max_kernel_memory), "0", 0, 1ULL << 50},
+    /* 0: a twentieth of the gateway's host, within [256 MiB, 2 GiB] */
+    {"gateway_memory_reserve", CX_CONF_SIZE, O(gateway_memory_reserve), "0", 0, 1ULL << 50},
     {"gateway", CX_CONF_LINES, O(gateway_lines), "", 0, 0},
     {"kernel_name", CX_CONF_STR, O(kernel_name), "python3", 0, 0},
     {"kernel_name_javascript", CX_CONF_STR, O(kernel_name_javascript), "", 0, 0},
@@ -132,7 +138,7 @@ cx_config_cleanup(struct cx_config *cfg)
 /* Adds a gateway; msg says what is wrong with it. */
 static enum cx_err
 add_gateway(struct cx_config *cfg, const char *url, size_t urllen, const char *token,
-            unsigned max_kernels, char *msg, size_t msglen)
+            unsigned max_kernels, uint64_t max_memory, char *msg, size_t msglen)
 {
     struct cx_gateway_conf *g = &cfg->gateways[cfg->ngateways];
 
@@ -162,20 +168,23 @@ add_gateway(struct cx_config *cfg, const char *url, size_t urllen, const char *t
     if (!g->token)
         return CX_ERR_NOMEM;
     g->max_kernels = max_kernels;
+    g->max_memory = max_memory;
     cfg->ngateways++;
     return CX_OK;
 }
 
-/* "URL [token=TOKEN] [max_kernels=N]" */
+/* "URL [token=TOKEN] [max_kernels=N] [max_memory=SIZE]" */
 static enum cx_err
 gateway_line(struct cx_config *cfg, char *line, char *msg, size_t msglen)
 {
     char *save = NULL, *url = strtok_r(line, " \t", &save), *w;
     const char *token = "";
     unsigned long max = cfg->max_kernels;
+    uint64_t mem = cfg->max_kernel_memory;
 
     if (!url) {
-        snprintf(msg, msglen, "gateway: expected \"URL [token=TOKEN] [max_kernels=N]\"");
+        snprintf(msg, msglen,
+                 "gateway: expected \"URL [token=TOKEN] [max_kernels=N] [max_memory=SIZE]\"");
         return CX_ERR_INVALID;
     }
     while ((w = strtok_r(NULL, " \t", &save))) {
@@ -185,25 +194,32 @@ gateway_line(struct cx_config *cfg, char *line, char *msg, size_t msglen)
         } else if (!strncmp(w, "max_kernels=", 12) && w[12] >= '0' && w[12] <= '9') {
             errno = 0;
             max = strtoul(w + 12, &end, 10);
-            if (errno || *end || max < 1 || max > 100000) {
-                snprintf(msg, msglen, "gateway: max_kernels is out of range [1, 100000]");
+            if (errno || *end || max > 100000) {
+                snprintf(msg, msglen, "gateway: max_kernels is out of range [0, 100000]");
+                return CX_ERR_INVALID;
+            }
+        } else if (!strncmp(w, "max_memory=", 11)) {
+            if (cx_conf_parse_size(w + 11, &mem) || mem > 1ULL << 50) {
+                snprintf(msg, msglen, "gateway: max_memory is not a size (such as 16G)");
                 return CX_ERR_INVALID;
             }
         } else {
             snprintf(msg, msglen,
-                     "gateway: unknown word (token=... and max_kernels=... are known)");
+                     "gateway: unknown word (token=..., max_kernels=... and "
+                     "max_memory=... are known)");
             return CX_ERR_INVALID;
         }
     }
-    return add_gateway(cfg, url, strlen(url), token, (unsigned)max, msg, msglen);
+    return add_gateway(cfg, url, strlen(url), token, (unsigned)max, mem, msg, msglen);
 }
 
 /* The gateways, from gateway_url on and the "gateway" lines. */
 static enum cx_err
 gateways(struct cx_config *cfg, char *msg, size_t msglen)
 {
-    enum cx_err rc = add_gateway(cfg, cfg->gateway_url, strlen(cfg->gateway_url),
-                                 cfg->gateway_token, cfg->max_kernels, msg, msglen);
+    enum cx_err rc =
+        add_gateway(cfg, cfg->gateway_url, strlen(cfg->gateway_url), cfg->gateway_token,
+                    cfg->max_kernels, cfg->max_kernel_memory, msg, msglen);
     char *lines = rc == CX_OK && cfg->gateway_lines ? strdup(cfg->gateway_lines) : NULL;
     char *save = NULL;
 

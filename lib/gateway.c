@@ -365,11 +365,16 @@ cx_gateway_default_timeout(struct cx_gateway *gw, long ms)
  * just failed), which waits for the probe under way. */
 #define PROBE_EVERY_MS   2000
 #define PROBE_TIMEOUT_MS 3000
+#define MEMORY_FRESH_MS  10000 /* a memory report older than this says nothing */
+#define MEMORY_ABSENT_MS 60000 /* a gateway without one is asked again after this */
 
 static struct {
     char url[512];
     bool ok, probing;
     int64_t at;
+    struct cx_gateway_memory mem; /* its last memory report */
+    int64_t mem_at;               /* when it came (0: none) */
+    int64_t mem_absent_at;        /* when the gateway said it has none (404) */
 } probes[32];
 static pthread_mutex_t probes_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t probes_done = PTHREAD_COND_INITIALIZER;
@@ -387,6 +392,90 @@ probe_slot(const char *url)
         }
     }
     return -1;
+}
+
+/* A JSON number as bytes: -1 for null or anything not a non-negative
+ * integer below 2^62. */
+static int64_t
+json_bytes(const json_t *o, const char *key)
+{
+    const json_t *v = json_object_get(o, key);
+
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) >= (json_int_t)1 << 62)
+        return -1;
+    return (int64_t)json_integer_value(v);
+}
+
+/* GET /api/codexec/memory (codexec's gateway configuration): 1 with a
+ * report, 0 when the gateway has none (404), -1 when it could not say. */
+static int
+ask_memory(struct cx_gateway *gw, struct cx_gateway_memory *m)
+{
+    json_t *r = NULL;
+    long status = 0;
+    int got = -1;
+
+    if (cx_gateway_call(gw, "GET", "/api/codexec/memory", NULL, &status, &r, NULL, 0) == CX_OK) {
+        if (status == 404)
+            got = 0;
+        else if (status == 200 && json_is_object(r) && json_bytes(r, "kernels") >= 0 &&
+                 json_bytes(r, "available_bytes") >= 0) {
+            m->kernels = (long)json_bytes(r, "kernels");
+            m->kernels_bytes = json_bytes(r, "kernels_bytes");
+            m->limit_bytes = json_bytes(r, "kernels_limit_bytes");
+            m->available_bytes = json_bytes(r, "available_bytes");
+            m->total_bytes = json_bytes(r, "total_bytes");
+            got = 1;
+        }
+    }
+    json_decref(r);
+    return got;
+}
+
+/* After a good probe: the gateway's memory report, unless it said lately
+ * that it has none. */
+static void
+probe_memory(struct cx_gateway *gw, int i)
+{
+    struct cx_gateway_memory m;
+    int64_t now = cx_now_ms();
+    bool ask;
+    int got;
+
+    pthread_mutex_lock(&probes_lock);
+    ask = !probes[i].mem_absent_at || now - probes[i].mem_absent_at >= MEMORY_ABSENT_MS;
+    pthread_mutex_unlock(&probes_lock);
+    if (!ask)
+        return;
+    got = ask_memory(gw, &m);
+    pthread_mutex_lock(&probes_lock);
+    if (got == 1) {
+        probes[i].mem = m;
+        probes[i].mem_at = cx_now_ms();
+        probes[i].mem_absent_at = 0;
+    } else if (got == 0) {
+        probes[i].mem_at = 0;
+        probes[i].mem_absent_at = cx_now_ms();
+    }
+    pthread_mutex_unlock(&probes_lock);
+}
+
+bool
+cx_gateway_memory(struct cx_gateway *gw, struct cx_gateway_memory *out)
+{
+    bool fresh = false;
+    int i;
+
+    pthread_mutex_lock(&probes_lock);
+    i = probe_slot(gw->base);
+    if (i >= 0 && probes[i].ok && probes[i].mem_at &&
+        cx_now_ms() - probes[i].mem_at < MEMORY_FRESH_MS) {
+        *out = probes[i].mem;
+        fresh = true;
+    }
+    pthread_mutex_unlock(&probes_lock);
+    return fresh;
 }
 
 /* The shared answer for gw, probing first when it is older than max_age_ms
@@ -413,6 +502,8 @@ usable(struct cx_gateway *gw, int64_t max_age_ms)
         return ok;
     cx_gateway_timeout(gw, PROBE_TIMEOUT_MS);
     ok = cx_gateway_kernelspecs(gw, &specs) == CX_OK; /* reachable, and takes our token */
+    if (ok)
+        probe_memory(gw, i);
     cx_gateway_timeout(gw, 0);
     json_decref(specs);
     pthread_mutex_lock(&probes_lock);

@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "codexec.h"
 
@@ -66,6 +67,22 @@ bool cx_gateway_usable(struct cx_gateway *gw);
 /* After a call to gw failed: probes it now (unless another thread is) and
  * says whether it is still usable; the answer is shared as above. */
 bool cx_gateway_recheck(struct cx_gateway *gw);
+
+/* What a gateway running codexec's configuration says of its memory (GET
+ * /api/codexec/memory, asked with each probe): measured from outside the
+ * sandboxes, so no kernel says less than it holds. */
+struct cx_gateway_memory {
+    long kernels;            /* the kernels the server runs */
+    int64_t kernels_bytes;   /* their memory: processes and tmpfs (-1: no cgroups) */
+    int64_t limit_bytes;     /* their cgroup's limit (-1: none) */
+    int64_t available_bytes; /* the host's MemAvailable */
+    int64_t total_bytes;     /* the host's memory (-1: unknown) */
+};
+
+/* The report of gw's last probe, when there is one younger than 10 s;
+ * false otherwise (a gateway without the endpoint is asked again after a
+ * minute: admission then counts kernels, lib/budget.h). */
+bool cx_gateway_memory(struct cx_gateway *gw, struct cx_gateway_memory *out);
 
 /* The handle in cx of the gateway with this URL, or NULL when the
  * configuration no longer lists it. */

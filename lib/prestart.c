@@ -348,18 +348,21 @@ start_one(struct cx_ctx *cx, enum cx_lang lang)
     return CX_OK;
 }
 
-/* Whether the gateway (cx->gw) has room in its budget for one more. */
+/* Whether the gateway (cx->gw, configured gateway i) has room in its
+ * budget for one more (lib/budget.h). */
 static bool
-room_for_one(struct cx_ctx *cx, unsigned max)
+room_for_one(struct cx_ctx *cx, unsigned i)
 {
     long used = 0;
 
-    return cx_budget_kernels(cx, cx_gateway_url(cx->gw), &used) == CX_OK && used < (long)max;
+    return cx_budget_kernels(cx, cx_gateway_url(cx->gw), &used) == CX_OK &&
+           cx_budget_room(cx, i, used) > 0;
 }
 
-/* The pool of one gateway (cx->gw), within its budget. */
+/* The pool of one gateway (cx->gw, configured gateway i), within its
+ * budget. */
 static enum cx_err
-fill_gateway(struct cx_ctx *cx, unsigned max, int *started)
+fill_gateway(struct cx_ctx *cx, unsigned i, int *started)
 {
     const char *p[1] = {cx_gateway_url(cx->gw)};
     PGresult *r = NULL;
@@ -384,7 +387,7 @@ fill_gateway(struct cx_ctx *cx, unsigned max, int *started)
 
             if (failed[l] || (unsigned)have[l] >= cx_config_pool_size(cx->cfg, (enum cx_lang)l))
                 continue;
-            if (!room_for_one(cx, max))
+            if (!room_for_one(cx, i))
                 break;
             one = start_one(cx, (enum cx_lang)l);
             if (one) {
@@ -416,7 +419,7 @@ cx_prestart_fill(struct cx_ctx *cx, int *started)
         cx->gw = cx->gws[i]; /* the gateway the calls below are about */
         if (!cx_gateway_usable(cx->gw))
             continue;
-        r = fill_gateway(cx, cx->cfg->gateways[i].max_kernels, started);
+        r = fill_gateway(cx, i, started);
         if (rc == CX_OK)
             rc = r;
     }

@@ -396,10 +396,11 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
     return rc;
 }
 
-/* The usable gateway with the most room in its budget, into s; *room is
- * that room (0 or less: full). CX_ERR_GATEWAY when none is usable. */
+/* The usable gateway with the most room in its budget (lib/budget.h: by
+ * its memory, or a count), into s; *room is that room (0 or less: full),
+ * *at its index. CX_ERR_GATEWAY when none is usable. */
 static enum cx_err
-pick_gateway(struct cx_ctx *cx, struct cx_session *s, long *room, unsigned *max)
+pick_gateway(struct cx_ctx *cx, struct cx_session *s, long *room, unsigned *at_out)
 {
     int at = -1;
 
@@ -410,7 +411,7 @@ pick_gateway(struct cx_ctx *cx, struct cx_session *s, long *room, unsigned *max)
             continue;
         if (cx_budget_kernels(cx, cx->cfg->gateways[i].url, &used))
             return CX_ERR_DB;
-        free_ = (long)cx->cfg->gateways[i].max_kernels - used;
+        free_ = cx_budget_room(cx, i, used);
         if (at < 0 || free_ > *room) {
             at = (int)i;
             *room = free_;
@@ -419,16 +420,16 @@ pick_gateway(struct cx_ctx *cx, struct cx_session *s, long *room, unsigned *max)
     if (at < 0)
         return CX_ERR_GATEWAY;
     s->gw = cx->gws[at];
-    *max = cx->cfg->gateways[at].max_kernels;
+    *at_out = (unsigned)at;
     snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", cx->cfg->gateways[at].url);
     return CX_OK;
 }
 
-/* Counts the gateway's kernels and, under its budget, marks the session
+/* Counts the gateway's kernels and, while it has room, marks the session
  * as starting one there (an empty kernel_id counts): one step under the
  * gateway's lock, so no two starts take the last place. */
 static enum cx_err
-reserve(struct cx_ctx *cx, struct cx_session *s, unsigned max, bool *got)
+reserve(struct cx_ctx *cx, struct cx_session *s, unsigned at, bool *got)
 {
     const char *g[1] = {s->gateway_url}, *u[2] = {s->id, s->gateway_url};
     enum cx_err rc = cx_db_begin(cx->db);
@@ -439,7 +440,7 @@ reserve(struct cx_ctx *cx, struct cx_session *s, unsigned max, bool *got)
         rc = cx_db_exec(cx->db, &q_gw_lock, g, NULL);
     if (rc == CX_OK)
         rc = cx_budget_kernels(cx, s->gateway_url, &used);
-    if (rc == CX_OK && used < (long)max) {
+    if (rc == CX_OK && cx_budget_room(cx, at, used) > 0) {
         *got = true;
         rc = cx_db_exec(cx->db, &q_reserve, u, NULL);
     }
@@ -487,23 +488,24 @@ place(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
 {
     for (int attempt = 0; attempt < 4; attempt++) {
         long room = 0;
-        unsigned max = 0;
+        unsigned at = 0;
         bool got = false;
-        enum cx_err rc = pick_gateway(cx, s, &room, &max);
+        enum cx_err rc = pick_gateway(cx, s, &room, &at);
 
         if (rc == CX_ERR_GATEWAY)
             snprintf(msg, msglen, "no gateway is usable; retry later");
         if (rc)
             return rc;
         if (room > 0) {
-            rc = reserve(cx, s, max, &got);
+            rc = reserve(cx, s, at, &got);
             if (rc || got)
                 return rc;
         }
         rc = evict_any(cx, s);
         if (rc == CX_ERR_CAPACITY)
             snprintf(msg, msglen,
-                     "every gateway is at its kernel budget and no session is idle; retry later");
+                     "every gateway is at its kernel budget (its memory, or "
+                     "max_kernels) and no session is idle; retry later");
         if (rc)
             return rc;
     }

@@ -171,6 +171,113 @@ def install():
 install()
 
 
+# GET /api/codexec/memory: what codexec admits new kernels by (docs/
+# configuration.md, "Capacity"): the memory the kernels use now, as their
+# parent cgroup counts it (processes and tmpfs pages, every kernel's own:
+# the template's shared pages are the server's), that cgroup's limit, and
+# the host's available memory. Read from outside every sandbox, so no
+# kernel can say less than it holds. Any other gateway lacks the endpoint:
+# codexec then counts kernels (max_kernels). At most every half second.
+class MemoryReport:
+    def __init__(self):
+        self.at, self.cached, self.parent = 0.0, None, False
+
+    @staticmethod
+    def sandbox_cgroup(ksm):
+        """sandbox.conf's cgroup, from the first sandboxed kernelspec's
+        --config."""
+        for name in sorted(ksm.find_kernel_specs()):
+            argv = ksm.get_kernel_spec(name).argv
+            if "--config" in argv[:-1] and "codexec-kernel-launcher" in argv[0]:
+                path = argv[argv.index("--config") + 1]
+                with open(path) as f:
+                    for line in f:
+                        key, sep, value = line.partition("=")
+                        if sep and key.strip() == "cgroup":
+                            return value.strip()
+        return ""
+
+    @staticmethod
+    def parent_dir(cgroup):
+        """The kernels' parent in the memory controller's hierarchy (v1) or
+        the unified one (v2); None without cgroups."""
+        if not cgroup:
+            return None
+        v2 = None
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                sep = fields.index("-")
+                fstype, opts = fields[sep + 1], fields[sep + 3].split(",")
+                if fstype == "cgroup" and "memory" in opts:
+                    return (fields[4] + "/" + cgroup, False)
+                if fstype == "cgroup2" and v2 is None:
+                    v2 = fields[4]
+        return (v2 + "/" + cgroup, True) if v2 else None
+
+    @staticmethod
+    def read_number(path):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def get(self, handler):
+        import time
+
+        now = time.monotonic()
+        if self.cached is not None and now - self.at < 0.5:
+            return self.cached
+        if self.parent is False:
+            try:
+                self.parent = self.parent_dir(self.sandbox_cgroup(handler.kernel_spec_manager))
+            except (OSError, ValueError, KeyError):
+                self.parent = None
+        meminfo = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                meminfo[k] = int(v.split()[0]) * 1024
+        used = limit = None
+        if self.parent:
+            d, v2 = self.parent
+            used = self.read_number(d + ("/memory.current" if v2 else "/memory.usage_in_bytes"))
+            limit = self.read_number(d + ("/memory.max" if v2 else "/memory.limit_in_bytes"))
+            if limit is not None and limit >= meminfo.get("MemTotal", 0):
+                limit = None  # unlimited
+        self.cached = {"kernels": len(handler.kernel_manager.list_kernel_ids()),
+                       "kernels_bytes": used, "kernels_limit_bytes": limit,
+                       "available_bytes": meminfo.get("MemAvailable"),
+                       "total_bytes": meminfo.get("MemTotal")}
+        self.at = now
+        return self.cached
+
+
+def memory_handlers():
+    import json as _json
+    import sys
+
+    from jupyter_server.base.handlers import APIHandler
+    from tornado import web
+
+    report = MemoryReport()
+
+    class MemoryHandler(APIHandler):
+        @web.authenticated
+        def get(self):
+            self.set_header("Content-Type", "application/json")
+            self.finish(_json.dumps(report.get(self)))
+
+    sys.modules["codexec_gateway_guard"].default_handlers = [
+        (r"/api/codexec/memory", MemoryHandler)]
+    c.ServerApp.extra_services = ["codexec_gateway_guard"]
+
+
+memory_handlers()
+
+
 # cgroup v2 under systemd (codexec-gateway.service, Delegate=yes): the
 # unit's cgroup is the server's to divide, but a cgroup that holds a
 # process can give its children no controller. So the server moves itself

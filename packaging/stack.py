@@ -376,8 +376,10 @@ class Stack:
 
     def raise_inotify_limit(self):
         """Each sandboxed kernel's launcher holds an inotify instance of the
-        kernel user, and Linux allows 128 by default: the stack raises it
-        (docs/configuration.md, "Capacity"), as an operator should."""
+        kernel user while the kernel starts, and Linux allows 128 by
+        default: the stack raises it, so that the suite's and the bench's
+        bursts of starts never meet it (docs/configuration.md,
+        "Capacity")."""
         path = "/proc/sys/fs/inotify/max_user_instances"
         if os.geteuid() != 0:
             return
@@ -388,9 +390,10 @@ class Stack:
             with open(path, "w") as f:
                 f.write(f"{self.INOTIFY_INSTANCES}\n")
             log(f"raised fs.inotify.max_user_instances to {self.INOTIFY_INSTANCES} "
-                "(one per sandboxed kernel)")
+                "(one per kernel starting)")
         except (OSError, ValueError) as e:
-            log(f"could not raise fs.inotify.max_user_instances ({e}): at most about 128 kernels")
+            log(f"could not raise fs.inotify.max_user_instances ({e}): at most about 128 "
+                "kernels starting at once")
 
     def init(self):
         self.ensure_user()

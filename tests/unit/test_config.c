@@ -81,11 +81,16 @@ static const struct {
     {"gateway = ftp://a\n", CX_ERR_INVALID, "http:// or https://"},
     {"gateway = http://a\"b\n", CX_ERR_INVALID, "no spaces, quotes"},
     {"gateway = http://127.0.0.1:8888/\n", CX_ERR_INVALID, "listed twice"},
-    {"gateway = http://a max_kernels=0\n", CX_ERR_INVALID, "max_kernels is out of range"},
+    {"gateway = http://a max_kernels=0\n", CX_OK, NULL}, /* by its memory (lib/budget.h) */
+    {"gateway = http://a max_kernels=100001\n", CX_ERR_INVALID, "max_kernels is out of range"},
+    {"gateway = http://a max_memory=16G\n", CX_OK, NULL},
+    {"gateway = http://a max_memory=lots\n", CX_ERR_INVALID, "max_memory is not a size"},
     {"gateway = http://a max_kernels=x\n", CX_ERR_INVALID, "unknown word"},
     {"gateway = http://a color=red\n", CX_ERR_INVALID, "unknown word"},
     {"gateway = \n", CX_ERR_INVALID, "gateway"},
-    {"max_kernels = 0\n", CX_ERR_INVALID, "max_kernels"},
+    {"max_kernels = 100001\n", CX_ERR_INVALID, "max_kernels"},
+    {"max_kernel_memory = 12Q\n", CX_ERR_INVALID, "max_kernel_memory"},
+    {"gateway_memory_reserve = -1\n", CX_ERR_INVALID, "gateway_memory_reserve"},
     {"metrics_allow = 10.0.0.0/33\n", CX_ERR_INVALID, "metrics_allow"},
     {"max_code_bytes = 8M\n", CX_ERR_INVALID, "max_code_bytes is above max_run_body_bytes"},
 };
@@ -175,11 +180,14 @@ main(void)
     languages();
     is_int(cfg.ngateways, 1, "one gateway by default");
     is_str(cfg.gateways[0].url, "http://127.0.0.1:8888", "from gateway_url");
-    is_int(cfg.gateways[0].max_kernels, 128, "max_kernels 128");
+    is_int(cfg.gateways[0].max_kernels, 0, "max_kernels 0: by the gateway's memory");
+    is_int(cfg.gateways[0].max_memory, 0, "max_kernel_memory 0: the kernels' cgroup's");
     cx_config_cleanup(&cfg);
     ok(cx_config_parse(&cfg, "t.conf",
                        "gateway_url = http://x:1/\ngateway_token = t1\nmax_kernels = 7\n"
-                       "gateway = http://y:2 token=t2\ngateway = https://z:3 max_kernels=9\n",
+                       "max_kernel_memory = 8G\n"
+                       "gateway = http://y:2 token=t2\n"
+                       "gateway = https://z:3 max_kernels=9 max_memory=2G\n",
                        err, sizeof(err)) == CX_OK,
        "three gateways (%s)", err);
     /* Under a failed allocation the parse fails and there is nothing to
@@ -195,6 +203,8 @@ main(void)
         is_str(cfg.gateways[2].url, "https://z:3", "the third");
         is_str(cfg.gateways[2].token, "", "with no token");
         is_int(cfg.gateways[2].max_kernels, 9, "and its own budget");
+        is_int(cfg.gateways[1].max_memory, 8LL << 30, "max_kernel_memory's default");
+        is_int(cfg.gateways[2].max_memory, 2LL << 30, "and its own memory budget");
     }
     cx_config_cleanup(&cfg);
     if (cx_config_defaults(&cfg) != CX_OK)
