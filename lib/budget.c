@@ -36,7 +36,10 @@ cx_budget_room_for(const struct cx_gateway_memory *m, long used, unsigned max_ke
 
     if (!m)
         return room;
-    per = m->kernels > 0 && m->kernels_bytes >= 0 ? m->kernels_bytes / m->kernels : KERNEL_GUESS;
+    /* the kernels' own cgroups: what their parent holds besides (pages
+     * of restarted kernels' workspaces) is no kernel's */
+    per = m->own_bytes >= 0 ? m->own_bytes : m->kernels_bytes;
+    per = m->kernels > 0 && per >= 0 ? per / m->kernels : KERNEL_GUESS;
     per = per < KERNEL_FLOOR ? KERNEL_FLOOR : per;
     pending = used > m->kernels ? used - m->kernels : 0; /* placed since the report */
     /* without cgroups the kernels' memory is the guess for each */

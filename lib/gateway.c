@@ -423,6 +423,7 @@ ask_memory(struct cx_gateway *gw, struct cx_gateway_memory *m)
                  json_bytes(r, "available_bytes") >= 0) {
             m->kernels = (long)json_bytes(r, "kernels");
             m->kernels_bytes = json_bytes(r, "kernels_bytes");
+            m->own_bytes = json_bytes(r, "kernels_own_bytes");
             m->limit_bytes = json_bytes(r, "kernels_limit_bytes");
             m->available_bytes = json_bytes(r, "available_bytes");
             m->total_bytes = json_bytes(r, "total_bytes");

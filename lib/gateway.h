@@ -74,6 +74,7 @@ bool cx_gateway_recheck(struct cx_gateway *gw);
 struct cx_gateway_memory {
     long kernels;            /* the kernels the server runs */
     int64_t kernels_bytes;   /* their memory: processes and tmpfs (-1: no cgroups) */
+    int64_t own_bytes;       /* ... of their cgroups alone (the average's; -1: as above) */
     int64_t limit_bytes;     /* their cgroup's limit (-1: none) */
     int64_t available_bytes; /* the host's MemAvailable */
     int64_t total_bytes;     /* the host's memory (-1: unknown) */

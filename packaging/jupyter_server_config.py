@@ -177,7 +177,7 @@ install()
 # the template's shared pages are the server's), that cgroup's limit, and
 # the host's available memory. Read from outside every sandbox, so no
 # kernel can say less than it holds. Any other gateway lacks the endpoint:
-# codexec then counts kernels (max_kernels). At most every half second.
+# codexec then counts kernels (max_kernels). Read at most once a second.
 class MemoryReport:
     def __init__(self):
         self.at, self.cached, self.parent = 0.0, None, False
@@ -224,11 +224,38 @@ class MemoryReport:
             return None
         return int(text) if text.isdigit() else None
 
+    def kernels_memory(self, ids):
+        """What this server's kernels hold: their cgroups (k-kernel-<id>-*,
+        the launcher's names) and what the parent holds of its own (a
+        workspace's pages once the kernel that wrote them was restarted);
+        their cgroups alone (an average kernel); the parent's limit. A
+        parent another server's kernels share too (the test stacks) counts
+        only ours."""
+        import os
+
+        d, v2 = self.parent
+        usage = "memory.current" if v2 else "memory.usage_in_bytes"
+        total = self.read_number(os.path.join(d, usage))
+        limit = self.read_number(os.path.join(d, "memory.max" if v2 else "memory.limit_in_bytes"))
+        if total is None:
+            return None, None, limit
+        mine = {"k-kernel-" + i for i in ids}
+        ours = children = 0
+        with os.scandir(d) as it:
+            for e in it:
+                if not e.name.startswith("k-") or not e.is_dir(follow_symlinks=False):
+                    continue
+                n = self.read_number(os.path.join(e.path, usage)) or 0
+                children += n
+                if e.name[:-7] in mine:  # less "-XXXXXX"
+                    ours += n
+        return ours + max(0, total - children), ours, limit
+
     def get(self, handler):
         import time
 
         now = time.monotonic()
-        if self.cached is not None and now - self.at < 0.5:
+        if self.cached is not None and now - self.at < 1.0:
             return self.cached
         if self.parent is False:
             try:
@@ -240,15 +267,15 @@ class MemoryReport:
             for line in f:
                 k, _, v = line.partition(":")
                 meminfo[k] = int(v.split()[0]) * 1024
-        used = limit = None
+        ids = handler.kernel_manager.list_kernel_ids()
+        used = own = limit = None
         if self.parent:
-            d, v2 = self.parent
-            used = self.read_number(d + ("/memory.current" if v2 else "/memory.usage_in_bytes"))
-            limit = self.read_number(d + ("/memory.max" if v2 else "/memory.limit_in_bytes"))
+            used, own, limit = self.kernels_memory(ids)
             if limit is not None and limit >= meminfo.get("MemTotal", 0):
                 limit = None  # unlimited
-        self.cached = {"kernels": len(handler.kernel_manager.list_kernel_ids()),
-                       "kernels_bytes": used, "kernels_limit_bytes": limit,
+        self.cached = {"kernels": len(ids),
+                       "kernels_bytes": used, "kernels_own_bytes": own,
+                       "kernels_limit_bytes": limit,
                        "available_bytes": meminfo.get("MemAvailable"),
                        "total_bytes": meminfo.get("MemTotal")}
         self.at = now

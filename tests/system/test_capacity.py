@@ -194,6 +194,99 @@ def test_kernel_budget(ctx):
         ctx.psql("DELETE FROM sessions WHERE user_id LIKE 'bud-%'")
 
 
+def gateway_memory(ctx, url, token=True):
+    """GET /api/codexec/memory of a gateway with codexec's configuration."""
+    h = {"Authorization": f"token {ctx.st.gateway_token}"} if token else {}
+    req = urllib.request.Request(url + "/api/codexec/memory", headers=h)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_memory_budget(ctx):
+    """Admission by the gateway's measured memory, not a count (issue 29):
+    the gateway reports what its kernels hold (their cgroups, read from
+    outside the sandboxes); with max_kernel_memory at three and a half
+    kernels' worth, new conversations get in while it lasts and then the
+    least recently used idle ones give way, the gateway never holding more
+    than three; and two kernels, one holding most of the budget in an
+    array, both busy, leave no room for a third: 503 capacity_exhausted
+    with Retry-After, max_kernels playing no part."""
+    url_c, gw_c = ctx.spawn_gateway("jupyter-mem")
+    procs = []
+    try:
+        with_token = gateway_memory(ctx, url_c)
+        try:
+            gateway_memory(ctx, url_c, token=False)
+            check(False, "the report answered without the gateway's token")
+        except urllib.error.HTTPError as e:
+            check(e.code in (401, 403), f"without the token: {e.code}")
+        eq(with_token["kernels"], 0, f"a new gateway's report: {with_token}")
+        check(with_token["available_bytes"] > 0 and with_token["total_bytes"] > 0,
+              f"the host's memory: {with_token}")
+        # the suite runs as root with cgroups (tests/run.py): kernels are measured
+        check(isinstance(with_token["kernels_bytes"], int),
+              f"the kernels' memory is measured (cgroups): {with_token}")
+        base = with_token["kernels_bytes"]
+        # one kernel, measured, for the budget's unit
+        sock, proc = ctx.spawn_fcgi("mem-probe", {"gateway_url": url_c, "kernel_pool_size": "0"})
+        procs.append(proc)
+        status, _, r = fcgi_run(sock, ctx.key("mem-0"), "c", "x = 1")
+        eq(status, 200, f"a first conversation: {r}")
+        wait_until(lambda: gateway_memory(ctx, url_c)["kernels"] == 1, 30, "one kernel reported")
+        time.sleep(1.5)  # (the report is read at most once a second)
+        m = gateway_memory(ctx, url_c)
+        one = m["kernels_bytes"] - base
+        check(one > 1 << 20, f"a kernel is measured: {one} bytes")
+        print(f"# one idle kernel: {one / 2**20:.1f} MiB as its cgroup counts it")
+        stop(proc)
+        procs.clear()
+        budget = base + one * 7 // 2
+        sock, proc = ctx.spawn_fcgi("mem", {"gateway_url": url_c, "kernel_pool_size": "0",
+                                            "max_kernels": "0",
+                                            "max_kernel_memory": str(budget)}, workers=12)
+        procs.append(proc)
+        keys = [ctx.key(f"mem-{i}") for i in range(7)]
+        most = 0
+        for i in range(1, 7):
+            time.sleep(3)  # each new kernel measured before the next (the probe, every 2 s)
+            status, _, r = fcgi_run(sock, keys[i], "c", f"print({i})")
+            eq((status, r.get("stdout_tail")), (200, f"{i}\n"), f"conversation {i}: {r}")
+            most = max(most, len(jupyter_kernels(ctx, url_c)))
+        check(most <= 3, f"never more than 3 kernels within the memory budget: {most}")
+        status, _, r = fcgi_run(sock, keys[1], "c", "print('back')")
+        eq((status, r["session"]["reset"]), (200, True), "an evicted conversation comes back reset")
+        # Memory, not kernels: one kernel holds most of the budget and both
+        # live conversations are busy; a third finds no room.
+        hold = max(budget - base - 2 * one, 8 << 20)
+        busy = []
+        ths = [threading.Thread(target=lambda: busy.append(fcgi_run(
+                   sock, keys[1], "c", f"x = bytearray({hold})\nx[::4096] = b'1' * len(x[::4096])\n"
+                                       "import time\ntime.sleep(20)")[0])),
+               threading.Thread(target=lambda: busy.append(fcgi_run(
+                   sock, keys[6], "c", "import time\ntime.sleep(20)")[0]))]
+        for t in ths:
+            t.start()
+        wait_until(lambda: gateway_memory(ctx, url_c)["kernels_bytes"] >= base + hold, 30,
+                   "the array is measured")
+        time.sleep(4)  # the probe of codexec-fcgi has it too
+        kernels = len(jupyter_kernels(ctx, url_c))
+        status, headers, r = fcgi_run(sock, ctx.key("mem-new"), "c", "1")
+        eq(status, 503, f"no memory left for a third kernel ({kernels} on the gateway): {r}")
+        eq(r["error"]["code"], "capacity_exhausted", "capacity_exhausted")
+        check(headers.get("retry-after"), "with Retry-After")
+        check(kernels <= 2, f"with {kernels} kernels: a count of 128 would have let it in")
+        for t in ths:
+            t.join(timeout=120)
+        eq(sorted(busy), [200, 200], "the busy ones finished")
+        status, _, r = fcgi_run(sock, ctx.key("mem-new"), "c", "print('in')")
+        eq((status, r.get("stdout_tail")), (200, "in\n"), "once one is idle, a new one gets in")
+    finally:
+        for p in procs:
+            stop(p)
+        stop(gw_c)
+        ctx.psql("DELETE FROM sessions WHERE user_id LIKE 'mem-%'")
+
+
 def test_sigkill_leaves_no_kernel(ctx):
     """codexec-fcgi killed (SIGKILL) at 50 random points while it starts
     sessions and fills its kernel pool: once the grace period has passed,
