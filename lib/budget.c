@@ -19,11 +19,13 @@ CX_SQL(q_gw_count, 1, "SELECT " GW_KERNELS("$1"));
 #define RESERVE_MIN  (256LL << 20)
 #define RESERVE_MAX  (2LL << 30)
 
-/* More kernels of per bytes that fit in free bytes, pending ones placed. */
+/* More kernels of per bytes that fit in free bytes (floored: over by a
+ * byte is one too many), less the kernels placed since the report
+ * (pending; negative: removed since, their room free already). */
 static long
 fit(int64_t free_, int64_t per, long pending)
 {
-    return free_ < 0 ? -pending - 1 : (long)(free_ / per) - pending;
+    return (long)(free_ >= 0 ? free_ / per : -((-free_ + per - 1) / per)) - pending;
 }
 
 long
@@ -41,7 +43,9 @@ cx_budget_room_for(const struct cx_gateway_memory *m, long used, unsigned max_ke
     per = m->own_bytes >= 0 ? m->own_bytes : m->kernels_bytes;
     per = m->kernels > 0 && per >= 0 ? per / m->kernels : KERNEL_GUESS;
     per = per < KERNEL_FLOOR ? KERNEL_FLOOR : per;
-    pending = used > m->kernels ? used - m->kernels : 0; /* placed since the report */
+    /* placed since the report, or (negative) closed since: a session
+     * evicted to make room makes it at once, not at the next report */
+    pending = used - m->kernels;
     /* without cgroups the kernels' memory is the guess for each */
     measured = m->kernels_bytes >= 0 ? m->kernels_bytes : (int64_t)m->kernels * per;
     limit = max_memory ? (int64_t)max_memory : m->limit_bytes;

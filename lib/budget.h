@@ -19,7 +19,8 @@ enum cx_err cx_budget_kernels(struct cx_ctx *cx, const char *gateway_url, long *
 /* How many more kernels a gateway takes, beyond the used ones codexec holds
  * there (0 or less: none). Where the gateway reports its memory (m, from
  * its last probe: gateway.h), by that: its kernels' measured memory plus,
- * for each kernel codexec placed since the report, one of their average,
+ * for each kernel codexec placed since the report, one of their average
+ * (less one for each it closed since),
  * within max_memory (0: the kernels' cgroup limit), and the host keeping
  * reserve bytes available (0: a twentieth of it, within [256 MiB, 2
  * GiB]); an average kernel is at least 8 MiB, and 64 MiB until one is

@@ -3,6 +3,7 @@ sandboxed kernelspec."""
 
 import hashlib
 import json
+import re
 import signal
 import threading
 import time
@@ -171,15 +172,72 @@ def test_restart_behind_our_back_is_reported(ctx):
             timeout=30)
     eq(r["stdout_tail"], "False\n", "state lost")
     eq(r["session"]["reset"], True, "and said so")
-    # The new process has none of codexec's epilogue: it says so, and a
-    # second request brings the sources. A reset run commits no capture;
-    # the next one rescans, and finds what it wrote.
-    eq(metric(ctx, "gateway_round_trips") - trips, 2, "one more round trip, for the sources")
+    # The new process is a fork of the kernel template, which compiled
+    # codexec's epilogue and capture helper once (launcher/template.py):
+    # no second request for the sources (a kernel started on its own says
+    # it has none, and a second request brings them: test_kernel, unit). A
+    # reset run commits no capture; the next one rescans, and finds what
+    # it wrote.
+    eq(metric(ctx, "gateway_round_trips") - trips, 1, "one round trip: the template's sources")
     trips = metric(ctx, "gateway_round_trips")
     r = run(ctx, "u-restart", "c1", "open('next.txt', 'w').write('b')", timeout=30)
     eq(sorted(a["path"] for a in r["artifacts"]), ["after.txt", "next.txt"],
        "the next run captures both")
     eq(metric(ctx, "gateway_round_trips") - trips, 1, "in one round trip: the kernel kept them")
+
+
+def quiet_for(ctx, kid, seconds):
+    """Whether the gateway has the kernel idle, silent for seconds."""
+    from datetime import datetime, timezone
+    req = urllib.request.Request(f"{ctx.st.gateway_url}/api/kernels/{kid}",
+                                 headers={"Authorization": f"token {ctx.st.gateway_token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        m = json.loads(r.read())
+    last = datetime.fromisoformat(m["last_activity"].replace("Z", "+00:00"))
+    return (m["execution_state"] == "idle" and
+            (datetime.now(timezone.utc) - last).total_seconds() > seconds)
+
+
+def test_a_kernel_without_the_sources_asks_for_them(ctx):
+    """A kernel started on its own (sandbox.conf: template = false, as
+    JavaScript and R kernels always are) has none of codexec's epilogue
+    after a restart: it says so, and a second request brings the sources;
+    the next run needs one round trip again."""
+    name = ctx.test_kernelspec({"template": "false"})
+    sock, proc = ctx.spawn_fcgi("no-template", {"kernel_name": name, "kernel_pool_size": "0"})
+    key = ctx.key("u-notemplate")
+
+    def post(code):
+        body = json.dumps({"conversation_id": "c1", "code": code, "timeout": 30}).encode()
+        status, _, out = fcgi_client.request(sock, "POST", "/v1/runs", body,
+                                             {"HTTP_AUTHORIZATION": f"Bearer {key}"})
+        eq(status, 200, f"{out[:300]!r}")
+        return json.loads(out)
+
+    def trips():
+        _, _, text = fcgi_client.request(sock, "GET", "/metrics", b"", {"REMOTE_ADDR": "127.0.0.1"})
+        return int(re.search(rb"^codexec_gateway_round_trips_total (\d+)$", text, re.M).group(1))
+
+    try:
+        eq(post("import os\nprint(os.getpid() != 1)")["stdout_tail"], "True\n",
+           "a kernel of its own (not the template's pid 1)")
+        kid = session_kernel(ctx, "u-notemplate", "c1")
+        status, _ = gateway(ctx, "POST", f"/api/kernels/{kid}/restart")
+        eq(status, 200, "restarted behind codexec's back")
+        # settled: a kernel started with bwrap takes a second or two, and
+        # the suite's reaper (reaper_interval 1) may take its start's
+        # messages for talk and restart it once more
+        wait_until(lambda: quiet_for(ctx, kid, 3), 60, "the restarted kernel settles")
+        before = trips()
+        eq(post("print('x' in globals())")["session"]["reset"], True, "the restart is said")
+        eq(trips() - before, 2, "one more round trip, for the sources")
+        before = trips()
+        post("y = 1")
+        eq(trips() - before, 1, "in one round trip: the kernel kept them")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        ctx.psql("DELETE FROM sessions WHERE user_id = 'u-notemplate'")
 
 
 def test_concurrent_runs_in_one_conversation_are_serialised(ctx):

@@ -49,6 +49,8 @@ static const struct room_case cases[] = {
      0,
      0,
      18},
+    {"a kernel closed since the report frees its room at once", true,
+     {100, 2100 * MiB, -1, 2 * GiB, 20 * GiB, 24 * GiB}, 96, 0, 0, 0, 1},
     {"codexec's max_memory below the cgroup's",
      true,
      {100, 1600 * MiB, -1, 2 * GiB, 20 * GiB, 24 * GiB},
@@ -65,7 +67,7 @@ static const struct room_case cases[] = {
      0,
      0,
      3},
-    {"over the limit", true, {100, 2100 * MiB, -1, 2 * GiB, 20 * GiB, 24 * GiB}, 100, 0, 0, 0, -1},
+    {"over the limit", true, {100, 2100 * MiB, -1, 2 * GiB, 20 * GiB, 24 * GiB}, 100, 0, 0, 0, -3},
     /* no cgroup limit: the host keeps its reserve (24 GiB / 20, within
      * [256 MiB, 2 GiB]: 1.2 GiB) */
     {"the host's available memory, less its reserve",
@@ -139,7 +141,7 @@ static const struct room_case cases[] = {
      0,
      0,
      0,
-     -1},
+     -71},
 };
 
 int
