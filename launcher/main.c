@@ -650,6 +650,18 @@ stop_unstarted(struct launch *l)
     return l->reaped && WIFEXITED(l->status) && WEXITSTATUS(l->status) ? WEXITSTATUS(l->status) : 1;
 }
 
+/* The launcher's own process: it ends when the server dies (OOM-killed,
+ * say: the one started in its place knows none of its kernels), and is
+ * not readable or writable through /proc by another process of the
+ * gateway's user (nor is the keeper it starts): a kernel template is one,
+ * and this process holds power over every kernel's namespaces. */
+static bool
+guard_self(pid_t server)
+{
+    return prctl(PR_SET_PDEATHSIG, SIGTERM) == 0 && getppid() == server &&
+           prctl(PR_SET_DUMPABLE, 0) == 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -687,9 +699,7 @@ main(int argc, char **argv)
     }
     conn_path = argv[argi];
     block_signals(&block, &old);
-    /* A server that dies (OOM-killed, say) takes its kernels with it: the
-     * one started in its place knows none of them. */
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != server)
+    if (!guard_self(server))
         goto out;
     if (!prepare(&l, config, conn_path, server, &block) ||
         (!start_from_template(&l, server) && !start_sandbox(&l, &old)))

@@ -17,11 +17,14 @@
 #include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/nsfs.h>
 
 #ifndef OPEN_TREE_CLONE
 #define OPEN_TREE_CLONE 1
@@ -32,6 +35,22 @@
 #ifndef MOVE_MOUNT_F_EMPTY_PATH
 #define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
 #endif
+#ifndef MOUNT_ATTR_NOSUID
+#define MOUNT_ATTR_NOSUID 0x00000002
+#define MOUNT_ATTR_NODEV  0x00000004
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+
+/* struct mount_attr of linux/mount.h (MOUNT_ATTR_SIZE_VER0), which glibc's
+ * <sys/mount.h> and the kernel's headers can't both declare */
+struct mount_attr_v0 {
+    uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
 
 #define LOCK_NAME        ".codexec-template.lock"
 #define RETRY_SECONDS    60
@@ -90,21 +109,19 @@ name_of(char *out, size_t len, const struct cx_sandbox_conf *sc, const char *wha
     snprintf(out, len, ".codexec-template-%016llx.%s", (unsigned long long)template_id(sc), what);
 }
 
-bool
-cx_template_wanted(const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
-                   const struct cx_sandbox_conn *c, pid_t server)
+/* Whether the template failed for this Jupyter server within the last
+ * RETRY_SECONDS (its marker, in the runtime directory rfd). */
+static bool
+failed_lately(int rfd, const struct cx_sandbox_conf *sc, pid_t server)
 {
     char failed[96], text[32] = "";
     struct stat st;
-    int rfd, fd;
+    int fd;
     ssize_t n = 0;
     bool recent = false;
 
-    if (!sc->template || lang != CX_SANDBOX_PYTHON)
-        return false;
     name_of(failed, sizeof(failed), sc, "failed");
-    rfd = open(c->runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    fd = rfd >= 0 ? openat(rfd, failed, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+    fd = openat(rfd, failed, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0 && fstat(fd, &st) == 0 && time(NULL) - st.st_mtime <= RETRY_SECONDS &&
         (n = read(fd, text, sizeof(text) - 1)) > 0) {
         text[n] = '\0';
@@ -112,6 +129,20 @@ cx_template_wanted(const struct cx_sandbox_conf *sc, enum cx_sandbox_language la
     }
     if (fd >= 0)
         close(fd);
+    return recent;
+}
+
+bool
+cx_template_wanted(const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
+                   const struct cx_sandbox_conn *c, pid_t server)
+{
+    int rfd;
+    bool recent;
+
+    if (!sc->template || lang != CX_SANDBOX_PYTHON)
+        return false;
+    rfd = open(c->runtime, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    recent = rfd >= 0 && failed_lately(rfd, sc, server);
     if (rfd >= 0)
         close(rfd);
     return !recent;
@@ -283,7 +314,11 @@ template_connect(int rfd, const struct cx_sandbox_conf *sc, const struct cx_keep
         return -1;
     }
     fd = unix_at(rfd, sock_name, false);
-    if (fd < 0 && template_spawn(rfd, sock_name, sc, k, server, msg, msglen) == CX_OK)
+    /* launchers queued behind a start that failed start no other for a
+     * minute either */
+    if (fd < 0 && failed_lately(rfd, sc, server))
+        snprintf(msg, msglen, "kernel template: its start failed a moment ago");
+    else if (fd < 0 && template_spawn(rfd, sock_name, sc, k, server, msg, msglen) == CX_OK)
         fd = unix_at(rfd, sock_name, false);
     if (fd < 0 && !*msg)
         snprintf(msg, msglen, "kernel template: cannot connect: %s", strerror(errno));
@@ -360,6 +395,30 @@ receive(int fd, int *fd_out, struct ucred *cred, char *msg, size_t msglen)
         snprintf(msg, msglen, "the kernel template's child failed: %s", text + 1);
     }
     return n == 1 || text[0] == 'E' ? text[0] : 0;
+}
+
+/* The pid a pidfd names, in our pid namespace (-1: none, or ended). */
+static pid_t
+pidfd_pid(int pidfd)
+{
+    char path[64], buf[256];
+    FILE *f;
+    long pid = -1;
+
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", pidfd);
+    f = fopen(path, "re");
+    if (!f)
+        return -1;
+    while (fgets(buf, sizeof(buf), f))
+        if (!strncmp(buf, "Pid:", 4)) {
+            char *end;
+            errno = 0;
+            pid = strtol(buf + 4, &end, 10);
+            if (errno || end == buf + 4 || pid <= 0 || pid > INT_MAX)
+                pid = -1;
+        }
+    fclose(f);
+    return (pid_t)pid;
 }
 
 /* The pid a pidfd names, in our pid namespace, and whether it is the init
@@ -466,9 +525,12 @@ bind_same(const char *src, bool recursive, bool device)
         return false;
     if (device)
         return true;
-    return mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) ==
-               0 ||
-           errno == EPERM; /* locked read-only already, with flags of its own */
+    if (mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) == 0)
+        return true;
+    /* a bind of the template's, locked with flags of its own: read-only
+     * already, or refused */
+    struct statvfs sv;
+    return errno == EPERM && statvfs(dst, &sv) == 0 && (sv.f_flag & ST_RDONLY);
 }
 
 /* /dev as bwrap --dev makes it: a small tmpfs with the harmless devices
@@ -677,18 +739,22 @@ no_namespaces(void)
 }
 
 /* Opens the kernel's namespaces while its pid is surely its own (the
- * pidfd answers after the opens). */
+ * pidfd answers after the opens). The user namespace is the one that owns
+ * its mounts (its child's: the kernel sits in a nested one that owns
+ * nothing, template.py). */
 static const char *
 open_namespaces(struct builder *b)
 {
-    static const char *const kinds[] = {"user", "mnt", "pid", "net"};
+    static const char *const kinds[] = {"mnt", "pid", "net"};
 
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 3; i++) {
         char path[64];
         snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)b->pid, kinds[i]);
-        if ((b->ns[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        if ((b->ns[i + 1] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
             return "the kernel's namespaces";
     }
+    if ((b->ns[0] = ioctl(b->ns[1], NS_GET_USERNS)) < 0)
+        return "the user namespace of the kernel's mounts";
     return pidfd_send_signal(b->pidfd, 0, NULL, 0) == 0 ? NULL : "the kernel (it ended)";
 }
 
@@ -701,10 +767,17 @@ open_trees(struct builder *b)
 
     if (cx_keeper_enter(b->k) != CX_OK)
         return "the keeper's namespaces";
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
+        /* nosuid and nodev, as bwrap's binds: the private directory is a
+         * copy of the host's mount */
+        struct mount_attr_v0 attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
         if ((b->trees[i] = (int)syscall(SYS_open_tree, AT_FDCWD, paths[i],
                                         OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)) < 0)
             return "a copy of the workspace (open_tree)";
+        if (syscall(SYS_mount_setattr, b->trees[i], "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+                    sizeof(attr)) != 0)
+            return "nosuid and nodev on a copy of the workspace (mount_setattr)";
+    }
     return NULL;
 }
 
@@ -788,19 +861,25 @@ fork_kernel(int fd, const struct cx_sandbox_conf *sc, const struct cx_sandbox_co
         return CX_ERR_IO;
     }
     word = receive(fd, &got, &cred, msg, msglen);
-    if (got >= 0)
-        close(got);
-    if (word != 'U' || cred.pid <= 0) {
+    if (word != 'U' || cred.pid <= 0 || got < 0 || pidfd_pid(got) != cred.pid) {
+        if (got >= 0)
+            close(got);
         if (word != 'E' && !*msg)
             snprintf(msg, msglen, "kernel template: an unexpected answer");
         return CX_ERR_IO;
     }
     /* the child, single-threaded, into the kernel's cgroup: the kernel,
-     * its fork, is charged there from its first page */
-    if (cx_sandbox_cgroup_attach(cg, cred.pid) != CX_OK) {
+     * its fork, is charged there from its first page. Its pid, while its
+     * pidfd says it is still the child's (it waits for "G": only a kill
+     * ends it sooner) */
+    if (pidfd_send_signal(got, 0, NULL, 0) != 0 ||
+        cx_sandbox_cgroup_attach(cg, cred.pid) != CX_OK ||
+        pidfd_send_signal(got, 0, NULL, 0) != 0) {
         snprintf(msg, msglen, "cannot move the kernel into its cgroup: %s", strerror(errno));
+        close(got);
         return CX_ERR_IO;
     }
+    close(got);
     if (send(fd, "G", 1, MSG_NOSIGNAL) != 1)
         return CX_ERR_IO;
     word = receive(fd, &tk->pidfd, &cred, msg, msglen);

@@ -272,13 +272,17 @@ def seccomp(fd):
 
 def reseed():
     """What the fork copied and must differ between kernels: Python's
-    random (os.fork reseeded it already) and numpy's legacy global
-    generator, seeded once at its import."""
+    random (os.fork reseeded it already), numpy's legacy global generator
+    (seeded once, at its import) and multiprocessing's authentication key
+    (made at its import)."""
     import random
     random.seed()
     r = sys.modules.get("numpy.random")
     if r is not None:
         r.seed()
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is not None:
+        mp.current_process().authkey = os.urandom(32)
 
 
 def reap_orphans(*_):
@@ -297,9 +301,30 @@ def reap_orphans(*_):
             return
 
 
+def own_user_namespace():
+    """K's user namespace of its own, nested in C's, which owns K's other
+    namespaces (as bwrap's --disable-userns nests one): capabilities K
+    could ever hold again would hold no power over its mounts (the sealed
+    runtime directory, its read-only root), its network or its
+    namespaces' limits. Before "S": the launcher then sets C's
+    max_user_namespaces to 0."""
+    check(libc.unshare(CLONE_NEWUSER), "a user namespace of the kernel's own")
+    write_proc("setgroups", "deny")
+    write_proc("uid_map", f"{SANDBOX_UID} {SANDBOX_UID} 1\n")
+    write_proc("gid_map", f"{SANDBOX_UID} {SANDBOX_UID} 1\n")
+
+
 def become_kernel(conn, req, kernel):
     """K: pid 1 of its namespaces, waiting for its root. Never returns."""
+    own_user_namespace()
     expect(conn, b"S")
+    # Nothing of the workspace (the tenant's, kept across restarts) may be
+    # imported while the kernel starts: the template's start-up code put
+    # it ('') last on sys.path, for the tenant's cells; it comes back once
+    # the kernel is sandboxed (Kernel.start).
+    while "" in sys.path:
+        sys.path.remove("")
+    sys.path_importer_cache.pop("", None)
     os.setsid()
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
@@ -321,21 +346,47 @@ def become_kernel(conn, req, kernel):
     os.closerange(keep + 1, 1 << 20)
     seccomp(keep)
     os.close(keep)
+    sys.path.append("")  # the workspace's own modules, after every installed one
     kernel.start(req.connection_file)
 
 
-def child(listener, conn, req, kernel):
+def read_request(conn):
+    """The launcher's "F", read by C: the template never holds one (another
+    tenant's kernel id would be in every later kernel's copy of its
+    heap)."""
+    conn.settimeout(10)
+    data, fds, flags, _ = socket.recv_fds(conn, REQUEST_MAX, 2)
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        for fd in fds:
+            os.close(fd)
+        raise Failed("a request too long")
+    try:
+        return Request(data, fds)
+    except Failed:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def child(listener, conn, kernel):
     """C, the template's child. Never returns."""
     try:
         listener.detach()
         for fd in TEMPLATE_FDS:
             os.close(fd)
+        req = read_request(conn)
+        conn.settimeout(60)
         check(libc.unshare(CLONE_NEWUSER), "a user namespace")
         write_proc("setgroups", "deny")
         write_proc("uid_map", f"{SANDBOX_UID} {SANDBOX_UID} 1\n")
         write_proc("gid_map", f"{SANDBOX_UID} {SANDBOX_UID} 1\n")
+        # with a pidfd of C: the launcher moves C's pid into the cgroup
+        # only while that pid is still C
+        me = check(libc.syscall(SYS_pidfd_open, os.getpid(), 0), "pidfd_open")
         creds = struct.pack("3i", os.getpid(), os.getuid(), os.getgid())
-        conn.sendmsg([b"U"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+        conn.sendmsg([b"U"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds),
+                              (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", me))])
+        os.close(me)
         expect(conn, b"G")  # in the kernel's cgroup by now
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
                            | CLONE_NEWUTS | CLONE_NEWCGROUP), "the kernel's namespaces")
@@ -359,28 +410,21 @@ TEMPLATE_FDS = []
 
 
 def serve_one(listener, kernel):
+    """A launcher's connection: a child of its own (C) reads its request,
+    so nothing of it ever reaches the template's memory."""
     try:
         conn, _ = listener.accept()
     except (BlockingIOError, InterruptedError):
         return
-    fds = []
     try:
-        conn.settimeout(10)
-        data, fds, flags, _ = socket.recv_fds(conn, REQUEST_MAX, 2)
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-            raise Failed("a request too long")
-        req = Request(data, fds)
-        conn.settimeout(60)
         if os.fork() == 0:
-            child(listener, conn, req, kernel)
-    except (Failed, OSError, ValueError) as e:
+            child(listener, conn, kernel)
+    except OSError as e:
         try:
             conn.send(b"E" + str(e).encode("utf-8", "replace")[:512])
         except OSError:
             pass
     finally:
-        for fd in fds:
-            os.close(fd)
         conn.close()
 
 
@@ -433,6 +477,18 @@ def precompile(sources):
         sys._codexec_files, sys._codexec_files_v = d["run"], version(sources["files"])
 
 
+def shared_writable():
+    """Writable shared mappings (a module's MAP_SHARED file or memory, SysV
+    shared memory): a fork shares them live, not copied."""
+    found = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 1 and fields[1][1] == "w" and fields[1][3] == "s":
+                found.append(fields[5] if len(fields) > 5 else "[anonymous]")
+    return found
+
+
 def parse_args(argv):
     fds, modules, sources = None, [], {}
     while argv and argv[0] != "--":
@@ -472,6 +528,10 @@ def main():
     gc.freeze()
     if len(os.listdir("/proc/self/task")) != 1:
         raise Failed("the template has threads: it can't fork kernels")
+    shared = shared_writable()
+    if shared:
+        raise Failed(f"the template has writable shared mappings (every kernel would write "
+                     f"them): {', '.join(shared[:4])}")
     os.write(ready_fd, b"0")
     os.close(READY.pop())
     serve(listener, (server_fd, keeper_fd), kernel)

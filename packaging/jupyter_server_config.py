@@ -6,6 +6,7 @@
 # owns its ZeroMQ sockets and can send any frame. The server must neither
 # keep what no client reads, nor build a huge object from a small message,
 # nor queue without bound for a client that reads slowly.
+import ctypes
 import json
 import resource
 
@@ -28,6 +29,11 @@ zmq.Context.__init__ = _context_with_sockets
 zmq.Context.instance().set(zmq.MAX_SOCKETS, 65536)
 
 c = get_config()  # noqa: F821 (the config loader's)
+
+# Not readable or writable through /proc by another process of the
+# gateway's user (a kernel template is one: docs/internals/sandbox.md): the
+# token, the kernels' keys. prctl(PR_SET_DUMPABLE, 0).
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
 
 # A kernel holds about five of the server's descriptors (its sockets and
 # the launcher's pipes): the default 4096 would make descriptors the
