@@ -9,6 +9,7 @@
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/pidfd.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -89,8 +90,11 @@ keeper_namespaces(struct keeper *kp)
     snprintf(gmap, sizeof(gmap), "%u %u 1\n", (unsigned)getgid(), (unsigned)getgid());
     if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
         return "unshare";
-    if (!write_proc("setgroups", "deny") || !write_proc("uid_map", umap) ||
-        !write_proc("gid_map", gmap))
+    /* /proc/self of a process that is not dumpable (the launcher that
+     * forked this made itself so) is root's: its maps can't be written */
+    if (prctl(PR_SET_DUMPABLE, 1) != 0 || !write_proc("setgroups", "deny") ||
+        !write_proc("uid_map", umap) || !write_proc("gid_map", gmap) ||
+        prctl(PR_SET_DUMPABLE, 0) != 0)
         return "the user namespace's maps";
     /* the host's mounts still reach us; ours never reach it */
     if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0)

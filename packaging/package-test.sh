@@ -213,7 +213,9 @@ check_tenants_bounded() {  # check_tenants_bounded KEY
 # small part of what it maps.
 check_template() {  # check_template KEY
   local out pid tpl rss priv
-  out=$(run_code "$1" pkg-template $'import sys, os\nprint(os.getpid(), "numpy" in sys.modules)')
+  # (check_cgroups' conversation: the key has 8 sessions, and check_restarts
+  # needs pkg's to live)
+  out=$(run_code "$1" pkg-cgroup $'import sys, os\nprint(os.getpid(), "numpy" in sys.modules)')
   [ "$(field "$out" 'd["stdout_tail"].strip()')" = "1 True" ] ||
     fail "a Python kernel is not pid 1 of its namespace with numpy preloaded: $out"
   pid=$(for p in $(pgrep -u codexec-kernel python3); do
