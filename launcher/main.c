@@ -380,6 +380,8 @@ ready_and_sealed(struct launch *l)
     close(l->inotify_fd);
     l->inotify_fd = -1;
     if (!ready) {
+        if (l->out_fd >= 0)
+            pump_output(l, true); /* what it said before it ended */
         if (l->reaped)
             snprintf(what, sizeof(what),
                      "the sandbox ended (status %d) before the kernel was ready", l->status);

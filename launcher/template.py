@@ -302,12 +302,14 @@ def reap_orphans(*_):
 
 
 def own_user_namespace():
-    """K's user namespace of its own, nested in C's, which owns K's other
+    """K's user namespace of its own, nested in the one that owns K's other
     namespaces (as bwrap's --disable-userns nests one): capabilities K
     could ever hold again would hold no power over its mounts (the sealed
     runtime directory, its read-only root), its network or its
-    namespaces' limits. Before "S": the launcher then sets C's
-    max_user_namespaces to 0."""
+    namespaces' limits. C makes it after those, before K is forked and
+    its pidfd sent: the launcher, once it has the pidfd, sets the owner's
+    max_user_namespaces to 0 (a K that made its own after that would
+    find none left)."""
     check(libc.unshare(CLONE_NEWUSER), "a user namespace of the kernel's own")
     write_proc("setgroups", "deny")
     write_proc("uid_map", f"{SANDBOX_UID} {SANDBOX_UID} 1\n")
@@ -316,7 +318,6 @@ def own_user_namespace():
 
 def become_kernel(conn, req, kernel):
     """K: pid 1 of its namespaces, waiting for its root. Never returns."""
-    own_user_namespace()
     expect(conn, b"S")
     # Nothing of the workspace (the tenant's, kept across restarts) may be
     # imported while the kernel starts: the template's start-up code put
@@ -390,6 +391,7 @@ def child(listener, conn, kernel):
         expect(conn, b"G")  # in the kernel's cgroup by now
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
                            | CLONE_NEWUTS | CLONE_NEWCGROUP), "the kernel's namespaces")
+        own_user_namespace()
         pid = os.fork()
         if pid == 0:
             become_kernel(conn, req, kernel)
@@ -399,8 +401,8 @@ def child(listener, conn, kernel):
     except BaseException as e:  # noqa: BLE001 (said to the launcher, then the end)
         try:
             conn.send(b"E" + str(e).encode("utf-8", "replace")[:512])
-        except OSError:
-            pass
+        except OSError:  # K, past "S": its stderr is the launcher's log
+            say(f"the kernel did not start: {type(e).__name__}: {str(e)[:512]}")
         os._exit(1)
 
 

@@ -79,9 +79,11 @@ def test_two_gateways_one_stopped(ctx):
     fails but those in flight at the moment of the stop."""
     st = ctx.st
     url_b, gw_b = ctx.spawn_gateway("jupyter-b")
-    # B has far more room than A (the suite's, max_kernels 1024), so
-    # the conversations start on B
-    sock, proc = ctx.spawn_fcgi("two-gw", {"gateway": f"{url_b} token={st.gateway_token} max_kernels=5000"},
+    # B has far more room than A (the suite's, here max_kernels 16, which
+    # the suite's own kernels fill; B's memory: hundreds), so the
+    # conversations start on B
+    sock, proc = ctx.spawn_fcgi("two-gw", {"gateway": f"{url_b} token={st.gateway_token} max_kernels=5000",
+                                           "max_kernels": "16"},
                                 workers=8)
     keys = {i: ctx.key(f"tg-{i}") for i in range(6)}
     failures, stop_at = [], []
@@ -226,21 +228,25 @@ def test_memory_budget(ctx):
         # the suite runs as root with cgroups (tests/run.py): kernels are measured
         check(isinstance(with_token["kernels_bytes"], int),
               f"the kernels' memory is measured (cgroups): {with_token}")
-        base = with_token["kernels_bytes"]
-        # one kernel, measured, for the budget's unit
+        # three kernels, measured, for the budget's unit (three: the
+        # first kernel of a gateway may hold pages the later ones share)
         sock, proc = ctx.spawn_fcgi("mem-probe", {"gateway_url": url_c, "kernel_pool_size": "0"})
         procs.append(proc)
-        status, _, r = fcgi_run(sock, ctx.key("mem-0"), "c", "x = 1")
-        eq(status, 200, f"a first conversation: {r}")
-        wait_until(lambda: gateway_memory(ctx, url_c)["kernels"] == 1, 30, "one kernel reported")
+        for c in ("a", "b", "c"):
+            status, _, r = fcgi_run(sock, ctx.key(f"mem-0{c}"), "c", "x = 1")
+            eq(status, 200, f"a first conversation: {r}")
+        wait_until(lambda: gateway_memory(ctx, url_c)["kernels"] == 3, 30, "three kernels reported")
         time.sleep(1.5)  # (the report is read at most once a second)
         m = gateway_memory(ctx, url_c)
-        one = m["kernels_bytes"] - base
+        one = m["kernels_own_bytes"] // 3
         check(one > 1 << 20, f"a kernel is measured: {one} bytes")
         print(f"# one idle kernel: {one / 2**20:.1f} MiB as its cgroup counts it")
+        base = m["kernels_bytes"] - 3 * one
         stop(proc)
         procs.clear()
-        budget = base + one * 7 // 2
+        # room for three and a half: the three probes' kernels (their
+        # sessions stay), each new conversation then evicting one
+        budget = m["kernels_bytes"] + one // 2
         sock, proc = ctx.spawn_fcgi("mem", {"gateway_url": url_c, "kernel_pool_size": "0",
                                             "max_kernels": "0",
                                             "max_kernel_memory": str(budget)}, workers=12)
