@@ -79,11 +79,15 @@ def test_two_gateways_one_stopped(ctx):
     fails but those in flight at the moment of the stop."""
     st = ctx.st
     url_b, gw_b = ctx.spawn_gateway("jupyter-b")
-    # B has far more room than A (the suite's, here max_kernels 16, which
-    # the suite's own kernels fill; B's memory: hundreds), so the
-    # conversations start on B
+    # B has far more room than A, so the conversations start on B: A (the
+    # suite's gateway) here takes 100 kernels more than it holds; B's room
+    # is its memory's (hundreds: a gateway that measured no kernel yet
+    # counts 64 MiB each). Both are this host's: by memory alone, A's
+    # measured kernels (13 MiB) would leave it more.
+    held = int(ctx.psql("SELECT (SELECT count(*) FROM sessions WHERE kernel_id IS NOT NULL)"
+                        " + (SELECT count(*) FROM prestarted_kernels)"))
     sock, proc = ctx.spawn_fcgi("two-gw", {"gateway": f"{url_b} token={st.gateway_token} max_kernels=5000",
-                                           "max_kernels": "16"},
+                                           "max_kernels": str(held + 100)},
                                 workers=8)
     keys = {i: ctx.key(f"tg-{i}") for i in range(6)}
     failures, stop_at = [], []
@@ -259,6 +263,9 @@ def test_memory_budget(ctx):
             eq((status, r.get("stdout_tail")), (200, f"{i}\n"), f"conversation {i}: {r}")
             most = max(most, len(jupyter_kernels(ctx, url_c)))
         check(most <= 3, f"never more than 3 kernels within the memory budget: {most}")
+        # (the last one measured, settled: a kernel admitted within the
+        # probe's interval counts at what it held then)
+        time.sleep(3)
         status, _, r = fcgi_run(sock, keys[1], "c", "print('back')")
         eq((status, r["session"]["reset"]), (200, True), "an evicted conversation comes back reset")
         # Memory, not kernels: one kernel holds most of the budget and both
