@@ -9,11 +9,13 @@ template kernels)."""
 
 import json
 import os
+import pwd
 import re
 import signal
 import time
 
 from harness import check, eq, wait_until
+from test_runs import run
 
 PROBE = r'''
 import os, sys, json, random, multiprocessing
@@ -23,12 +25,6 @@ print(json.dumps({"pid": os.getpid(), "numpy": "pandas" in sys.modules,
                   "authkey": multiprocessing.current_process().authkey.hex(),
                   "cwd": os.getcwd()}))
 '''
-
-
-def run(ctx, user, cid, code):
-    r = ctx.post("/v1/runs", {"conversation_id": cid, "code": code}, key=ctx.key(user))
-    eq(r.status, 200, f"{r!r}")
-    return r.json()
 
 
 def status_of(pid):
@@ -45,12 +41,12 @@ def field(status, name):
 
 
 def kernel_user_processes(ctx):
-    uid = ctx.st.kernel_uid() if hasattr(ctx.st, "kernel_uid") else None
+    uid = str(pwd.getpwnam(ctx.st.kernel_user).pw_uid)
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         st = status_of(pid)
-        if st and (uid is None or field(st, "Uid")[:1] == [str(uid)]):
+        if st and field(st, "Uid")[:1] == [uid]:
             yield int(pid), st
 
 
