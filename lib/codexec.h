@@ -551,6 +551,8 @@ enum cx_counter {
     CX_COUNT_GATEWAY_ERRORS,     /* gateway calls that failed (transport or status) */
     CX_COUNT_DLCACHE_HITS,       /* downloads by key answered from the download cache */
     CX_COUNT_DLCACHE_MISSES,     /* ... that asked the database (while the cache was live) */
+    CX_COUNT_KEYCACHE_HITS,      /* keys checked without a database query */
+    CX_COUNT_KEYCACHE_MISSES,    /* ... that asked the database (while the cache was live) */
     CX_COUNT__N
 };
 void cx_metrics_count(enum cx_counter c);

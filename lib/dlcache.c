@@ -122,31 +122,31 @@ cx_dlcache_forget_artifact(const char *artifact_id)
     pthread_mutex_unlock(&cache.lock);
 }
 
-bool
-cx_dlcache_get(const unsigned char hash[32], const char *id, int asked, struct cx_principal *who,
-               struct cx_download *d, uint64_t *epoch)
-{
-    bool hit = false;
+/* A key's own entry: no artifact, and a version no download asks for. */
+#define KEY_ENTRY (-1)
 
-    pthread_mutex_lock(&cache.lock);
-    *epoch = cache.epoch;
-    if (cache.n && cache.live) {
-        const struct entry *e = &cache.slots[slot_of(hash, id, asked)];
-        hit = e->used && e->asked == asked && e->until_us > cx_now_us() &&
-              sodium_memcmp(e->hash, hash, 32) == 0 && strcmp(e->id, id) == 0;
-        if (hit) {
-            *who = e->who;
+/* The entry for (hash, id, asked) to *who and *d (when d), if there is a
+ * live one; under the lock. */
+static bool
+lookup(const unsigned char hash[32], const char *id, int asked, struct cx_principal *who,
+       struct cx_download *d)
+{
+    const struct entry *e = &cache.slots[slot_of(hash, id, asked)];
+    bool hit = e->used && e->asked == asked && e->until_us > cx_now_us() &&
+               sodium_memcmp(e->hash, hash, 32) == 0 && strcmp(e->id, id) == 0;
+
+    if (hit) {
+        *who = e->who;
+        if (d)
             *d = e->d;
-        }
-        cx_metrics_add(hit ? CX_COUNT_DLCACHE_HITS : CX_COUNT_DLCACHE_MISSES, 1);
     }
-    pthread_mutex_unlock(&cache.lock);
     return hit;
 }
 
-void
-cx_dlcache_put(const unsigned char hash[32], const char *id, int asked,
-               const struct cx_principal *who, const struct cx_download *d, uint64_t epoch)
+/* Keeps it, unless something was forgotten since epoch. */
+static void
+store(const unsigned char hash[32], const char *id, int asked, const struct cx_principal *who,
+      const struct cx_download *d, uint64_t epoch)
 {
     pthread_mutex_lock(&cache.lock);
     /* nothing was forgotten since the lookup began: what it read stands */
@@ -158,9 +158,57 @@ cx_dlcache_put(const unsigned char hash[32], const char *id, int asked,
         e->asked = asked;
         e->until_us = cx_now_us() + ENTRY_LIFE_US;
         e->who = *who;
-        e->d = *d;
+        if (d)
+            e->d = *d;
+        else
+            memset(&e->d, 0, sizeof(e->d));
     }
     pthread_mutex_unlock(&cache.lock);
+}
+
+bool
+cx_dlcache_get(const unsigned char hash[32], const char *id, int asked, struct cx_principal *who,
+               struct cx_download *d, uint64_t *epoch)
+{
+    bool hit = false;
+
+    pthread_mutex_lock(&cache.lock);
+    *epoch = cache.epoch;
+    if (cache.n && cache.live && asked >= 0) {
+        hit = lookup(hash, id, asked, who, d);
+        cx_metrics_add(hit ? CX_COUNT_DLCACHE_HITS : CX_COUNT_DLCACHE_MISSES, 1);
+    }
+    pthread_mutex_unlock(&cache.lock);
+    return hit;
+}
+
+void
+cx_dlcache_put(const unsigned char hash[32], const char *id, int asked,
+               const struct cx_principal *who, const struct cx_download *d, uint64_t epoch)
+{
+    if (asked >= 0)
+        store(hash, id, asked, who, d, epoch);
+}
+
+bool
+cx_dlcache_key_get(const unsigned char hash[32], struct cx_principal *who, uint64_t *epoch)
+{
+    bool hit = false;
+
+    pthread_mutex_lock(&cache.lock);
+    *epoch = cache.epoch;
+    if (cache.n && cache.live) {
+        hit = lookup(hash, "", KEY_ENTRY, who, NULL);
+        cx_metrics_add(hit ? CX_COUNT_KEYCACHE_HITS : CX_COUNT_KEYCACHE_MISSES, 1);
+    }
+    pthread_mutex_unlock(&cache.lock);
+    return hit;
+}
+
+void
+cx_dlcache_key_put(const unsigned char hash[32], const struct cx_principal *who, uint64_t epoch)
+{
+    store(hash, "", KEY_ENTRY, who, NULL, epoch);
 }
 
 /* A change another process made (sql/008): the cache forgets. */

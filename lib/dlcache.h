@@ -19,6 +19,13 @@ bool cx_dlcache_get(const unsigned char hash[32], const char *id, int asked,
 void cx_dlcache_put(const unsigned char hash[32], const char *id, int asked,
                     const struct cx_principal *who, const struct cx_download *d, uint64_t epoch);
 
+/* A key's check (cx_auth_check_key(): a key of every request but a
+ * download's) kept in the same table, with the same life and forgetting:
+ * the principal its hash stands for, if cached and live. */
+bool cx_dlcache_key_get(const unsigned char hash[32], struct cx_principal *who, uint64_t *epoch);
+void cx_dlcache_key_put(const unsigned char hash[32], const struct cx_principal *who,
+                        uint64_t epoch);
+
 /* The watcher heard (true) or lost (false) the announcements: either way
  * everything cached so far is forgotten. */
 void cx_dlcache_set_live(bool live);

@@ -46,6 +46,10 @@ static const struct {
                                "Downloads by key answered without a database query."},
     [CX_COUNT_DLCACHE_MISSES] = {"download_cache_misses",
                                  "Downloads by key that queried the database (cache live)."},
+    [CX_COUNT_KEYCACHE_HITS] = {"key_cache_hits",
+                                "API keys of other requests checked without a database query."},
+    [CX_COUNT_KEYCACHE_MISSES] = {"key_cache_misses",
+                                  "API keys of other requests checked by a query (cache live)."},
 };
 
 static const struct {

@@ -11,7 +11,7 @@ import threading
 import time
 
 import fcgi_client
-from harness import check, eq, expect_error, new_id, wait_until
+from harness import check, eq, expect_error, metric, new_id, wait_until
 
 ZERO = "00000000-0000-0000-0000-000000000000"
 
@@ -58,11 +58,22 @@ def test_unauthorized_with_bad_keys(ctx):
 
 
 def test_revoked_key_is_refused(ctx):
+    """A key's check is kept by each process (download_cache_entries) and
+    forgotten the moment it is revoked: PostgreSQL tells every process."""
     key = ctx.st.create_key("revokee")
+    hits = metric(ctx, "key_cache_hits")
     eq(ctx.get(f"/v1/runs/{ZERO}", key=key).status, 404, "fresh key works")
+    eq(ctx.get(f"/v1/runs/{ZERO}", key=key).status, 404, "and again")
+    check(metric(ctx, "key_cache_hits") > hits, "the second check came from the cache")
     ids = [l.split("\t")[0] for l in ctx.admin("key", "list", "--user", "revokee").stdout.splitlines()[1:]]
     eq(len(ids), 1, "one key listed")
     ctx.admin("key", "revoke", ids[0])
+    t0 = time.monotonic()
+    while ctx.get(f"/v1/runs/{ZERO}", key=key).status != 401 and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    took = time.monotonic() - t0
+    print(f"# the revoked key refused after {took * 1000:.0f} ms")
+    check(took < 1.0, f"the revoked key refused within a second ({took:.2f} s)")
     expect_error(ctx.get(f"/v1/runs/{ZERO}", key=key), 401, "unauthorized")
     r = ctx.admin("key", "revoke", ids[0], check=False)
     check(r.returncode != 0, "revoking twice fails")

@@ -11,6 +11,7 @@
 #include "../../lib/dlcache.h"
 #include "../../lib/download.h"
 #include "../../lib/http.h"
+#include "../../lib/metrics.h"
 #include "cxtest.h"
 
 /* The query part of a signed link. */
@@ -263,6 +264,45 @@ upper_case_id(struct cxtest *t, const char *key, const char *id)
     behind_the_cache(t, false, "(live again)");
 }
 
+/* A key's own check (every request's but a download's) from the same
+ * table: kept while live, forgotten when its key is, never a download's
+ * answer, and a download's entry never a key check's. */
+static void
+key_checks(struct cxtest *t, const char *key, const char *kid, const char *id)
+{
+    struct cx_principal who;
+    struct cx_download d;
+    uint64_t hits = cx_metrics_counter(CX_COUNT_KEYCACHE_HITS);
+
+    ok(cx_auth_check_key(t->auth, t->cx.db, key, strlen(key), &who) == CX_OK &&
+           !strcmp(who.key_id, kid) && !strcmp(who.user, "bob"),
+       "a key checked by the database, while live");
+    behind_the_cache(t, true, "the key revoked behind the cache's back");
+    memset(&who, 0, sizeof(who));
+    ok(cx_auth_check_key(t->auth, t->cx.db, key, strlen(key), &who) == CX_OK &&
+           !strcmp(who.key_id, kid) && !strcmp(who.user, "bob"),
+       "the kept check stands (the proof it was kept)");
+    is_int((int)(cx_metrics_counter(CX_COUNT_KEYCACHE_HITS) - hits), 1, "counted as a hit");
+    is_int(cx_download_resolve_for_key(&t->cx, key, strlen(key), id, 1, &who, &d),
+           CX_ERR_UNAUTHORIZED, "a download's lookup does not take the key's entry");
+    cx_dlcache_forget_artifact(id);
+    ok(cx_auth_check_key(t->auth, t->cx.db, key, strlen(key), &who) == CX_OK,
+       "forgetting an artifact leaves the key's check");
+    cx_dlcache_forget_key(kid);
+    is_int(cx_auth_check_key(t->auth, t->cx.db, key, strlen(key), &who), CX_ERR_UNAUTHORIZED,
+           "told of the key: forgotten, refused");
+    is_int(cx_auth_check_key(t->auth, t->cx.db, "cx_nope", 7, &who), CX_ERR_UNAUTHORIZED,
+           "a malformed key: refused, nothing asked");
+    behind_the_cache(t, false, "(live again)");
+    ok(cx_auth_check_key(t->auth, t->cx.db, key, strlen(key), &who) == CX_OK, "kept again");
+    cx_dlcache_set_live(false);
+    behind_the_cache(t, true, "revoked");
+    is_int(cx_auth_check_key(t->auth, t->cx.db, key, strlen(key), &who), CX_ERR_UNAUTHORIZED,
+           "no longer live: the database answers");
+    behind_the_cache(t, false, "(live again)");
+    cx_dlcache_set_live(true);
+}
+
 /* The download cache: answers from memory while live, forgets at once when
  * told (what the watcher does on PostgreSQL's announcements), never keeps
  * what was read across a forgetting. */
@@ -318,6 +358,7 @@ cache(struct cxtest *t, const char *id)
            d.version == 3,
        "told of the artifact: version 3");
     upper_case_id(t, key, id);
+    key_checks(t, key, kid, id);
     is_int(cx_download_resolve_for_key(&t->cx, "cx_nope", 7, id, 0, &who, &d), CX_ERR_UNAUTHORIZED,
            "a bad key: refused as ever");
     cx_dlcache_set_live(false);
