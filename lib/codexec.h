@@ -1058,8 +1058,10 @@ struct cx_maint {
 enum cx_err cx_maint_sweep(struct cx_ctx *cx, int limit, bool artifacts,
                            struct cx_maint *done) CX_MUSTCHECK;
 
-/* The server's reaper, called about once a second from one thread: restarts
- * the kernels the ticker found talking while idle, and when *next_sweep
+/* The server's reaper, called about once a second from one thread: probes
+ * the gateways whose last probe is 2 s old (lib/gateway.h: the runs use
+ * their answers and never wait for a probe), restarts the kernels the
+ * ticker found talking while idle, and when *next_sweep
  * (cx_now_us(); 0 at first) is due sweeps CX_MAINT_REAP_BATCH sessions
  * (and the rest, but not the artifacts' bytes: that is `codexec-admin
  * gc`'s), logs what it did and sets *next_sweep: a second later when the

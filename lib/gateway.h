@@ -60,9 +60,16 @@ void cx_gateway_timeout(struct cx_gateway *gw, long ms);
 void cx_gateway_default_timeout(struct cx_gateway *gw, long ms);
 
 /* Whether the gateway should get new kernels: it answered its last probe
- * (GET /api/kernelspecs with our token, 3 s at most), probed every 2 s at
- * most per process, the answer shared by the threads. */
+ * (GET /api/kernelspecs with our token, 3 s at most, and its memory
+ * report), the answer shared by the threads. A process's refresher
+ * (cx_gateway_refresh(), from codexec-fcgi's reaper) keeps it fresh, so a
+ * run never waits for a probe; a caller probes itself only when the last
+ * answer is older than 10 s. */
 bool cx_gateway_usable(struct cx_gateway *gw);
+
+/* Probes gw when its last answer is 2 s old or more (and no other thread
+ * is probing): called about once a second, off the runs' threads. */
+void cx_gateway_refresh(struct cx_gateway *gw);
 
 /* After a call to gw failed: probes it now (unless another thread is) and
  * says whether it is still usable; the answer is shared as above. */

@@ -31,6 +31,8 @@ struct cx_kernel_conn {
     uint64_t messages;
     bool forget;    /* its kernel was deleted while it was being drained */
     bool restarted; /* it heard the server's notice that the kernel went away */
+    bool live;      /* it heard an idle status answering a request sent on it,
+                       and no notice since: its output channel is subscribed */
 };
 
 /* Kernels whose idle connection the drain found still talking, waiting
@@ -505,8 +507,10 @@ static void
 heard(struct cx_kernel_conn *c, enum cx_err rc, enum cx_ws_opcode op)
 {
     c->messages++;
-    if (rc == CX_OK && op == CX_WS_TEXT && server_notice(&c->msg))
+    if (rc == CX_OK && op == CX_WS_TEXT && server_notice(&c->msg)) {
         c->restarted = true;
+        c->live = false;
+    }
 }
 
 /* A message during cx_kernel_ready(): CX_OK when it is on iopub with a
@@ -560,8 +564,10 @@ cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
                                 &op)) == CX_OK) {
             c->messages++;
             rc = op == CX_WS_TEXT ? ready_answer(c, ids, n) : CX_ERR_TIMEOUT;
-            if (rc == CX_OK)
+            if (rc == CX_OK) {
                 c->restarted = false; /* live again: the new process answered */
+                c->live = true;
+            }
             if (rc != CX_ERR_TIMEOUT)
                 return rc;
         }
@@ -586,6 +592,12 @@ cx_kernel_confirm(struct cx_kernel_conn *c, bool fresh, int64_t deadline_us)
     if (rc == CX_OK)
         (void)cx_kernel_drain(c, 0); /* the handshake's stragglers */
     return rc;
+}
+
+bool
+cx_kernel_conn_live(const struct cx_kernel_conn *c)
+{
+    return c->live && !c->restarted;
 }
 
 bool
@@ -768,9 +780,13 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
             rc = fn ? fn(ctx, -1, "oversized", NULL, NULL) : CX_OK;
         else
             rc = dispatch(reqs, n, json, json_len, &bufs, fn, ctx);
+        if (rc == CX_ERR_KERNEL_DIED)
+            c->live = false;
         if (rc)
             return rc;
     }
+    for (int i = 0; i < need && !c->restarted; i++)
+        c->live = c->live || reqs[i].got_idle;
     return CX_OK;
 }
 

@@ -145,6 +145,9 @@ enum cx_err cx_kernel_confirm(struct cx_kernel_conn *c, bool fresh,
 /* Whether c heard the server's notice that the kernel went away since its
  * output channel was last confirmed live (for tests). */
 bool cx_kernel_conn_restarted(const struct cx_kernel_conn *c);
+/* Whether an idle status answering a request sent on c arrived, and no
+ * notice of the kernel's end since: its output channel is live on c. */
+bool cx_kernel_conn_live(const struct cx_kernel_conn *c);
 
 /* Sends e as an execute_request on the shell channel; fills e->msg_id. */
 enum cx_err cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e) CX_MUSTCHECK;

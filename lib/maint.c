@@ -244,6 +244,9 @@ cx_maint_reap(struct cx_ctx *cx, int64_t *next_sweep)
     struct cx_maint done;
     enum cx_err rc;
 
+    /* the gateways' probes, so that no run waits for one */
+    for (unsigned i = 0; i < cx->ngws; i++)
+        cx_gateway_refresh(cx->gws[i]);
     cx_session_restart_talkers(cx); /* found by the ticker's drain */
     if (now < *next_sweep)
         return;

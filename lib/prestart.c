@@ -269,8 +269,12 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
     bool inner = lang != CX_LANG_PYTHON;
     char *code = preload_cell(inner ? "" : cx_config_preload(cx->cfg, lang));
     char *lcode = inner ? inner_warm_cell(lang, cx_config_preload(cx->cfg, lang)) : NULL;
+    /* The Python cell is not silent (nor kept in the history: the count
+     * stays 1): IPython's first cell that is costs ~8 ms of first-time
+     * work (its publishing, hooks and lazy defaults), paid here and not by
+     * the conversation's first run. */
     struct cx_exec e[2] = {{.silent = true, .code = lcode},
-                           {.silent = true,
+                           {.silent = false,
                             .code = code,
                             .role = CX_EXEC_OWN,
                             .user_expressions = uexpr,

@@ -344,6 +344,7 @@ create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, 
     }
     snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", kid);
     s->kernel_fresh = true;
+    s->from_pool = true;
     s->created = true;
     cx_log_info("session %s created with pooled kernel %s", s->id, kid);
     return CX_OK;
@@ -759,10 +760,13 @@ cx_session_replace_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, si
 enum cx_err
 cx_session_confirm(struct cx_session *s, struct cx_kernel_conn *c, int64_t deadline_us)
 {
+    /* A pooled kernel's connection that warmed it heard it answer: its
+     * output channel is live (the handshake cost a first run 12-25 ms). */
+    bool fresh = s->kernel_fresh && !(s->from_pool && cx_kernel_conn_live(c));
+
     for (;;) {
         int64_t step = cx_now_us() + CONFIRM_ASK_US;
-        enum cx_err rc =
-            cx_kernel_confirm(c, s->kernel_fresh, step < deadline_us ? step : deadline_us);
+        enum cx_err rc = cx_kernel_confirm(c, fresh, step < deadline_us ? step : deadline_us);
 
         if (rc == CX_ERR_KERNEL_DIED)
             return CX_ERR_NOT_FOUND;

@@ -37,6 +37,7 @@ struct cx_session {
     bool reset;          /* its kernel was replaced: state lost */
     bool kernel_fresh;   /* codexec started or restarted the kernel itself */
     bool capture_rescan; /* the next capture must not trust the last scan */
+    bool from_pool;      /* this acquire took a pooled kernel, warmed by this process */
     bool locked;
 };
 
