@@ -17,8 +17,7 @@
  * with what the row held before, in the same snapshot. */
 CX_SQL(q_idem_claim, 3,
        "WITH c AS (INSERT INTO idempotency_keys (user_id, key, fingerprint, owner_pid,"
-       " owner_started) VALUES ($1, $2, $3, pg_backend_pid(), (SELECT backend_start FROM"
-       " pg_stat_activity WHERE pid = pg_backend_pid())) ON CONFLICT (user_id, key) DO UPDATE"
+       " owner_started) VALUES ($1, $2, $3, " CX_SQL_OWNER ") ON CONFLICT (user_id, key) DO UPDATE"
        " SET fingerprint = EXCLUDED.fingerprint, body_sha256 = NULL, run_id = NULL,"
        " status = NULL, answer = NULL, owner_pid = EXCLUDED.owner_pid,"
        " owner_started = EXCLUDED.owner_started, created_at = now()"

@@ -81,8 +81,7 @@ CX_SQL(q_run_status, 2,
 CX_SQL(q_run_insert, 6,
        "INSERT INTO runs (id, user_id, conversation_id, api_key_id, status, code_length,"
        " code_sha256, started_at, owner_pid, owner_started) VALUES ($1::uuid, $2, $3,"
-       " nullif($4, '')::uuid, 'running', $5::int, $6, now(), pg_backend_pid(),"
-       " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()))");
+       " nullif($4, '')::uuid, 'running', $5::int, $6, now(), " CX_SQL_OWNER ")");
 CX_SQL(q_run_finish, 7,
        "UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
        " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now(),"
