@@ -83,12 +83,15 @@ log_conn_error(struct cx_db *db, const char *what)
 /* What names this connection for as long as it lives (CX_SQL_OWNER): its
  * backend's start, read once here. A statement that reads it from
  * pg_stat_activity instead copies every backend's status (~0.5 ms of the
- * server's CPU with a hundred connections, at every run). */
+ * server's CPU with a hundred connections, at every run). Written in UTC
+ * to the microsecond, ISO 8601: read back as the same instant whatever the
+ * session's DateStyle and TimeZone (a zone's abbreviation would not be). */
 static bool
 name_connection(PGconn *conn)
 {
-    PGresult *r = PQexec(conn, "SELECT set_config('codexec.backend_start', backend_start::text,"
-                               " false) FROM pg_stat_activity WHERE pid = pg_backend_pid()");
+    PGresult *r = PQexec(conn, "SELECT set_config('codexec.backend_start', to_char(backend_start"
+                               " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), false)"
+                               " FROM pg_stat_activity WHERE pid = pg_backend_pid()");
     bool ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
 
     PQclear(r);

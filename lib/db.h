@@ -28,12 +28,13 @@ struct cx_sql {
 
 #define CX_SQL(var, nparams_, text_) static struct cx_sql var = {(text_), (nparams_), 0}
 
-/* A timestamp column as the API writes it: "2026-11-29T15:10:00Z", and
- * with milliseconds. */
 /* The connection's owner columns (a run's, an idempotency key's): its
  * backend's pid and start, which the sweep looks for in pg_stat_activity
  * (the start is read once per connection, lib/db.c). */
-#define CX_SQL_OWNER    "pg_backend_pid(), current_setting('codexec.backend_start')::timestamptz"
+#define CX_SQL_OWNER "pg_backend_pid(), current_setting('codexec.backend_start')::timestamptz"
+
+/* A timestamp column as the API writes it: "2026-11-29T15:10:00Z", and
+ * with milliseconds. */
 #define CX_SQL_UTC(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
 #define CX_SQL_UTC_MS(col)                                                                         \
     "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"

@@ -364,7 +364,7 @@ cx_gateway_default_timeout(struct cx_gateway *gw, long ms)
  * probes, the others take the last answer, except a recheck (a call that
  * just failed), which waits for the probe under way. */
 #define PROBE_EVERY_MS   2000
-#define PROBE_STALE_MS   10000 /* a caller probes itself past this: the refresher is late */
+#define PROBE_STALE_MS   4000 /* a caller probes itself past this: the refresher is late */
 #define PROBE_TIMEOUT_MS 3000
 #define MEMORY_FRESH_MS  10000 /* a memory report older than this says nothing */
 #define MEMORY_ABSENT_MS 60000 /* a gateway without one is asked again after this */

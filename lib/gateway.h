@@ -64,7 +64,8 @@ void cx_gateway_default_timeout(struct cx_gateway *gw, long ms);
  * report), the answer shared by the threads. A process's refresher
  * (cx_gateway_refresh(), from codexec-fcgi's reaper) keeps it fresh, so a
  * run never waits for a probe; a caller probes itself only when the last
- * answer is older than 10 s. */
+ * answer is older than 4 s (the reaper is busy: restarting a kernel, a
+ * sweep). */
 bool cx_gateway_usable(struct cx_gateway *gw);
 
 /* Probes gw when its last answer is 2 s old or more (and no other thread

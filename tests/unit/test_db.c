@@ -5,6 +5,9 @@
 CX_SQL(q_insert, 2, "INSERT INTO t (k, v) VALUES ($1, $2)");
 CX_SQL(q_select, 1, "SELECT v FROM t WHERE k = $1");
 CX_SQL(q_pid, 0, "SELECT pg_backend_pid()");
+CX_SQL(q_owner, 0,
+       "SELECT (" CX_SQL_OWNER ") = (pid, backend_start) FROM pg_stat_activity"
+       " WHERE pid = pg_backend_pid()");
 
 static void
 kill_backend(const char *pid)
@@ -13,6 +16,34 @@ kill_backend(const char *pid)
     snprintf(sql, sizeof(sql), "SELECT pg_terminate_backend(%s)", pid);
     pgtest_admin(sql);
     usleep(100 * 1000);
+}
+
+/* The connection's owner columns are its backend's, as the sweep compares
+ * them with pg_stat_activity: also under a DateStyle whose text names the
+ * zone by an abbreviation that reads back as another offset. */
+static void
+owner_names(const char *conninfo)
+{
+    char ci[1200];
+    struct cx_db *db;
+    PGresult *r = NULL;
+
+    snprintf(ci, sizeof(ci), "%s options='-c DateStyle=SQL,DMY -c TimeZone=Asia/Kolkata'",
+             conninfo);
+    need(cx_db_new(ci, &db) == CX_OK, "a handle with DateStyle SQL, zone Asia/Kolkata (IST)");
+    ok(cx_db_exec(db, &q_owner, NULL, &r) == CX_OK && PQntuples(r) == 1 &&
+           !strcmp(PQgetvalue(r, 0, 0), "t"),
+       "the owner columns are the backend's pid and start");
+    PQclear(r);
+    r = NULL;
+    ok(cx_db_exec(db, &q_pid, NULL, &r) == CX_OK, "its pid");
+    kill_backend(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    r = NULL;
+    ok(cx_db_exec(db, &q_owner, NULL, &r) == CX_OK && !strcmp(PQgetvalue(r, 0, 0), "t"),
+       "and the new connection's after a reconnect");
+    PQclear(r);
+    cx_db_free(db);
 }
 
 static int
@@ -172,6 +203,7 @@ main(void)
     }
     pipelined(db);
     cx_db_free(db);
+    owner_names(conninfo);
 
     need(cx_db_new("host=/nonexistent dbname=x connect_timeout=2", &bad) == CX_OK, "bad handle");
     is_int(cx_db_ping(bad), CX_ERR_DB, "an unreachable server is a db error");
