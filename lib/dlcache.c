@@ -166,20 +166,32 @@ store(const unsigned char hash[32], const char *id, int asked, const struct cx_p
     pthread_mutex_unlock(&cache.lock);
 }
 
-bool
-cx_dlcache_get(const unsigned char hash[32], const char *id, int asked, struct cx_principal *who,
-               struct cx_download *d, uint64_t *epoch)
+/* A lookup counted in hits and misses (while live); *epoch for store(). */
+static bool
+get(const unsigned char hash[32], const char *id, int asked, struct cx_principal *who,
+    struct cx_download *d, uint64_t *epoch, enum cx_counter hits, enum cx_counter misses)
 {
     bool hit = false;
 
     pthread_mutex_lock(&cache.lock);
     *epoch = cache.epoch;
-    if (cache.n && cache.live && asked >= 0) {
+    if (cache.n && cache.live) {
         hit = lookup(hash, id, asked, who, d);
-        cx_metrics_add(hit ? CX_COUNT_DLCACHE_HITS : CX_COUNT_DLCACHE_MISSES, 1);
+        cx_metrics_add(hit ? hits : misses, 1);
     }
     pthread_mutex_unlock(&cache.lock);
     return hit;
+}
+
+bool
+cx_dlcache_get(const unsigned char hash[32], const char *id, int asked, struct cx_principal *who,
+               struct cx_download *d, uint64_t *epoch)
+{
+    if (asked < 0) {
+        *epoch = 0;
+        return false;
+    }
+    return get(hash, id, asked, who, d, epoch, CX_COUNT_DLCACHE_HITS, CX_COUNT_DLCACHE_MISSES);
 }
 
 void
@@ -193,16 +205,8 @@ cx_dlcache_put(const unsigned char hash[32], const char *id, int asked,
 bool
 cx_dlcache_key_get(const unsigned char hash[32], struct cx_principal *who, uint64_t *epoch)
 {
-    bool hit = false;
-
-    pthread_mutex_lock(&cache.lock);
-    *epoch = cache.epoch;
-    if (cache.n && cache.live) {
-        hit = lookup(hash, "", KEY_ENTRY, who, NULL);
-        cx_metrics_add(hit ? CX_COUNT_KEYCACHE_HITS : CX_COUNT_KEYCACHE_MISSES, 1);
-    }
-    pthread_mutex_unlock(&cache.lock);
-    return hit;
+    return get(hash, "", KEY_ENTRY, who, NULL, epoch, CX_COUNT_KEYCACHE_HITS,
+               CX_COUNT_KEYCACHE_MISSES);
 }
 
 void
