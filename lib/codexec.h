@@ -1015,8 +1015,10 @@ void cx_budget_metrics(struct cx_ctx *cx, struct cx_buf *b);
 
 /* --- The kernel pool (lib/prestart.c) ---------------------------------------- */
 
-/* Sleeps until kicked or seconds pass; false once cx_prestart_shutdown()
- * was called. */
+/* Sleeps until a refill is due (cx_prestart_kick, or the time
+ * cx_prestart_kick_after asked for) or seconds pass, whichever is first
+ * unless a refill is put off: then until it is due. False once
+ * cx_prestart_shutdown() was called. */
 bool cx_prestart_wait(unsigned seconds);
 void cx_prestart_shutdown(void);
 

@@ -15,10 +15,14 @@
 #include "budget.h"
 #include "util.h"
 
+/* The third column counts the ready kernels as the statement found them,
+ * the claimed one among them. */
 CX_SQL(q_claim, 2,
-       "DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"
+       "WITH c AS (DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"
        " WHERE gateway_url = $1 AND kernel_name = $2 AND ready ORDER BY created_at LIMIT 1"
-       " FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id");
+       " FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id)"
+       " SELECT c.id, c.kernel_id, (SELECT count(*) FROM prestarted_kernels"
+       " WHERE gateway_url = $1 AND kernel_name = $2 AND ready) FROM c");
 CX_SQL(q_list, 1,
        "SELECT id, kernel_id, kernel_name, ready FROM prestarted_kernels WHERE gateway_url = $1"
        " ORDER BY created_at");
@@ -34,17 +38,19 @@ CX_SQL(q_fill_unlock, 1, "SELECT pg_advisory_unlock(" FILL_KEY ")");
 
 static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
-static bool kicked, shut;
+static bool shut;
+static int64_t kick_at; /* realtime µs a refill is due at; 0: none asked */
 
 enum cx_err
 cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, const char *kernel_name,
-                  char id_out[37], char kernel_out[64], bool *got)
+                  char id_out[37], char kernel_out[64], bool *got, long *left)
 {
     const char *p[2] = {gateway_url, kernel_name};
     PGresult *r = NULL;
     enum cx_err rc;
 
     *got = false;
+    *left = 0;
     if (!kernel_name)
         return CX_OK;
     rc = cx_db_exec(cx->db, &q_claim, p, &r);
@@ -53,41 +59,61 @@ cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, const char *kernel
     if (PQntuples(r) == 1) {
         snprintf(id_out, 37, "%s", PQgetvalue(r, 0, 0));
         snprintf(kernel_out, 64, "%s", PQgetvalue(r, 0, 1));
+        *left = strtol(PQgetvalue(r, 0, 2), NULL, 10) - 1;
         *got = true;
     }
     PQclear(r);
     return CX_OK;
 }
 
-/* Sets a flag the refilling thread waits on and wakes it. */
-static void
-raise_flag(bool *flag)
+static int64_t
+realtime_us(void)
 {
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+void
+cx_prestart_kick_after(unsigned ms)
+{
+    int64_t at = realtime_us() + (int64_t)ms * 1000;
+
     pthread_mutex_lock(&wake_lock);
-    *flag = true;
-    pthread_cond_broadcast(&wake_cond);
+    /* the earliest asked: a stream of claims never puts a refill off */
+    if (kick_at == 0 || at < kick_at) {
+        kick_at = at;
+        pthread_cond_broadcast(&wake_cond);
+    }
     pthread_mutex_unlock(&wake_lock);
 }
 
 void
 cx_prestart_kick(void)
 {
-    raise_flag(&kicked);
+    cx_prestart_kick_after(0);
 }
 
 bool
 cx_prestart_wait(unsigned seconds)
 {
-    struct timespec ts;
+    int64_t deadline = realtime_us() + (int64_t)seconds * 1000000;
     bool go;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += seconds;
     pthread_mutex_lock(&wake_lock);
-    while (!kicked && !shut)
-        if (pthread_cond_timedwait(&wake_cond, &wake_lock, &ts) != 0)
+    while (!shut) {
+        /* a refill asked for later holds off the periodic one too */
+        int64_t until = kick_at ? kick_at : deadline, now = realtime_us();
+        struct timespec ts;
+
+        if (now >= until)
             break;
-    kicked = false;
+        ts.tv_sec = until / 1000000;
+        ts.tv_nsec = (long)(until % 1000000) * 1000;
+        pthread_cond_timedwait(&wake_cond, &wake_lock, &ts);
+    }
+    kick_at = 0;
     go = !shut;
     pthread_mutex_unlock(&wake_lock);
     return go;
@@ -96,7 +122,10 @@ cx_prestart_wait(unsigned seconds)
 void
 cx_prestart_shutdown(void)
 {
-    raise_flag(&shut);
+    pthread_mutex_lock(&wake_lock);
+    shut = true;
+    pthread_cond_broadcast(&wake_cond);
+    pthread_mutex_unlock(&wake_lock);
 }
 
 static bool

@@ -582,8 +582,9 @@ run_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_re
     /* The epilogue's and the helper's sources travel only to a kernel
      * codexec just started (12 KB of JSON each server and kernel would
      * parse on every run) and, in the epilogue's own request, to one that
-     * says it needs them (restarted behind our back, or codexec upgraded). */
-    if (build_metadata(st, s, req, meta, s->kernel_fresh) ||
+     * says it needs them (restarted behind our back, or codexec upgraded).
+     * A pooled kernel had them in its warm cell. */
+    if (build_metadata(st, s, req, meta, s->kernel_fresh && !s->from_pool) ||
         build_metadata(st, s, req, epimeta, true))
         return CX_ERR_NOMEM;
     return CX_OK;

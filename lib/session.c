@@ -319,7 +319,8 @@ insert_row(struct cx_ctx *cx, struct cx_session *s, const char *const *p)
  * a failure puts the kernel back in the pool. *got is false when the pool
  * is empty. */
 static enum cx_err
-create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, bool *got)
+create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, bool *got,
+                 long *left)
 {
     char kid[64];
     const char *k[3] = {s->id, kid, s->gateway_url};
@@ -329,7 +330,7 @@ create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, 
     if (rc)
         return rc;
     rc = cx_prestart_claim(cx, s->gateway_url, cx_config_kernel_name(cx->cfg, s->lang), s->id, kid,
-                           got);
+                           got, left);
     if (rc || !*got)
         goto fail;
     rc = insert_row(cx, s, p);
@@ -566,8 +567,14 @@ create_session(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg,
     /* a pooled kernel is counted in its gateway's budget already */
     if (cx_config_pool_size(cx->cfg, s->lang) > 0 && pick_gateway(cx, s, &room, &max) == CX_OK) {
         bool got = false;
-        rc = create_from_pool(cx, s, p, &got);
-        cx_prestart_kick(); /* taken, or wanted: the pool refills */
+        long left = 0;
+        rc = create_from_pool(cx, s, p, &got, &left);
+        /* taken, or wanted: the pool refills, after the new conversation's
+         * first runs while the pool still holds a kernel */
+        if (got && left > 0)
+            cx_prestart_kick_after(CX_POOL_REFILL_DELAY_MS);
+        else
+            cx_prestart_kick();
         if (rc || got)
             goto out;
     }

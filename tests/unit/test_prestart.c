@@ -1,5 +1,7 @@
 /* The kernel pool against the suite's PostgreSQL and Jupyter server: fill,
- * claim once only, a pooled kernel that vanished is replaced, drain. */
+ * claim once only (saying how many it left), a pooled kernel that vanished
+ * is replaced, drain; the refilling thread's wait: a refill put off is not
+ * started early, a refill asked for now is. */
 #include "../../lib/db.h"
 #include "../../lib/gateway.h"
 #include "../../lib/prestart.h"
@@ -25,16 +27,66 @@ pooled(struct cxtest *t, char first[64])
 
 /* 1: a kernel, 0: none ready, -1: an error. */
 static int
-claim(struct cxtest *t, char id[37], char kernel[64])
+claim(struct cxtest *t, char id[37], char kernel[64], long *left)
 {
     bool got = false;
 
-    if (cx_db_begin(t->cx.db) ||
-        cx_prestart_claim(&t->cx, t->cfg.gateways[0].url, t->cfg.kernel_name, id, kernel, &got)) {
+    if (cx_db_begin(t->cx.db) || cx_prestart_claim(&t->cx, t->cfg.gateways[0].url,
+                                                   t->cfg.kernel_name, id, kernel, &got, left)) {
         cx_db_rollback(t->cx.db);
         return -1;
     }
     return cx_db_commit(t->cx.db) ? -1 : got;
+}
+
+/* Milliseconds cx_prestart_wait(seconds) waited. */
+static long
+waited(unsigned seconds, bool *go)
+{
+    int64_t t0 = cx_now_us();
+
+    *go = cx_prestart_wait(seconds);
+    return (long)((cx_now_us() - t0) / 1000);
+}
+
+/* The refilling thread's wait, alone: lower bounds are what must hold
+ * (a refill put off is not started early); the upper ones are generous,
+ * for a loaded machine. */
+static void
+test_wait(void)
+{
+    bool go = false;
+    long ms;
+
+    cx_prestart_kick();
+    ms = waited(30, &go);
+    ok(go && ms < 5000, "a kick: the wait ends at once (%ld ms)", ms);
+
+    cx_prestart_kick_after(400);
+    ms = waited(30, &go);
+    ok(go && ms >= 390 && ms < 10000, "a refill put off 400 ms: waited %ld ms", ms);
+
+    cx_prestart_kick_after(1500);
+    ms = waited(1, &go);
+    ok(go && ms >= 1490, "a refill put off holds off the periodic one (%ld ms, not 1000)", ms);
+
+    cx_prestart_kick_after(400);
+    cx_prestart_kick_after(5000);
+    ms = waited(30, &go);
+    ok(go && ms < 4000, "a later ask does not put off an earlier one (%ld ms)", ms);
+
+    cx_prestart_kick_after(20000);
+    cx_prestart_kick();
+    ms = waited(30, &go);
+    ok(go && ms < 5000, "a kick overrides a refill put off (%ld ms)", ms);
+
+    ms = waited(1, &go);
+    ok(go && ms >= 990 && ms < 10000, "nothing asked: the periodic wait (%ld ms)", ms);
+
+    cx_prestart_kick_after(20000);
+    cx_prestart_shutdown();
+    ms = waited(30, &go);
+    ok(!go && ms < 5000, "shut down: the wait ends, false (%ld ms)", ms);
 }
 
 int
@@ -43,6 +95,7 @@ main(void)
     struct cxtest t;
     char id[37], kid[64], first[64], again[64];
     int started = -1, deleted = -1;
+    long left = -1;
 
     cxtest_open(&t, "prestart", "kernel_name = python3-sandbox\nkernel_pool_size = 2\n");
     ok(cx_prestart_fill(&t.cx, &started) == CX_OK && started == 2, "fill starts 2 kernels (%d)",
@@ -51,7 +104,8 @@ main(void)
     ok(cx_gateway_kernel_get(t.cx.gw, first, NULL) == CX_OK, "their kernels run");
     ok(cx_prestart_fill(&t.cx, &started) == CX_OK && started == 0, "a full pool starts nothing");
 
-    is_int(claim(&t, id, kid), 1, "a claim gets a kernel");
+    is_int(claim(&t, id, kid, &left), 1, "a claim gets a kernel");
+    is_int(left, 1, "and says it left one");
     is_str(kid, first, "the oldest");
     is_int(pooled(&t, NULL), 1, "its row is gone: it can never be handed out twice");
     ok(cx_gateway_kernel_delete(t.cx.gw, kid) == CX_OK,
@@ -68,7 +122,9 @@ main(void)
     is_int(pooled(&t, NULL), 0, "the pool is empty");
     is_int(cx_gateway_kernel_get(t.cx.gw, first, NULL), CX_ERR_NOT_FOUND,
            "and its kernels are gone");
-    is_int(claim(&t, id, kid), 0, "an empty pool: no kernel, not an error");
+    is_int(claim(&t, id, kid, &left), 0, "an empty pool: no kernel, not an error");
+    is_int(left, 0, "none left");
     cxtest_close(&t);
+    test_wait(); /* last: it ends with the shutdown */
     return tap_done();
 }
