@@ -37,9 +37,12 @@ CX_SQL(q_fill_lock, 1, "SELECT pg_try_advisory_lock(" FILL_KEY ")");
 CX_SQL(q_fill_unlock, 1, "SELECT pg_advisory_unlock(" FILL_KEY ")");
 
 static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t wake_cond; /* on the monotonic clock: a clock step
+                                    neither starts a refill early nor
+                                    holds one off */
+static pthread_once_t wake_once = PTHREAD_ONCE_INIT;
 static bool shut;
-static int64_t kick_at; /* realtime µs a refill is due at; 0: none asked */
+static int64_t kick_at; /* cx_now_us() a refill is due at; 0: none asked */
 
 enum cx_err
 cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, const char *kernel_name,
@@ -66,21 +69,35 @@ cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, const char *kernel
     return CX_OK;
 }
 
-static int64_t
-realtime_us(void)
-{
-    struct timespec ts;
+static bool wake_mono; /* wake_cond is on CLOCK_MONOTONIC */
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+static void
+wake_init(void)
+{
+    pthread_condattr_t a;
+
+    wake_mono = pthread_condattr_init(&a) == 0 &&
+                pthread_condattr_setclock(&a, CLOCK_MONOTONIC) == 0 &&
+                pthread_cond_init(&wake_cond, &a) == 0;
+    pthread_condattr_destroy(&a);
+    if (!wake_mono)
+        pthread_cond_init(&wake_cond, NULL); /* static-like: cannot fail */
+}
+
+/* The wake lock, held, the condition made. */
+static void
+wake_lock_take(void)
+{
+    pthread_once(&wake_once, wake_init);
+    pthread_mutex_lock(&wake_lock);
 }
 
 void
 cx_prestart_kick_after(unsigned ms)
 {
-    int64_t at = realtime_us() + (int64_t)ms * 1000;
+    int64_t at = cx_now_us() + (int64_t)ms * 1000;
 
-    pthread_mutex_lock(&wake_lock);
+    wake_lock_take();
     /* the earliest asked: a stream of claims never puts a refill off */
     if (kick_at == 0 || at < kick_at) {
         kick_at = at;
@@ -98,17 +115,22 @@ cx_prestart_kick(void)
 bool
 cx_prestart_wait(unsigned seconds)
 {
-    int64_t deadline = realtime_us() + (int64_t)seconds * 1000000;
+    int64_t deadline = cx_now_us() + (int64_t)seconds * 1000000;
     bool go;
 
-    pthread_mutex_lock(&wake_lock);
+    wake_lock_take();
     while (!shut) {
         /* a refill asked for later holds off the periodic one too */
-        int64_t until = kick_at ? kick_at : deadline, now = realtime_us();
+        int64_t until = kick_at ? kick_at : deadline, now = cx_now_us();
         struct timespec ts;
 
         if (now >= until)
             break;
+        if (!wake_mono) { /* on the wall clock, a second at most: a step costs one */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            until = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 +
+                    (until - now < 1000000 ? until - now : 1000000);
+        }
         ts.tv_sec = until / 1000000;
         ts.tv_nsec = (long)(until % 1000000) * 1000;
         pthread_cond_timedwait(&wake_cond, &wake_lock, &ts);
@@ -122,7 +144,7 @@ cx_prestart_wait(unsigned seconds)
 void
 cx_prestart_shutdown(void)
 {
-    pthread_mutex_lock(&wake_lock);
+    wake_lock_take();
     shut = true;
     pthread_cond_broadcast(&wake_cond);
     pthread_mutex_unlock(&wake_lock);
