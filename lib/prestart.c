@@ -338,6 +338,22 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
         rc = cx_kernel_execute(c, &all[i]);
     if (rc == CX_OK)
         rc = cx_kernel_wait(c, all, n, n, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+    if (rc == CX_OK && !cx_runend_carried(&e[1])) {
+        /* the preload failed, and IPython skipped the expressions: the
+         * epilogue and helper go in a cell of their own, so the
+         * conversation's first run need not carry them (lib/runexec.c) */
+        struct cx_exec x = {.silent = true,
+                            .code = "",
+                            .role = CX_EXEC_OWN,
+                            .user_expressions = uexpr,
+                            .metadata = meta};
+
+        rc = cx_kernel_execute(c, &x);
+        if (rc == CX_OK)
+            rc = cx_kernel_wait(c, &x, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+        x.user_expressions = x.metadata = NULL;
+        cx_exec_cleanup(&x, 1);
+    }
     for (int i = 0; rc == CX_OK && i < n; i++)
         if (!warm_ok(&all[i]))
             cx_log_warn(0, "%s: a module failed to import in pooled kernel %s",

@@ -330,6 +330,7 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
     if (rc == CX_ERR_KERNEL_DIED) {
         cx_runexec_note(r->st, CX_OUTCOME_DIED);
         r->s.reset = r->s.kernel_fresh = true;
+        r->s.from_pool = false; /* restarted: nothing of the warm cell */
         drop_conn(r);
     } else if (rc == CX_ERR_DB) {
         /* The conversation's lock went with the connection: the cell is

@@ -294,6 +294,7 @@ start_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msglen)
     }
     snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", kid);
     s->kernel_fresh = true;
+    s->from_pool = false; /* a kernel of its own now, never warmed */
     cx_log_info("session %s: kernel %s started", s->id, kid);
     return CX_OK;
 }
@@ -794,6 +795,7 @@ cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s)
     if (rc == CX_OK) {
         s->reset = true;
         s->kernel_fresh = true;
+        s->from_pool = false; /* a new process: nothing of the warm cell */
         cx_metrics_count_by(CX_FAMILY_KERNEL_RESTARTS, "timeout");
         cx_log_info("session %s: kernel %s restarted", s->id, s->kernel_id);
     }

@@ -37,7 +37,8 @@ struct cx_session {
     bool reset;          /* its kernel was replaced: state lost */
     bool kernel_fresh;   /* codexec started or restarted the kernel itself */
     bool capture_rescan; /* the next capture must not trust the last scan */
-    bool from_pool;      /* this acquire took a pooled kernel, warmed by this process */
+    bool from_pool;      /* this acquire took a pooled kernel (its warm cell loaded the
+                            epilogue): false once it is replaced or restarted */
     bool locked;
 };
 

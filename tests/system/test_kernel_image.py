@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 
-from harness import check, eq, wait_until
+from harness import check, eq, metric, wait_until
 from test_pool import pool_rows, set_pool
 from test_runs import run
 from test_sandbox import client, gateway, run as kernel_run
@@ -134,10 +134,13 @@ def test_preloaded_pooled_kernels(ctx):
     try:
         set_pool(ctx, 1)
         wait_until(lambda: len(pool_rows(ctx)) == 1, 120, "a preloaded pooled kernel")
+        trips = metric(ctx, "gateway_round_trips")
         r = run(ctx, "img-preload", "c1",
                 "import sys\nprint('pandas' in sys.modules, 'matplotlib.pyplot' in sys.modules,"
                 " 'pandas' in dir(), 'm' in dir())")
         eq(r["status"], "ok", f"{r!r}")
+        eq(metric(ctx, "gateway_round_trips") - trips, 1,
+           "one round trip: the failed preload's warm still loaded the epilogue")
         eq(r["stdout_tail"], "True True False False\n",
            "modules preloaded, nothing bound in the user's namespace")
         check("kernel_preload: a module failed to import" in ctx.log_text(),

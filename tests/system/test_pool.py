@@ -8,7 +8,7 @@ import signal
 import threading
 
 import fcgi_client
-from harness import check, eq, new_id, wait_until
+from harness import check, eq, metric, new_id, wait_until
 from test_runs import gateway, run, session_kernel
 
 # What a kernel shows its first run: the names it holds, its history, its
@@ -54,9 +54,12 @@ def test_pool_fills_and_hands_out_fresh_kernels(ctx):
     rows = wait_full(ctx)
     pooled = {k for _, k in rows}
     cid = new_id()
+    trips = metric(ctx, "gateway_round_trips")
     r = run(ctx, "pool-a", cid, PROBE)
     eq((r["status"], r["session"]["created"], r["session"]["reset"]), ("ok", True, False),
        f"a run on a pooled kernel {r!r}")
+    eq(metric(ctx, "gateway_round_trips") - trips, 1,
+       "one round trip: the first run sends no epilogue source, the warm cell loaded it")
     kid = session_kernel(ctx, "pool-a", cid)
     check(kid in pooled, f"the session's kernel {kid} came from the pool {pooled}")
     check(kid not in {k for _, k in pool_rows(ctx)}, "a claimed kernel leaves the pool")
