@@ -58,8 +58,13 @@ id_array(struct cx_buf *b, json_t *models, PGresult *r)
  * kernel's last_activity. A session kernel active within the last 2 s at
  * two sweeps in a row, with no run of its session since the first, keeps
  * producing output while idle: it is restarted (the drain catches the
- * ones we are connected to within a second). */
+ * ones we are connected to within a second). A session used (or its
+ * kernel restarted as a talker) within IDLE_AT_LEAST s is not idle
+ * whatever the sweeps' interval: a restart's start-up messages, seen at
+ * two sweeps a second apart (last_activity is read to the second), would
+ * otherwise restart it again, and again, by turns in two processes. */
 #define ACTIVE_WITHIN 2
+#define IDLE_AT_LEAST (ACTIVE_WITHIN + 3u)
 #define SEEN_MAX      1024
 static struct {
     char kernel_id[64];
@@ -123,6 +128,7 @@ idle_talkers(struct cx_ctx *cx, json_t *models)
     PGresult *r = NULL;
     char secs[16];
     const char *p[2] = {NULL, secs};
+    unsigned idle = 2 * cx->cfg->reaper_interval;
 
     cx_buf_init(&ids, 1 << 20);
     cx_buf_adds(&ids, "{");
@@ -134,7 +140,7 @@ idle_talkers(struct cx_ctx *cx, json_t *models)
             cx_buf_addf(&ids, "%s\"%s\"", ids.len > 1 ? "," : "", id);
     }
     cx_buf_adds(&ids, "}");
-    snprintf(secs, sizeof(secs), "%u", 2 * cx->cfg->reaper_interval);
+    snprintf(secs, sizeof(secs), "%u", idle > IDLE_AT_LEAST ? idle : IDLE_AT_LEAST);
     p[0] = ids.data;
     if (ids.len > 2 && !cx_buf_err(&ids) && cx_db_exec(cx->db, &q_idle_sessions, p, &r) == CX_OK)
         for (int k = 0; k < PQntuples(r); k++)

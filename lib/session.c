@@ -807,6 +807,10 @@ cx_session_restart_kernel(struct cx_ctx *cx, struct cx_session *s)
 CX_SQL(q_by_kernel, 2,
        "SELECT user_id, conversation_id, id, last_used_at > now() - interval '3 seconds'"
        " FROM sessions WHERE kernel_id = $1 AND gateway_url = $2");
+/* A restarted talker's start-up (its status messages, the server's
+ * last_activity) is no talk: marked as a use, every process's sweep leaves
+ * it alone for a while (lib/maint.c, q_idle_sessions). */
+CX_SQL(q_restarted, 1, "UPDATE sessions SET last_used_at = now() WHERE id = $1::uuid");
 
 /* A kernel a pooled connection found talking, heard out under its
  * conversation's lock (no run or file operation can be using it) on that
@@ -882,6 +886,10 @@ restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t, bool heard)
     }
     cx_kernel_pool_forget(t->kernel_id);
     if (cx_gateway_kernel_restart(gw, t->kernel_id) == CX_OK) {
+        const char *sid[1] = {PQgetvalue(r, 0, 2)};
+
+        if (cx_db_exec(cx->db, &q_restarted, sid, NULL))
+            cx_log_warn(0, "session %s: could not note its kernel's restart", sid[0]);
         cx_metrics_count_by(CX_FAMILY_KERNEL_RESTARTS, "idle_output");
         cx_log_warn(0, "session %s: kernel %s kept sending output with no run; restarted",
                     PQgetvalue(r, 0, 2), t->kernel_id);

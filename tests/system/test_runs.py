@@ -5,6 +5,7 @@ import hashlib
 import json
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -238,6 +239,46 @@ def test_a_kernel_without_the_sources_asks_for_them(ctx):
         proc.terminate()
         proc.wait(timeout=30)
         ctx.psql("DELETE FROM sessions WHERE user_id = 'u-notemplate'")
+
+
+def test_a_pooled_kernel_of_its_own_has_the_sources_from_its_warm_cell(ctx):
+    """A pooled kernel started on its own (template = false: none of the
+    template's copy of the epilogue) gets the sources in its warm cell, also
+    when a kernel_preload module fails (IPython then skips the cell's
+    expressions): the conversation's first run sends none and is one round
+    trip."""
+    name = ctx.test_kernelspec({"template": "false"})
+    sock, proc = ctx.spawn_fcgi("no-template-pool", {
+        "kernel_name": name, "kernel_pool_size": "1", "kernel_preload": "json, no_such_module_x"})
+    key = ctx.key("u-notemplate-pool")
+
+    def ready():
+        return ctx.psql("SELECT kernel_id FROM prestarted_kernels WHERE ready"
+                        f" AND kernel_name = '{name}'")
+
+    def trips():
+        _, _, text = fcgi_client.request(sock, "GET", "/metrics", b"", {"REMOTE_ADDR": "127.0.0.1"})
+        return int(re.search(rb"^codexec_gateway_round_trips_total (\d+)$", text, re.M).group(1))
+
+    try:
+        pooled = wait_until(ready, 90, "a pooled kernel of its own")
+        before = trips()
+        body = json.dumps({"conversation_id": "c1", "code": "import os\nprint(os.getpid() != 1)",
+                           "timeout": 30}).encode()
+        status, _, out = fcgi_client.request(sock, "POST", "/v1/runs", body,
+                                             {"HTTP_AUTHORIZATION": f"Bearer {key}"})
+        eq(status, 200, f"{out[:300]!r}")
+        r = json.loads(out)
+        eq((r["stdout_tail"], r["session"]["created"]), ("True\n", True),
+           "a new conversation on a kernel of its own")
+        eq(session_kernel(ctx, "u-notemplate-pool", "c1"), pooled.strip(), "the pooled one")
+        eq(trips() - before, 1, "one round trip: the warm cell loaded the epilogue")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        ctx.psql("DELETE FROM sessions WHERE user_id = 'u-notemplate-pool'")
+        subprocess.run([ctx.st.admin, "--config", ctx.st.conf, "pool", "drain"], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_concurrent_runs_in_one_conversation_are_serialised(ctx):
