@@ -245,7 +245,10 @@ prune(struct cx_ctx *cx, int kept[CX_LANG__COUNT])
  * config parser as dotted identifiers, so they are safe inside a string
  * literal) into sys.modules without binding a name in the user's namespace.
  * A module that fails is skipped and the cell ends with an error, which
- * start_one logs. "" without preload. Free with free(). */
+ * start_one logs. Without preload a cell that binds nothing either, but
+ * still takes IPython's whole path (an empty one returns before it): its
+ * hooks, the compile cache, the AST, the display hook (a last expression of
+ * None publishes nothing). Free with free(). */
 static char *
 preload_cell(const char *modules)
 {
@@ -264,7 +267,7 @@ preload_cell(const char *modules)
     char *code = malloc(n);
 
     if (code && !*modules)
-        code[0] = '\0';
+        snprintf(code, n, "pass\nNone\n");
     else if (code)
         snprintf(code, n, fmt, modules);
     return code;
@@ -318,7 +321,7 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
     json_t *meta = cx_capture_metadata(cx->cfg, kid, NULL, false, true);
     json_t *uexpr = meta ? cx_runend_expr(kid, true, meta, true) : NULL;
     bool inner = lang != CX_LANG_PYTHON;
-    char *code = preload_cell(inner ? "" : cx_config_preload(cx->cfg, lang));
+    char *code = inner ? strdup("") : preload_cell(cx_config_preload(cx->cfg, lang));
     char *lcode = inner ? inner_warm_cell(lang, cx_config_preload(cx->cfg, lang)) : NULL;
     /* The Python cell is not silent (nor kept in the history: the count
      * stays 1): IPython's first cell that is costs ~8 ms of first-time

@@ -867,10 +867,12 @@ restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t, bool heard)
     const char *p[2] = {t->kernel_id, t->gateway_url};
     struct cx_gateway *gw = cx_ctx_gateway(cx, t->gateway_url);
     PGresult *r = NULL;
-    bool got = false, done = false;
+    const char *sid[1];
+    bool got = false, done = false, ok;
 
     if (!gw || cx_db_exec(cx->db, &q_by_kernel, p, &r) || PQntuples(r) != 1)
         goto out; /* a pooled kernel (no tenant code), or gone */
+    sid[0] = PQgetvalue(r, 0, 2);
     /* Just used: what it sent may be that use's. (The sweep's sightings
      * can fall within a long file read, whose session's last use is its
      * start; a kernel that goes on talking is found again.) */
@@ -885,11 +887,12 @@ restart_talker(struct cx_ctx *cx, const struct cx_kernel_talker *t, bool heard)
         goto out;
     }
     cx_kernel_pool_forget(t->kernel_id);
-    if (cx_gateway_kernel_restart(gw, t->kernel_id) == CX_OK) {
-        const char *sid[1] = {PQgetvalue(r, 0, 2)};
-
-        if (cx_db_exec(cx->db, &q_restarted, sid, NULL))
-            cx_log_warn(0, "session %s: could not note its kernel's restart", sid[0]);
+    ok = cx_gateway_kernel_restart(gw, t->kernel_id) == CX_OK;
+    /* also when the call failed: a restart that timed out here may still
+     * finish on the server, and its start-up is no talk either */
+    if (cx_db_exec(cx->db, &q_restarted, sid, NULL))
+        cx_log_warn(0, "session %s: could not note its kernel's restart", sid[0]);
+    if (ok) {
         cx_metrics_count_by(CX_FAMILY_KERNEL_RESTARTS, "idle_output");
         cx_log_warn(0, "session %s: kernel %s kept sending output with no run; restarted",
                     PQgetvalue(r, 0, 2), t->kernel_id);

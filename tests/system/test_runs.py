@@ -246,7 +246,8 @@ def test_a_pooled_kernel_of_its_own_has_the_sources_from_its_warm_cell(ctx):
     template's copy of the epilogue) gets the sources in its warm cell, also
     when a kernel_preload module fails (IPython then skips the cell's
     expressions): the conversation's first run sends none and is one round
-    trip."""
+    trip. A pooled kernel deleted behind codexec's back before its claim is
+    replaced by a kernel started for the run."""
     name = ctx.test_kernelspec({"template": "false"})
     sock, proc = ctx.spawn_fcgi("no-template-pool", {
         "kernel_name": name, "kernel_pool_size": "1", "kernel_preload": "json, no_such_module_x"})
@@ -273,6 +274,19 @@ def test_a_pooled_kernel_of_its_own_has_the_sources_from_its_warm_cell(ctx):
            "a new conversation on a kernel of its own")
         eq(session_kernel(ctx, "u-notemplate-pool", "c1"), pooled.strip(), "the pooled one")
         eq(trips() - before, 1, "one round trip: the warm cell loaded the epilogue")
+        # a pooled kernel gone before its claim: the run starts one of its
+        # own, which no warm cell has served (its round trips depend on when
+        # the dead kernel's connection is found closed: not counted here)
+        gone = wait_until(ready, 90, "the pool refilled").strip()
+        status, _ = gateway(ctx, "DELETE", f"/api/kernels/{gone}")
+        eq(status, 204, "the pooled kernel deleted behind codexec's back")
+        body = json.dumps({"conversation_id": "c2", "code": "print(1)", "timeout": 60}).encode()
+        status, _, out = fcgi_client.request(sock, "POST", "/v1/runs", body,
+                                             {"HTTP_AUTHORIZATION": f"Bearer {key}"})
+        eq(status, 200, f"{out[:300]!r}")
+        eq(json.loads(out)["stdout_tail"], "1\n", "the run, on a kernel started for it")
+        check(session_kernel(ctx, "u-notemplate-pool", "c2") not in ("", gone),
+              "not the deleted kernel")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
