@@ -59,7 +59,7 @@ def test_pool_fills_and_hands_out_fresh_kernels(ctx):
     eq((r["status"], r["session"]["created"], r["session"]["reset"]), ("ok", True, False),
        f"a run on a pooled kernel {r!r}")
     eq(metric(ctx, "gateway_round_trips") - trips, 1,
-       "one round trip: the first run sends no epilogue source, the warm cell loaded it")
+       "one round trip: no source sent, none asked for (the template's or the warm cell's)")
     kid = session_kernel(ctx, "pool-a", cid)
     check(kid in pooled, f"the session's kernel {kid} came from the pool {pooled}")
     check(kid not in {k for _, k in pool_rows(ctx)}, "a claimed kernel leaves the pool")
