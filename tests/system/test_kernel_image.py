@@ -140,7 +140,8 @@ def test_preloaded_pooled_kernels(ctx):
                 " 'pandas' in dir(), 'm' in dir())")
         eq(r["status"], "ok", f"{r!r}")
         eq(metric(ctx, "gateway_round_trips") - trips, 1,
-           "one round trip: the kernel has the epilogue (the template's; test_runs checks a kernel of its own)")
+           "one round trip: the kernel has the epilogue (the template's; test_runs checks"
+           " a kernel of its own)")
         eq(r["stdout_tail"], "True True False False\n",
            "modules preloaded, nothing bound in the user's namespace")
         check("kernel_preload: a module failed to import" in ctx.log_text(),
