@@ -89,9 +89,9 @@ log_conn_error(struct cx_db *db, const char *what)
 static bool
 name_connection(PGconn *conn)
 {
-    PGresult *r = PQexec(conn, "SELECT set_config('codexec.backend_start', to_char(backend_start"
-                               " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), false)"
-                               " FROM pg_stat_activity WHERE pid = pg_backend_pid()");
+    static const char sql[] = "SELECT set_config('codexec.backend_start', " CX_SQL_UTC_US(
+        "backend_start") ", false) FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+    PGresult *r = PQexec(conn, sql);
     bool ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
 
     PQclear(r);

@@ -38,6 +38,8 @@ struct cx_sql {
 #define CX_SQL_UTC(col) "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
 #define CX_SQL_UTC_MS(col)                                                                         \
     "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+#define CX_SQL_UTC_US(col)                                                                         \
+    "to_char(" col " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
 
 /* Creates a handle; connects on first use. Free with cx_db_free(). */
 enum cx_err cx_db_new(const char *conninfo, struct cx_db **out) CX_MUSTCHECK;

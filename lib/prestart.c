@@ -315,6 +315,17 @@ warm_ok(const struct cx_exec *e)
  * run, so the first real run pays none of it. A JavaScript or R kernel
  * first runs a cell of its own language (its preload), then the same
  * Python cell in its front kernel. */
+/* Sends the cells and waits for them all (a start-up's imports: 120 s). */
+static enum cx_err
+run_cells(struct cx_kernel_conn *c, struct cx_exec *cells, int n)
+{
+    enum cx_err rc = CX_OK;
+
+    for (int i = 0; rc == CX_OK && i < n; i++)
+        rc = cx_kernel_execute(c, &cells[i]);
+    return rc ? rc : cx_kernel_wait(c, cells, n, n, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+}
+
 static enum cx_err
 warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang lang)
 {
@@ -337,10 +348,8 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
     int n = inner ? 2 : 1;
     enum cx_err rc = uexpr && meta && code && (lcode || !inner) ? CX_OK : CX_ERR_NOMEM;
 
-    for (int i = 0; rc == CX_OK && i < n; i++)
-        rc = cx_kernel_execute(c, &all[i]);
     if (rc == CX_OK)
-        rc = cx_kernel_wait(c, all, n, n, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+        rc = run_cells(c, all, n);
     if (rc == CX_OK && !cx_runend_carried(&e[1])) {
         /* the preload failed, and IPython skipped the expressions: the
          * epilogue and helper go in a cell of their own, so the
@@ -351,10 +360,7 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
                             .user_expressions = uexpr,
                             .metadata = meta};
 
-        rc = cx_kernel_execute(c, &x);
-        if (rc == CX_OK)
-            rc = cx_kernel_wait(c, &x, 1, 1, cx_now_us() + 120 * 1000000LL, NULL, NULL);
-        x.user_expressions = x.metadata = NULL;
+        rc = run_cells(c, &x, 1);
         cx_exec_cleanup(&x, 1);
     }
     for (int i = 0; rc == CX_OK && i < n; i++)
