@@ -15,14 +15,6 @@
 #include "budget.h"
 #include "util.h"
 
-/* The third column counts the ready kernels as the statement found them,
- * the claimed one among them. */
-CX_SQL(q_claim, 2,
-       "WITH c AS (DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"
-       " WHERE gateway_url = $1 AND kernel_name = $2 AND ready ORDER BY created_at LIMIT 1"
-       " FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id)"
-       " SELECT c.id, c.kernel_id, (SELECT count(*) FROM prestarted_kernels"
-       " WHERE gateway_url = $1 AND kernel_name = $2 AND ready) FROM c");
 CX_SQL(q_list, 1,
        "SELECT id, kernel_id, kernel_name, ready FROM prestarted_kernels WHERE gateway_url = $1"
        " ORDER BY created_at");
@@ -43,31 +35,6 @@ static pthread_cond_t wake_cond; /* on the monotonic clock: a clock step
 static pthread_once_t wake_once = PTHREAD_ONCE_INIT;
 static bool shut;
 static int64_t kick_at; /* cx_now_us() a refill is due at; 0: none asked */
-
-enum cx_err
-cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, const char *kernel_name,
-                  char id_out[37], char kernel_out[64], bool *got, long *left)
-{
-    const char *p[2] = {gateway_url, kernel_name};
-    PGresult *r = NULL;
-    enum cx_err rc;
-
-    *got = false;
-    *left = 0;
-    if (!kernel_name)
-        return CX_OK;
-    rc = cx_db_exec(cx->db, &q_claim, p, &r);
-    if (rc)
-        return rc;
-    if (PQntuples(r) == 1) {
-        snprintf(id_out, 37, "%s", PQgetvalue(r, 0, 0));
-        snprintf(kernel_out, 64, "%s", PQgetvalue(r, 0, 1));
-        *left = strtol(PQgetvalue(r, 0, 2), NULL, 10) - 1;
-        *got = true;
-    }
-    PQclear(r);
-    return CX_OK;
-}
 
 static bool wake_mono; /* wake_cond is on CLOCK_MONOTONIC */
 

@@ -19,13 +19,18 @@
 /* How long a claim that left a kernel in the pool puts its refill off. */
 #define CX_POOL_REFILL_DELAY_MS 2000
 
-/* Inside the caller's transaction: takes the oldest pooled kernel of the
- * gateway and kernelspec. *got is false when none is ready (not an error).
- * id_out becomes the session's id; *left is how many ready kernels the
- * claim left (as far as it saw). */
-enum cx_err cx_prestart_claim(struct cx_ctx *cx, const char *gateway_url, const char *kernel_name,
-                              char id_out[37], char kernel_out[64], bool *got,
-                              long *left) CX_MUSTCHECK;
+/* The claim, as two CTEs for the statement that makes the kernel a
+ * session's ($1 the gateway's URL, $2 the kernelspec): claim (id,
+ * kernel_id) is the oldest ready kernel, its row deleted (SKIP LOCKED: never
+ * handed out twice; a failure of the statement puts it back), and pool
+ * (ready) counts the ready kernels as the statement found them, the claimed
+ * one among them. The session takes the row's id. */
+#define CX_PRESTART_CLAIM_CTES                                                                     \
+    "claim AS (DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"       \
+    " WHERE gateway_url = $1 AND kernel_name = $2 AND ready ORDER BY created_at LIMIT 1"           \
+    " FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id),"                                           \
+    " pool AS (SELECT count(*) AS ready FROM prestarted_kernels"                                   \
+    " WHERE gateway_url = $1 AND kernel_name = $2 AND ready)"
 
 /* Wakes the refilling thread now (a pool emptied, or a kernel wanted). */
 void cx_prestart_kick(void);

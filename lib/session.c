@@ -30,7 +30,8 @@ CX_SQL(q_lock_try, 2, "SELECT pg_try_advisory_lock(" CONV_KEY ")");
 CX_SQL(q_lock_reset, 0, "SELECT set_config('lock_timeout', '0', false)");
 CX_SQL(q_unlock, 2, "SELECT pg_advisory_unlock(" CONV_KEY ")");
 CX_SQL(q_user_lock, 2,
-       "SELECT set_config('lock_timeout', $2, false), pg_advisory_lock(" USER_KEY ")");
+       "SELECT set_config('lock_timeout', $2, false), pg_advisory_lock(" USER_KEY "),"
+       " set_config('lock_timeout', '0', false)");
 CX_SQL(q_user_unlock, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
 
 #define EXPIRES CX_SQL_UTC("expires_at")
@@ -52,6 +53,17 @@ CX_SQL(q_insert, 7,
        "INSERT INTO sessions (id, user_id, conversation_id, gateway_url, expires_at, workspace,"
        " language) VALUES ($1::uuid, $2, $3, $4, now() + make_interval(secs => $5::int), $6, $7)"
        " RETURNING " EXPIRES);
+/* A pooled kernel claimed and the session's row made of it, in one
+ * statement: one round trip, one commit, and a failure leaves the kernel
+ * pooled. No row: the pool had none ready. $1 and $2 are the claim's
+ * (lib/prestart.h), then user, conversation, ttl, language. */
+CX_SQL(q_insert_pooled, 6,
+       "WITH " CX_PRESTART_CLAIM_CTES ", s AS (INSERT INTO sessions (id, user_id,"
+       " conversation_id, gateway_url, expires_at, workspace, language, kernel_id, kernel_fresh)"
+       " SELECT claim.id, $3, $4, $1, now() + make_interval(secs => $5::int),"
+       " '" CX_WORKSPACE_PREFIX "' || claim.id, $6, claim.kernel_id, true FROM claim"
+       " RETURNING id, kernel_id, workspace, " EXPIRES " AS expires)"
+       " SELECT s.id, s.kernel_id, s.workspace, s.expires, pool.ready FROM s, pool");
 CX_SQL(q_set_kernel, 3,
        "UPDATE sessions SET kernel_id = $2, gateway_url = $3, kernel_fresh = true"
        " WHERE id = $1::uuid");
@@ -77,7 +89,7 @@ CX_SQL(q_expired, 1,
 void
 cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX])
 {
-    snprintf(out, CX_WORKSPACE_MAX, "w-%s", id);
+    snprintf(out, CX_WORKSPACE_MAX, CX_WORKSPACE_PREFIX "%s", id);
 }
 
 /* Takes the conversation's lock if no one holds it; never waits. */
@@ -316,44 +328,45 @@ insert_row(struct cx_ctx *cx, struct cx_session *s, const char *const *p)
     return CX_OK;
 }
 
-/* Takes a pre-started kernel, in one transaction with the session's row:
- * a failure puts the kernel back in the pool. *got is false when the pool
- * is empty. */
+/* Takes a pre-started kernel and makes the session's row of it, in one
+ * statement: a failure leaves the kernel pooled. *got is false when the
+ * pool has none ready; *left is how many ready kernels the claim left (as
+ * far as it saw: a claim at the same moment counts as not yet taken). */
 static enum cx_err
-create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *const *p, bool *got,
-                 long *left)
+create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool *got, long *left)
 {
-    char kid[64];
-    const char *k[3] = {s->id, kid, s->gateway_url};
+    const char *p[6] = {s->gateway_url,
+                        cx_config_kernel_name(cx->cfg, s->lang),
+                        s->user,
+                        s->conversation_id,
+                        ttl,
+                        cx_lang_name(s->lang)};
+    PGresult *r = NULL;
     enum cx_err rc;
 
-    rc = cx_db_begin(cx->db);
+    *got = false;
+    *left = 0;
+    if (!p[1])
+        return CX_OK;
+    rc = cx_db_exec(cx->db, &q_insert_pooled, p, &r);
     if (rc)
         return rc;
-    rc = cx_prestart_claim(cx, s->gateway_url, cx_config_kernel_name(cx->cfg, s->lang), s->id, kid,
-                           got, left);
-    if (rc || !*got)
-        goto fail;
-    rc = insert_row(cx, s, p);
-    if (rc == CX_OK)
-        rc = cx_db_exec(cx->db, &q_set_kernel, k, NULL);
-    if (rc)
-        goto fail;
-    rc = cx_db_commit(cx->db);
-    if (rc) {
-        *got = false; /* rolled back: the kernel is still pooled */
-        return rc;
+    if (PQntuples(r) == 1) {
+        snprintf(s->id, sizeof(s->id), "%s", PQgetvalue(r, 0, 0));
+        snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", PQgetvalue(r, 0, 1));
+        snprintf(s->workspace, sizeof(s->workspace), "%s", PQgetvalue(r, 0, 2));
+        snprintf(s->expires_at, sizeof(s->expires_at), "%s", PQgetvalue(r, 0, 3));
+        *left = strtol(PQgetvalue(r, 0, 4), NULL, 10) - 1;
+        *got = true;
     }
-    snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", kid);
+    PQclear(r);
+    if (!*got)
+        return CX_OK;
     s->kernel_fresh = true;
     s->from_pool = true;
     s->created = true;
-    cx_log_info("session %s created with pooled kernel %s", s->id, kid);
+    cx_log_info("session %s created with pooled kernel %s", s->id, s->kernel_id);
     return CX_OK;
-fail:
-    cx_db_rollback(cx->db);
-    *got = false;
-    return rc;
 }
 
 /* Ends room_begin(). */
@@ -380,9 +393,7 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
     /* Waits as a run waits for its conversation (busy_wait), never for
      * ever: another creation of this user's may take a while. */
     snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait ? cx->cfg->busy_wait : 1);
-    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
-    if (cx_db_exec(cx->db, &q_lock_reset, NULL, NULL))
-        cx_log_warn(0, "could not reset lock_timeout");
+    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL); /* a timeout rolls the setting back */
     if (rc && !strcmp(cx_db_sqlstate(cx->db), "55P03")) {
         snprintf(msg, msglen, "another session of this user is being started; retry later");
         return CX_ERR_CONFLICT;
@@ -569,7 +580,7 @@ create_session(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg,
     if (cx_config_pool_size(cx->cfg, s->lang) > 0 && pick_gateway(cx, s, &room, &max) == CX_OK) {
         bool got = false;
         long left = 0;
-        rc = create_from_pool(cx, s, p, &got, &left);
+        rc = create_from_pool(cx, s, ttl_s, &got, &left);
         /* taken, or wanted: the pool refills, after the new conversation's
          * first runs while the pool still holds a kernel */
         if (got && left > 0)

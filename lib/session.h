@@ -18,7 +18,8 @@ struct cx_kernel_conn;
 
 /* A session's workspace directory on the gateway: "w-<session id>", the
  * same for a pooled kernel's (its id becomes the session's). */
-#define CX_WORKSPACE_MAX 48
+#define CX_WORKSPACE_MAX    48
+#define CX_WORKSPACE_PREFIX "w-" /* then the session's id */
 void cx_session_workspace_name(const char *id, char out[CX_WORKSPACE_MAX]);
 
 struct cx_gateway;

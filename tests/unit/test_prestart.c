@@ -1,13 +1,20 @@
 /* The kernel pool against the suite's PostgreSQL and Jupyter server: fill,
- * claim once only (saying how many it left), a pooled kernel that vanished
+ * claim once only (saying how many it left), a session made of a pooled
+ * kernel in the same statement, a pooled kernel that vanished
  * is replaced, drain; the refilling thread's wait: a refill put off is not
  * started early, a refill asked for now is. */
 #include "../../lib/db.h"
 #include "../../lib/gateway.h"
 #include "../../lib/prestart.h"
+#include "../../lib/session.h"
 #include "cxtest.h"
 
 CX_SQL(q_pooled, 0, "SELECT kernel_id FROM prestarted_kernels ORDER BY created_at");
+/* The claim's CTEs alone (the sessions' statement adds the row). */
+CX_SQL(q_claim, 2,
+       "WITH " CX_PRESTART_CLAIM_CTES " SELECT claim.id, claim.kernel_id, pool.ready"
+       " FROM claim, pool");
+CX_SQL(q_session, 1, "SELECT kernel_id, workspace, kernel_fresh FROM sessions WHERE id = $1::uuid");
 
 /* The pooled kernel ids, or the count only (ids NULL). */
 static int
@@ -29,14 +36,51 @@ pooled(struct cxtest *t, char first[64])
 static int
 claim(struct cxtest *t, char id[37], char kernel[64], long *left)
 {
-    bool got = false;
+    const char *p[2] = {t->cfg.gateways[0].url, t->cfg.kernel_name};
+    PGresult *r = NULL;
+    int got;
 
-    if (cx_db_begin(t->cx.db) || cx_prestart_claim(&t->cx, t->cfg.gateways[0].url,
-                                                   t->cfg.kernel_name, id, kernel, &got, left)) {
-        cx_db_rollback(t->cx.db);
+    if (cx_db_exec(t->cx.db, &q_claim, p, &r))
         return -1;
+    got = PQntuples(r) == 1;
+    *left = 0;
+    if (got) {
+        snprintf(id, 37, "%s", PQgetvalue(r, 0, 0));
+        snprintf(kernel, 64, "%s", PQgetvalue(r, 0, 1));
+        *left = strtol(PQgetvalue(r, 0, 2), NULL, 10) - 1;
     }
-    return cx_db_commit(t->cx.db) ? -1 : got;
+    PQclear(r);
+    return got;
+}
+
+/* A new conversation's session takes the oldest pooled kernel, its row's
+ * id and so its workspace, in the statement that claims it. */
+static void
+session_of_pooled(struct cxtest *t)
+{
+    struct cx_session s;
+    char msg[CX_MSG_MAX] = "", first[64] = "", ws[CX_WORKSPACE_MAX];
+    const char *p[1] = {s.id};
+    PGresult *r = NULL;
+
+    pooled(t, first);
+    need(cx_session_acquire(&t->cx, "bob", "pooled", 60, CX_LANG_PYTHON, &s, msg, sizeof(msg)) ==
+             CX_OK,
+         "a new conversation's session (%s)", msg);
+    ok(s.created && s.from_pool && s.kernel_fresh, "made of a pooled kernel");
+    is_str(s.kernel_id, first, "the oldest");
+    is_int(pooled(t, NULL), 1, "its pooled row is gone");
+    cx_session_workspace_name(s.id, ws);
+    is_str(s.workspace, ws, "its workspace is named after the row's id, the session's");
+    ok(s.expires_at[0] != '\0', "and it expires");
+    ok(cx_db_exec(t->cx.db, &q_session, p, &r) == CX_OK && PQntuples(r) == 1 &&
+           !strcmp(PQgetvalue(r, 0, 0), first) && !strcmp(PQgetvalue(r, 0, 1), ws) &&
+           PQgetvalue(r, 0, 2)[0] == 't',
+       "its row: the kernel, the workspace, a fresh kernel");
+    PQclear(r);
+    cx_session_release(&t->cx, &s);
+    ok(cx_session_close(&t->cx, "bob", "pooled") == CX_OK, "closed: its kernel goes");
+    is_int(cx_gateway_kernel_get(t->cx.gw, first, NULL), CX_ERR_NOT_FOUND, "it is gone");
 }
 
 /* Milliseconds cx_prestart_wait(seconds) waited. */
@@ -111,6 +155,9 @@ main(void)
     ok(cx_gateway_kernel_delete(t.cx.gw, kid) == CX_OK,
        "the claimed kernel deleted (a session's now)");
 
+    ok(cx_prestart_fill(&t.cx, &started) == CX_OK && started == 1, "fill makes it 2 again (%d)",
+       started);
+    session_of_pooled(&t);
     ok(pooled(&t, again) == 1 && cx_gateway_kernel_delete(t.cx.gw, again) == CX_OK,
        "the remaining pooled kernel vanishes behind the pool's back");
     ok(cx_prestart_fill(&t.cx, &started) == CX_OK && started == 2,
