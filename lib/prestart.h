@@ -3,10 +3,10 @@
  * A new conversation's first run pays for a kernel start-up (most of a
  * second) unless a kernel is waiting for it. Pooled kernels are rows of
  * prestarted_kernels in PostgreSQL, so every codexec process sharing the
- * database shares the pool: a claim deletes the row inside the creating
- * transaction (SKIP LOCKED), so no kernel is ever handed out twice, and a
- * kernel never returns to the pool, so nothing of a previous owner can reach
- * the next one. One process at a time refills (an advisory lock), in a
+ * database shares the pool: a claim deletes the row in the statement that
+ * inserts the session (SKIP LOCKED), so no kernel is ever handed out twice,
+ * and a kernel never returns to the pool, so nothing of a previous owner
+ * can reach the next one. One process at a time refills (an advisory lock), in a
  * background thread. Each language has a pool of its own kernelspec
  * (kernel_pool_size, kernel_pool_size_javascript, kernel_pool_size_r). */
 #ifndef CX_PRESTART_H

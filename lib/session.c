@@ -398,8 +398,12 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
         snprintf(msg, msglen, "another session of this user is being started; retry later");
         return CX_ERR_CONFLICT;
     }
-    if (rc)
+    if (rc) {
+        /* a session-level lock outlives the failed statement that took it */
+        if (cx_db_connection_ok(cx->db) && cx_db_exec(cx->db, &q_user_unlock, ul, NULL))
+            cx_log_warn(0, "user advisory unlock failed; the lock ends with the connection");
         return rc;
+    }
     cx_db_pin(cx->db);
     rc = make_room(cx, s->user, s->conversation_id);
     if (rc == CX_ERR_QUOTA)

@@ -1090,6 +1090,9 @@ def main():
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "performance.md"))
     ap.add_argument("--keep", action="store_true", help="keep the stack's directory (logs)")
     ap.add_argument("--idle", type=int, default=1000, help="the density section's conversations")
+    ap.add_argument("--cold", type=int, default=8,
+                    help="new conversations a cold-start row times (a first run's ratio close "
+                         "to 1 wants more than the default)")
     ap.add_argument("--only", action="append",
                     choices=["run", "stream", "cold", "capture", "download", "files", "s3",
                              "concurrency", "capacity", "density", "mcp", "dropins", "languages"],
@@ -1124,8 +1127,8 @@ def main():
         if want("stream"):
             streaming(b, a.runs)
         if want("cold"):
-            cold_start(b, 3 if a.smoke else 8)
-            cold_imports(b, 3 if a.smoke else 8)
+            cold_start(b, 3 if a.smoke else a.cold)
+            cold_imports(b, 3 if a.smoke else a.cold)
         if want("capture") or want("download"):
             big = capture(b)
         if want("download"):
