@@ -3,9 +3,15 @@
  * per-user cap and its eviction, a vanished kernel, close and reap. */
 #include <unistd.h>
 
+#include "../../lib/db.h"
 #include "../../lib/gateway.h"
 #include "../../lib/session.h"
 #include "cxtest.h"
+
+/* lib/session.c's lock on a user's session creations, held from outside. */
+#define USER_KEY "hashtextextended('user' || E'\\n' || $1, 1)"
+CX_SQL(q_hold_user, 1, "SELECT pg_advisory_lock(" USER_KEY ")");
+CX_SQL(q_free_user, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
 
 #define CONF "kernel_name = python3-sandbox\nbusy_wait = 1\nmax_sessions_per_user = 2\n"
 
@@ -100,6 +106,23 @@ cap_and_eviction(struct cxtest *t, struct cx_ctx *other, struct cx_ctx *third)
     cx_session_release(other, &b);
 }
 
+/* A creation that waits busy_wait for the user's creation lock: a
+ * conflict (409), and the lock is not left behind. */
+static void
+creation_busy(struct cxtest *t, struct cx_ctx *other)
+{
+    const char *u[1] = {"bob"};
+    struct cx_session s;
+
+    need(cx_db_exec(other->db, &q_hold_user, u, NULL) == CX_OK, "bob's creation lock held");
+    is_int(acquire(&t->cx, "c9", 60, &s), CX_ERR_CONFLICT,
+           "a new conversation meanwhile: conflict after busy_wait");
+    ok(cx_db_exec(other->db, &q_free_user, u, NULL) == CX_OK, "let go");
+    ok(acquire(&t->cx, "c9", 60, &s) == CX_OK && s.created, "then it is created");
+    cx_session_release(&t->cx, &s);
+    ok(cx_session_close(&t->cx, "bob", "c9") == CX_OK, "and closed");
+}
+
 static void
 list_close_reap(struct cxtest *t)
 {
@@ -139,6 +162,7 @@ main(void)
     vanished(&t);
     cap_and_eviction(&t, &other, &third);
     list_close_reap(&t);
+    creation_busy(&t, &other);
     /* leave nothing running on the suite's gateway */
     {
         json_t *l = NULL;
