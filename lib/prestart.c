@@ -276,12 +276,6 @@ warm_ok(const struct cx_exec *e)
     return status && !strcmp(status, "ok");
 }
 
-/* Warms a new kernel on a connection to it: the preload and, once on the
- * empty workspace, the epilogue: it and the capture helper are compiled
- * and cached, their modules imported and the record written, as after any
- * run, so the first real run pays none of it. A JavaScript or R kernel
- * first runs a cell of its own language (its preload), then the same
- * Python cell in its front kernel. */
 /* Sends the cells and waits for them all (a start-up's imports: 120 s). */
 static enum cx_err
 run_cells(struct cx_kernel_conn *c, struct cx_exec *cells, int n)
@@ -293,6 +287,12 @@ run_cells(struct cx_kernel_conn *c, struct cx_exec *cells, int n)
     return rc ? rc : cx_kernel_wait(c, cells, n, n, cx_now_us() + 120 * 1000000LL, NULL, NULL);
 }
 
+/* Warms a new kernel on a connection to it: the preload and, once on the
+ * empty workspace, the epilogue: it and the capture helper are compiled
+ * and cached, their modules imported and the record written, as after any
+ * run, so the first real run pays none of it. A JavaScript or R kernel
+ * first runs a cell of its own language (its preload), then the same
+ * Python cell in its front kernel. */
 static enum cx_err
 warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang lang)
 {
@@ -337,8 +337,7 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
                         : lang == CX_LANG_R    ? "kernel_preload_r"
                                                : "kernel_preload_javascript",
                         kid);
-    e[1].user_expressions = e[1].metadata = NULL;
-    cx_exec_cleanup(e, 2);
+    cx_exec_cleanup(e, 2); /* the replies: uexpr and meta are ours */
     json_decref(uexpr);
     json_decref(meta);
     free(code);

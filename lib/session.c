@@ -27,7 +27,6 @@ CX_SQL(q_lock_wait, 3,
        "SELECT set_config('lock_timeout', $3, false), pg_advisory_lock(" CONV_KEY "),"
        " set_config('lock_timeout', '0', false)");
 CX_SQL(q_lock_try, 2, "SELECT pg_try_advisory_lock(" CONV_KEY ")");
-CX_SQL(q_lock_reset, 0, "SELECT set_config('lock_timeout', '0', false)");
 CX_SQL(q_unlock, 2, "SELECT pg_advisory_unlock(" CONV_KEY ")");
 CX_SQL(q_user_lock, 2,
        "SELECT set_config('lock_timeout', $2, false), pg_advisory_lock(" USER_KEY "),"
@@ -107,6 +106,21 @@ try_lock(struct cx_ctx *cx, const char *user, const char *cid, bool *got)
     return rc;
 }
 
+/* After a failed statement that waits for a lock (q_lock_wait, q_user_lock
+ * and what follows them): true when the wait timed out, busy (the
+ * lock_timeout it set went with the statement's rollback). Otherwise the
+ * lock may have been granted before the failure, and a session-level lock
+ * outlives the statement: it is let go (p: the unlock's parameters). */
+static bool
+lock_wait_timed_out(struct cx_ctx *cx, struct cx_sql *unlock, const char *const *p)
+{
+    if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
+        return true;
+    if (cx_db_connection_ok(cx->db) && cx_db_exec(cx->db, unlock, p, NULL))
+        cx_log_warn(0, "advisory unlock failed; the lock ends with the connection");
+    return false;
+}
+
 static enum cx_err
 lock_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool *got)
 {
@@ -122,10 +136,8 @@ lock_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool *go
     if (rc == CX_OK) {
         *got = true;
         cx_db_pin(cx->db);
-    } else if (!strcmp(cx_db_sqlstate(cx->db), "55P03")) {
-        rc = CX_OK; /* lock_timeout: busy */
-        if (cx_db_exec(cx->db, &q_lock_reset, NULL, NULL))
-            cx_log_warn(0, "could not reset lock_timeout");
+    } else if (lock_wait_timed_out(cx, &q_unlock, p)) {
+        rc = CX_OK; /* busy */
     }
     return rc;
 }
@@ -155,12 +167,7 @@ lock_and_touch(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool *g
         cx_db_pin(cx->db); /* the lock lives on this connection */
         return CX_OK;
     }
-    if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
-        return CX_OK; /* lock_timeout: busy (the setting went with the rollback) */
-    /* A session-level lock outlives the transaction that took it. */
-    if (cx_db_connection_ok(cx->db) && cx_db_exec(cx->db, &q_unlock, pl, NULL))
-        cx_log_warn(0, "advisory unlock failed; the lock ends with the connection");
-    return rc;
+    return lock_wait_timed_out(cx, &q_unlock, pl) ? CX_OK : rc; /* busy, or the failure */
 }
 
 static void
@@ -393,17 +400,13 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
     /* Waits as a run waits for its conversation (busy_wait), never for
      * ever: another creation of this user's may take a while. */
     snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait ? cx->cfg->busy_wait : 1);
-    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL); /* a timeout rolls the setting back */
-    if (rc && !strcmp(cx_db_sqlstate(cx->db), "55P03")) {
+    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
+    if (rc && lock_wait_timed_out(cx, &q_user_unlock, ul)) {
         snprintf(msg, msglen, "another session of this user is being started; retry later");
         return CX_ERR_CONFLICT;
     }
-    if (rc) {
-        /* a session-level lock outlives the failed statement that took it */
-        if (cx_db_connection_ok(cx->db) && cx_db_exec(cx->db, &q_user_unlock, ul, NULL))
-            cx_log_warn(0, "user advisory unlock failed; the lock ends with the connection");
+    if (rc)
         return rc;
-    }
     cx_db_pin(cx->db);
     rc = make_room(cx, s->user, s->conversation_id);
     if (rc == CX_ERR_QUOTA)
