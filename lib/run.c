@@ -343,6 +343,7 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
     } else if (rc) {
         cx_log_warn(0, "run %s: kernel connection failed: %s", r->id, cx_strerror(rc));
         snprintf(msg, msglen, "the connection to the kernel failed during the run");
+        drop_conn(r); /* broken, or through a server going away: not for the next run */
         return CX_ERR_GATEWAY;
     }
     if (f->events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST))

@@ -503,13 +503,21 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
             return CX_ERR_DB;
         }
         silent = replied && cx_kernel_conn_reads(st->conn) == before ? silent + 1 : 0;
+        /* A server that refuses its port while our WebSocket stays open is
+         * going away (a stop closes its listener first and its connections
+         * last, and one that fails on the way lingers so): its failure, not
+         * lost output, and not a vanished kernel's (a reply is in: what
+         * ran must not run again). A slow answer proves nothing. */
         if (silent >= 2) {
+            rc = cx_gateway_kernel_get(s->gw, s->kernel_id, NULL);
+            if (rc == CX_ERR_GATEWAY)
+                return rc;
             st->f.events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
             return CX_OK;
         }
         if (!st->f.any_message) {
             rc = cx_gateway_kernel_get(s->gw, s->kernel_id, NULL);
-            if (rc == CX_ERR_NOT_FOUND)
+            if (rc == CX_ERR_NOT_FOUND || rc == CX_ERR_GATEWAY)
                 return rc;
         }
     }

@@ -90,6 +90,19 @@ def test_postgresql_down(ctx):
     eq(run(ctx, user, new_id(), "print(1)")["stdout_tail"], "1\n", "runs work again")
 
 
+def run_in_thread(ctx, user, cid, code):
+    """A run posted from a thread, started: the thread, and a dict whose
+    "r" is the answer once the thread is joined."""
+    result = {}
+
+    def post():
+        result["r"] = ctx.post("/v1/runs", {"conversation_id": cid, "code": code}, key=ctx.key(user),
+                               timeout=120)
+    t = threading.Thread(target=post)
+    t.start()
+    return t, result
+
+
 def test_gateway_killed_mid_run(ctx):
     """The Jupyter server dies during a run: the run answers 502; uploads
     and downloads never needed it; once it is back the conversation runs
@@ -98,13 +111,7 @@ def test_gateway_killed_mid_run(ctx):
     user, cid = "fault-gw", new_id()
     run(ctx, user, cid, "x = 1")
     art = upload(ctx, user, b"bytes").json()["artifact_id"]
-    result = {}
-
-    def slow():
-        result["r"] = ctx.post("/v1/runs", {"conversation_id": cid, "code": "import time\ntime.sleep(5)"},
-                               key=ctx.key(user), timeout=120)
-    t = threading.Thread(target=slow)
-    t.start()
+    t, result = run_in_thread(ctx, user, cid, "import time\ntime.sleep(5)")
     time.sleep(1.5)
     st.kill_pidfile("jupyter")
     try:
@@ -124,6 +131,43 @@ def test_gateway_killed_mid_run(ctx):
     body = r.json()
     eq(body["stdout_tail"], "back\n", "in a new kernel")
     eq(body["session"]["reset"], True, "which says its state is gone")
+
+
+NO_IDLE = """
+k = get_ipython().kernel
+publish = k._publish_status
+k._publish_status = lambda status, *a, **kw: None if status == "idle" else publish(status, *a, **kw)
+"""
+
+
+def test_a_gateway_going_away_after_the_reply_is_502(ctx):
+    """Found in CI: the Jupyter server, stopped mid-run, failed in its own
+    shutdown (a kernel it meant to shut down was already gone) and
+    lingered, its port closed and our WebSocket open; the run's reply came,
+    its idle status never, and the run answered 200 OutputLost. A server
+    that refuses its port then is going away: 502. Here the gateway's
+    proxy (nginx, the suite's way to the server) quits gracefully, closing
+    its port and keeping the open WebSocket, and the kernel sends no idle
+    status (the code saw to it)."""
+    st = ctx.st
+    user, cid = "fault-gw-away", new_id()
+    r = run(ctx, user, cid, NO_IDLE, timeout=30)
+    eq(r.get("error_name"), "OutputLost", f"a reply and no idle status, the gateway there: {r}")
+    t, result = run_in_thread(ctx, user, cid, "print(1)")
+    time.sleep(1)  # the reply is in; the run waits for the idle status
+    proxy = st.pid("gateway-proxy")
+    os.kill(proxy, signal.SIGQUIT)
+    try:
+        t.join(timeout=120)
+        r = result["r"]
+        eq(r.status, 502, f"the gateway's failure: {r!r}")
+    finally:
+        st.start_gateway_proxy()
+    wait_until(lambda: (lambda r: r.status == 200 and r.json()["stdout_tail"] == "back\n")(
+        ctx.post("/v1/runs", {"conversation_id": new_id(), "code": "print('back')"},
+                 key=ctx.key(user))), 30, "runs work again")
+    eq(ctx.request("DELETE", f"/v1/conversations/{cid}/session", key=ctx.key(user)).status, 204,
+       "the silenced kernel's session closed")
 
 
 def test_a_missed_probe_costs_no_session_its_state(ctx):
