@@ -19,6 +19,15 @@
 #define DRAIN_BUDGET_US (20 * 1000LL) /* ... time, beyond its wait */
 #define MSG_KEEP_ALLOC  (256u * 1024) /* what an idle connection keeps */
 
+/* The nudges of a kernel's restart remembered: one a second, the older
+ * long answered or lost. */
+#define NUDGES_KEPT    8
+#define NUDGE_EVERY_US 1000000
+/* How long the new process is given to answer a nudge: its start-up, and
+ * more (a kernel that died young is started on new ports, which this
+ * connection's channels never reach). */
+#define AWAIT_RESTART_US (15 * 1000000LL)
+
 struct cx_kernel_conn {
     struct cx_kernel_conn *next;
     char kernel_id[64];
@@ -33,6 +42,14 @@ struct cx_kernel_conn {
     bool restarted; /* it heard the server's notice that the kernel went away */
     bool live;      /* it heard an idle status answering a request sent on it,
                        and no notice since: its output channel is subscribed */
+    /* The server's notice came while none of the requests in flight was
+     * heard taken: whether the new process takes them is asked with
+     * kernel_info requests (nudges) on the same shell channel, which keeps
+     * order (cx_kernel_wait). */
+    bool awaiting;
+    int64_t nudge_due_us, await_end_us;
+    unsigned nnudges;
+    char nudges[NUDGES_KEPT][40];
 };
 
 /* Kernels whose idle connection the drain found still talking, waiting
@@ -245,6 +262,7 @@ cx_kernel_conn_put(struct cx_kernel_conn *c)
     if (!c)
         return;
     c->last_used_us = cx_now_us();
+    c->awaiting = false; /* a run's question, not the next one's */
     pool_push(c);
 }
 
@@ -656,6 +674,33 @@ find_request(struct cx_exec *reqs, int n, const char *parent_id)
 }
 
 static bool
+any_heard(const struct cx_exec *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].sent && reqs[i].heard)
+            return true;
+    return false;
+}
+
+bool
+cx_exec_all_replied(const struct cx_exec *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].sent && !reqs[i].got_reply)
+            return false;
+    return true;
+}
+
+static bool
+is_nudge(const struct cx_kernel_conn *c, const char *parent_id)
+{
+    for (unsigned i = 0; i < NUDGES_KEPT && i < c->nnudges; i++)
+        if (!strcmp(c->nudges[i], parent_id))
+            return true;
+    return false;
+}
+
+static bool
 all_done(struct cx_exec *reqs, int n)
 {
     for (int i = 0; i < n; i++)
@@ -706,10 +751,16 @@ cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json
 /* One message of the kernel's (its JSON text and binary buffers): the
  * request it answers gets its reply or idle status, and fn hears it.
  * Another client's, an earlier run's and a malformed message are skipped
- * (CX_OK); the server's notice of the kernel's end is CX_ERR_KERNEL_DIED;
- * else what fn returned. */
+ * (CX_OK); the server's notice of the kernel's end is CX_ERR_KERNEL_DIED,
+ * unless it is restarting the kernel and none of the requests was heard
+ * taken: requests still queued in the server's ZeroMQ reach the new
+ * process when it connects again (found: a run answered KernelDied while
+ * its code ran in the new process), so c awaits the answer to a nudge sent
+ * behind them, and the nudge's reply coming before theirs is
+ * CX_ERR_KERNEL_DIED (they went with the old process); else what fn
+ * returned. */
 static enum cx_err
-dispatch(struct cx_exec *reqs, int n, const char *json, size_t json_len,
+dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json, size_t json_len,
          const struct cx_kernel_buffers *bufs, cx_exec_fn fn, void *ctx)
 {
     json_t *m = json_loadb(json, json_len, JSON_ALLOW_NUL, NULL), *content;
@@ -727,13 +778,29 @@ dispatch(struct cx_exec *reqs, int n, const char *json, size_t json_len,
         goto out;
     state = json_string_value(json_object_get(content, "execution_state"));
     if (!strcmp(type, "status") && is_notice(parent_id, state)) {
-        rc = CX_ERR_KERNEL_DIED; /* the server's own notice: the kernel process went away */
+        c->restarted = true; /* its output channel to be confirmed again */
+        c->live = false;
+        if (!strcmp(state, "restarting") && !any_heard(reqs, n)) {
+            c->awaiting = true;
+            c->nudge_due_us = 0; /* at once */
+            c->await_end_us = cx_now_us() + AWAIT_RESTART_US;
+        } else {
+            rc = CX_ERR_KERNEL_DIED; /* the server's own notice: the kernel process went away */
+        }
+        goto out;
+    }
+    if (c->awaiting && parent_id && !strcmp(channel, "shell") &&
+        !strcmp(type, "kernel_info_reply") && is_nudge(c, parent_id)) {
+        c->awaiting = false;
+        if (!cx_exec_all_replied(reqs, n))
+            rc = CX_ERR_KERNEL_DIED;
         goto out;
     }
     i = parent_id ? find_request(reqs, n, parent_id) : -1;
     cx_log_debug("kernel message %s/%s for request %d", channel, type, i);
     if (i < 0)
         goto out; /* another client's or an earlier run's message */
+    reqs[i].heard = true;
     if (!strcmp(channel, "shell") && !strcmp(type, "execute_reply")) {
         reqs[i].got_reply = true;
         json_decref(reqs[i].reply);
@@ -759,8 +826,24 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         struct cx_kernel_buffers bufs;
         const char *json;
         size_t json_len;
+        int64_t until = deadline_us;
 
-        rc = cx_ws_recv(c->ws, deadline_us, &c->msg, &op);
+        if (c->awaiting) {
+            if (cx_now_us() >= c->await_end_us) {
+                c->awaiting = false;
+                return CX_ERR_KERNEL_DIED; /* no answer from a new process */
+            }
+            if (cx_now_us() >= c->nudge_due_us) {
+                rc = send_kernel_info(c, c->nudges[c->nnudges++ % NUDGES_KEPT]);
+                if (rc)
+                    return rc;
+                c->nudge_due_us = cx_now_us() + NUDGE_EVERY_US;
+            }
+            until = c->nudge_due_us < deadline_us ? c->nudge_due_us : deadline_us;
+        }
+        rc = cx_ws_recv(c->ws, until, &c->msg, &op);
+        if (rc == CX_ERR_TIMEOUT && until < deadline_us)
+            continue; /* the next nudge */
         if (rc == CX_ERR_TOO_LARGE && !cx_ws_alive(c->ws))
             return CX_ERR_IO; /* the connection died of it: nothing was skipped */
         if (rc && rc != CX_ERR_TOO_LARGE)
@@ -779,7 +862,7 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         if (rc == CX_ERR_TOO_LARGE || cx_json_cost(json, json_len) > CX_JSON_COST_MAX)
             rc = fn ? fn(ctx, -1, "oversized", NULL, NULL) : CX_OK;
         else
-            rc = dispatch(reqs, n, json, json_len, &bufs, fn, ctx);
+            rc = dispatch(c, reqs, n, json, json_len, &bufs, fn, ctx);
         if (rc == CX_ERR_KERNEL_DIED)
             c->live = false;
         if (rc)

@@ -41,6 +41,7 @@ struct cx_exec {
     /* out */
     char msg_id[64];
     bool sent;
+    bool heard; /* a message answering it came: the kernel took it */
     bool got_reply;
     bool got_idle;
     json_t *reply; /* execute_reply content (new reference), or NULL */
@@ -164,6 +165,9 @@ enum cx_err cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n
  * and went away: what it sent can be waited for. For fuzzing and tests. */
 enum cx_err cx_kernel_conn_buffered(const void *frames, size_t len,
                                     struct cx_kernel_conn **out) CX_MUSTCHECK;
+
+/* Whether every request of reqs sent has its reply. */
+bool cx_exec_all_replied(const struct cx_exec *reqs, int n);
 
 /* Releases the replies held by reqs. */
 void cx_exec_cleanup(struct cx_exec *reqs, int n);

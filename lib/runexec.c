@@ -343,15 +343,6 @@ add_result(struct cx_runexec *st, const char *type, json_t *data, const char *mi
         json_decref(d);
 }
 
-static bool
-all_replied(const struct cx_exec *reqs, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (reqs[i].sent && !reqs[i].got_reply)
-            return false;
-    return true;
-}
-
 /* A stream's text: counted, kept in the tail, told to the sink. */
 static enum cx_err
 on_stream(struct cx_runexec *st, json_t *content)
@@ -426,7 +417,7 @@ on_message(void *ctx, int index, const char *type, json_t *content,
         index -= (int)st->base;
     /* Past the output limit, once every reply is in, the rest of the output
      * is of no use: stop here rather than wait for it to drain. */
-    if (st->f.truncated && all_replied(st->reqs, CX_REQ_MAX))
+    if (st->f.truncated && cx_exec_all_replied(st->reqs, CX_REQ_MAX))
         return CX_DONE;
     if (index < 0) {
         count_output(st, st->cx->cfg->max_output_bytes + 1); /* "oversized" */
@@ -472,7 +463,7 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
         int64_t now = cx_now_us();
         int64_t until = now + WINDOW_US < deadline_us ? now + WINDOW_US : deadline_us;
         uint64_t before = cx_kernel_conn_reads(st->conn);
-        bool replied = all_replied(reqs, n);
+        bool replied = cx_exec_all_replied(reqs, n);
 
         if (now >= deadline_us)
             return CX_ERR_TIMEOUT;

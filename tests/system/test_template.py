@@ -170,3 +170,31 @@ def test_a_killed_launcher_takes_its_kernel(ctx):
             break
         time.sleep(1)  # the server restarts the kernel meanwhile
     eq((r.status, r.json()["stdout_tail"]), (200, "False\n"), f"a new kernel: {r!r}")
+
+
+def test_a_run_sent_to_a_killed_kernel_runs_once_in_the_new_one(ctx):
+    """Found: a kernel killed between runs (its launcher here, which takes
+    the kernel with it), the next run sent before the server noticed: the
+    request waited in the server's ZeroMQ queue and ran in the new process
+    while the run answered KernelDied, so a caller that retried ran it
+    twice. The run now asks, behind its request on the same channel,
+    whether the new process took it: the code runs once, in the new
+    kernel, and the answer is its own, saying reset."""
+    user = "tpl-queued"
+    run(ctx, user, "c", "x = 1")
+    lpid = launcher_of(kernel_of(ctx, user, "c"))
+    check(lpid, "the kernel's launcher")
+    os.kill(lpid, signal.SIGKILL)
+    time.sleep(0.2)  # its sockets closed; the server's restarter looks every 3 s
+    r = ctx.post("/v1/runs", {"conversation_id": "c",
+                              "code": "print('x' in globals())\nopen('once.txt', 'a').write('1')"},
+                 key=ctx.key(user), timeout=120)
+    body = r.json()
+    eq((r.status, body["session"]["reset"]), (200, True), f"an answer that says reset: {body}")
+    # The new process may take the request before the server's output
+    # channel has joined it (the server's sockets connect again each on its
+    # own timer): what it printed is then lost, and said so.
+    check(body.get("status") == "ok" and body.get("stdout_tail") == "False\n" or
+          body.get("error_name") == "OutputLost", f"the run's own answer, in a new kernel: {body}")
+    r = run(ctx, user, "c", "print(open('once.txt').read())")
+    eq(r["stdout_tail"], "1\n", "the code ran once")
