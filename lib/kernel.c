@@ -38,15 +38,20 @@ struct cx_kernel_conn {
     int64_t last_used_us;
     int64_t drained_us; /* the ticker's last drain of it */
     uint64_t messages;
-    bool forget;    /* its kernel was deleted while it was being drained */
-    bool restarted; /* it heard the server's notice that the kernel went away */
-    bool live;      /* it heard an idle status answering a request sent on it,
-                       and no notice since: its output channel is subscribed */
+    bool forget;      /* its kernel was deleted while it was being drained */
+    bool restarted;   /* it heard the server's notice that the kernel went away */
+    bool live;        /* it heard an idle status answering a request sent on it,
+                         and no notice since: its output channel is subscribed */
+    uint64_t notices; /* the server's notices heard during requests' waits */
     /* The server's notice came while none of the requests in flight was
-     * heard taken: whether the new process takes them is asked with
-     * kernel_info requests (nudges) on the same shell channel, which keeps
-     * order (cx_kernel_wait). */
-    bool awaiting;
+     * heard taken (those marked queued): whether the new process takes
+     * them is asked with kernel_info requests (nudges) on the same shell
+     * channel, which keeps order (dispatch), and on the control channel,
+     * which a busy kernel answers at once. Once the new process is heard
+     * (a queued request's message, or a control nudge's reply) the nudges
+     * stop and the time limit goes (the cell may run long); the first
+     * shell nudge's reply still decides. */
+    bool awaiting, reached;
     int64_t nudge_due_us, await_end_us;
     unsigned nnudges;
     char nudges[NUDGES_KEPT][40];
@@ -463,9 +468,10 @@ send_binary(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
     return rc;
 }
 
-/* A kernel_info_request; msg_id receives its id. */
+/* A kernel_info_request on channel ("shell" or "control"); msg_id
+ * receives its id. */
 static enum cx_err
-send_kernel_info(struct cx_kernel_conn *c, char msg_id[40])
+send_kernel_info(struct cx_kernel_conn *c, const char *channel, char msg_id[40])
 {
     char date[64];
 
@@ -475,7 +481,7 @@ send_kernel_info(struct cx_kernel_conn *c, char msg_id[40])
                                      "header", "msg_id", msg_id, "username", "codexec", "session",
                                      c->session, "date", date, "msg_type", "kernel_info_request",
                                      "version", "5.3", "parent_header", "metadata", "content",
-                                     "channel", "shell", "buffers"));
+                                     "channel", channel, "buffers"));
 }
 
 /* A kernel's message, unless it would cost too much to build (then NULL,
@@ -575,7 +581,7 @@ cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
 
         if (n == 64)
             n = 0; /* the oldest nudges are long answered or lost */
-        rc = send_kernel_info(c, ids[n++]);
+        rc = send_kernel_info(c, "shell", ids[n++]);
         if (rc)
             return rc;
         while ((rc = cx_ws_recv(c->ws, window < deadline_us ? window : deadline_us, &c->msg,
@@ -616,6 +622,12 @@ bool
 cx_kernel_conn_live(const struct cx_kernel_conn *c)
 {
     return c->live && !c->restarted;
+}
+
+uint64_t
+cx_kernel_conn_notices(const struct cx_kernel_conn *c)
+{
+    return c->notices;
 }
 
 bool
@@ -689,6 +701,28 @@ cx_exec_all_replied(const struct cx_exec *reqs, int n)
         if (reqs[i].sent && !reqs[i].got_reply)
             return false;
     return true;
+}
+
+/* Whether every request queued at the notice has its reply. */
+static bool
+queued_replied(const struct cx_exec *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i].queued && !reqs[i].got_reply)
+            return false;
+    return true;
+}
+
+static void
+await_restart(struct cx_kernel_conn *c, struct cx_exec *reqs, int n)
+{
+    c->awaiting = true;
+    c->reached = false;
+    c->nnudges = 0;      /* an earlier wait's nudges answer nothing here */
+    c->nudge_due_us = 0; /* at once */
+    c->await_end_us = cx_now_us() + AWAIT_RESTART_US;
+    for (int i = 0; i < n; i++)
+        reqs[i].queued = reqs[i].sent;
 }
 
 static bool
@@ -780,20 +814,25 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json
     if (!strcmp(type, "status") && is_notice(parent_id, state)) {
         c->restarted = true; /* its output channel to be confirmed again */
         c->live = false;
-        if (!strcmp(state, "restarting") && !any_heard(reqs, n)) {
-            c->awaiting = true;
-            c->nudge_due_us = 0; /* at once */
-            c->await_end_us = cx_now_us() + AWAIT_RESTART_US;
-        } else {
-            rc = CX_ERR_KERNEL_DIED; /* the server's own notice: the kernel process went away */
-        }
-        goto out;
-    }
-    if (c->awaiting && parent_id && !strcmp(channel, "shell") &&
-        !strcmp(type, "kernel_info_reply") && is_nudge(c, parent_id)) {
-        c->awaiting = false;
-        if (!cx_exec_all_replied(reqs, n))
+        c->notices++;
+        if (!strcmp(state, "restarting") && !c->awaiting && !any_heard(reqs, n)) {
+            await_restart(c, reqs, n);
+        } else if (strcmp(state, "restarting") || !c->awaiting || c->reached) {
+            /* the server gave up; the old process had them; the new one
+             * died in turn */
+            c->awaiting = false;
             rc = CX_ERR_KERNEL_DIED;
+        }
+        goto out; /* (restarting again before the new process was heard) */
+    }
+    if (c->awaiting && parent_id && !strcmp(type, "kernel_info_reply") && is_nudge(c, parent_id)) {
+        if (!strcmp(channel, "control")) {
+            c->reached = true; /* up on these ports: its shell answer will come */
+        } else if (!strcmp(channel, "shell")) {
+            c->awaiting = false;
+            if (!queued_replied(reqs, n))
+                rc = CX_ERR_KERNEL_DIED; /* they went with the old process */
+        }
         goto out;
     }
     i = parent_id ? find_request(reqs, n, parent_id) : -1;
@@ -801,10 +840,13 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json
     if (i < 0)
         goto out; /* another client's or an earlier run's message */
     reqs[i].heard = true;
+    c->reached = c->reached || (c->awaiting && reqs[i].queued);
     if (!strcmp(channel, "shell") && !strcmp(type, "execute_reply")) {
         reqs[i].got_reply = true;
         json_decref(reqs[i].reply);
         reqs[i].reply = json_incref(content);
+        if (c->awaiting && queued_replied(reqs, n))
+            c->awaiting = false; /* the new process took them all */
     } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
                !strcmp(state, "idle")) {
         reqs[i].got_idle = true;
@@ -828,13 +870,15 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         size_t json_len;
         int64_t until = deadline_us;
 
-        if (c->awaiting) {
+        if (c->awaiting && !c->reached) {
             if (cx_now_us() >= c->await_end_us) {
                 c->awaiting = false;
                 return CX_ERR_KERNEL_DIED; /* no answer from a new process */
             }
             if (cx_now_us() >= c->nudge_due_us) {
-                rc = send_kernel_info(c, c->nudges[c->nnudges++ % NUDGES_KEPT]);
+                rc = send_kernel_info(c, "shell", c->nudges[c->nnudges++ % NUDGES_KEPT]);
+                if (rc == CX_OK)
+                    rc = send_kernel_info(c, "control", c->nudges[c->nnudges++ % NUDGES_KEPT]);
                 if (rc)
                     return rc;
                 c->nudge_due_us = cx_now_us() + NUDGE_EVERY_US;

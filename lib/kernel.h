@@ -41,7 +41,9 @@ struct cx_exec {
     /* out */
     char msg_id[64];
     bool sent;
-    bool heard; /* a message answering it came: the kernel took it */
+    bool heard;  /* a message answering it came: the kernel took it */
+    bool queued; /* sent, not heard, when the server said the kernel went
+                    away: the new process may take it */
     bool got_reply;
     bool got_idle;
     json_t *reply; /* execute_reply content (new reference), or NULL */
@@ -146,6 +148,10 @@ enum cx_err cx_kernel_confirm(struct cx_kernel_conn *c, bool fresh,
 /* Whether c heard the server's notice that the kernel went away since its
  * output channel was last confirmed live (for tests). */
 bool cx_kernel_conn_restarted(const struct cx_kernel_conn *c);
+/* The server's notices that the kernel went away heard while c waited for
+ * requests: one during a wait means a request may still reach the new
+ * process, so it is not sent again. */
+uint64_t cx_kernel_conn_notices(const struct cx_kernel_conn *c);
 /* Whether an idle status answering a request sent on c arrived, and no
  * notice of the kernel's end since: its output channel is live on c. */
 bool cx_kernel_conn_live(const struct cx_kernel_conn *c);

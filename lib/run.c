@@ -291,6 +291,7 @@ run_execute(struct run *r, char *msg, size_t msglen)
         if (rc)
             return rc;
         reused = cx_kernel_conn_messages(r->conn) > 0;
+        uint64_t notices = cx_kernel_conn_notices(r->conn);
         if (attempt == 0)
             cx_runexec_say(r->st, "status",
                            json_pack("{s:s,s:{s:s,s:b,s:b,s:s}}", "state", "executing", "session",
@@ -300,8 +301,11 @@ run_execute(struct run *r, char *msg, size_t msglen)
         t0 = cx_now_us();
         rc = cx_runexec_execute(r->st, r->conn, &r->s, r->req, r->in, msg, msglen);
         const struct cx_runexec_facts *f = cx_runexec_facts(r->st);
+        /* (not after a notice of the kernel's restart: what was sent may
+         * still reach the new process) */
         bool again = (rc == CX_ERR_NOT_FOUND && !(f->events & CX_EVENTS_STOPPED)) ||
-                     (rc == CX_ERR_IO && reused && !f->any_message);
+                     (rc == CX_ERR_IO && reused && !f->any_message &&
+                      cx_kernel_conn_notices(r->conn) == notices);
         if (!again || attempt == 1)
             break;
         cx_runexec_retry(r->st);

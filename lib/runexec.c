@@ -446,6 +446,28 @@ on_message(void *ctx, int index, const char *type, json_t *content,
     return CX_OK;
 }
 
+/* What the gateway says of the session's kernel when a run hears nothing,
+ * asked for 3 s at most: CX_ERR_NOT_FOUND when it is gone; CX_ERR_GATEWAY
+ * when the gateway is going away, the call failing and a fresh probe too
+ * (a server that refuses its port while our WebSocket stays open is: a
+ * stop closes its listener first and its connections last, and one that
+ * fails in its own shutdown lingers so); else CX_OK, as one failed or
+ * slow answer proves nothing. */
+static enum cx_err
+kernel_check(struct cx_session *s)
+{
+    enum cx_err rc;
+
+    cx_gateway_timeout(s->gw, 3000);
+    rc = cx_gateway_kernel_get(s->gw, s->kernel_id, NULL);
+    cx_gateway_timeout(s->gw, 0);
+    if (rc == CX_ERR_NOT_FOUND)
+        return rc;
+    if ((rc == CX_ERR_GATEWAY || rc == CX_ERR_TIMEOUT) && !cx_gateway_recheck(s->gw))
+        return CX_ERR_GATEWAY;
+    return CX_OK;
+}
+
 /* Waits for the sent requests until deadline_us, in windows: a window with
  * no message at all asks the gateway whether the kernel still exists (our
  * pooled WebSocket outlives a kernel deleted behind our back); a silent
@@ -494,23 +516,16 @@ wait_windows(struct cx_runexec *st, struct cx_session *s, struct cx_exec *reqs, 
             return CX_ERR_DB;
         }
         silent = replied && cx_kernel_conn_reads(st->conn) == before ? silent + 1 : 0;
-        /* A server that refuses its port while our WebSocket stays open is
-         * going away (a stop closes its listener first and its connections
-         * last, and one that fails on the way lingers so): its failure, not
-         * lost output, and not a vanished kernel's (a reply is in: what
-         * ran must not run again). A slow answer proves nothing. */
+        /* (a reply is in: a kernel gone since is lost output, and what
+         * ran is not sent again) */
         if (silent >= 2) {
-            rc = cx_gateway_kernel_get(s->gw, s->kernel_id, NULL);
-            if (rc == CX_ERR_GATEWAY)
-                return rc;
+            if (kernel_check(s) == CX_ERR_GATEWAY)
+                return CX_ERR_GATEWAY;
             st->f.events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
             return CX_OK;
         }
-        if (!st->f.any_message) {
-            rc = cx_gateway_kernel_get(s->gw, s->kernel_id, NULL);
-            if (rc == CX_ERR_NOT_FOUND || rc == CX_ERR_GATEWAY)
-                return rc;
-        }
+        if (!st->f.any_message && (rc = kernel_check(s)) != CX_OK)
+            return rc;
     }
 }
 
