@@ -448,11 +448,12 @@ on_message(void *ctx, int index, const char *type, json_t *content,
 
 /* What the gateway says of the session's kernel when a run hears nothing,
  * asked for 3 s at most: CX_ERR_NOT_FOUND when it is gone; CX_ERR_GATEWAY
- * when the gateway is going away, the call failing and a fresh probe too
- * (a server that refuses its port while our WebSocket stays open is: a
- * stop closes its listener first and its connections last, and one that
- * fails in its own shutdown lingers so); else CX_OK, as one failed or
- * slow answer proves nothing. */
+ * when the gateway is going away, the call failing (not slow: a busy
+ * server is still running the code) and a fresh probe too (a server that
+ * refuses its port while our WebSocket stays open is: a stop closes its
+ * listener first and its connections last, and one that fails in its
+ * own shutdown lingers so); else CX_OK, as one failed or slow answer
+ * proves nothing. */
 static enum cx_err
 kernel_check(struct cx_session *s)
 {
@@ -463,7 +464,7 @@ kernel_check(struct cx_session *s)
     cx_gateway_timeout(s->gw, 0);
     if (rc == CX_ERR_NOT_FOUND)
         return rc;
-    if ((rc == CX_ERR_GATEWAY || rc == CX_ERR_TIMEOUT) && !cx_gateway_recheck(s->gw))
+    if (rc == CX_ERR_GATEWAY && !cx_gateway_recheck(s->gw))
         return CX_ERR_GATEWAY;
     return CX_OK;
 }
