@@ -848,6 +848,9 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json
         if (c->awaiting && queued_replied(reqs, n))
             c->awaiting = false; /* the new process took them all */
     } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
+               !strcmp(state, "busy")) {
+        reqs[i].got_busy = true;
+    } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
                !strcmp(state, "idle")) {
         reqs[i].got_idle = true;
     }

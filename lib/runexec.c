@@ -683,6 +683,12 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
 
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
     rc = wait_run(st, s, st->all, n, deadline);
+    /* A request the restarted kernel took before the server's output
+     * channel joined it (lib/kernel.c, dispatch): what it sent before its
+     * busy status reached us is lost, though its idle status came. */
+    for (int i = 0; i < n && rc == CX_OK; i++)
+        if (st->all[i].queued && st->all[i].got_reply && !st->all[i].got_busy)
+            st->f.events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
     if (rc || (st->f.events & (CX_EVENTS_STOPPED | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) ||
         cx_runend_carried(&st->reqs[st->carrier]))
         return rc;

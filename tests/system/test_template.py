@@ -172,6 +172,27 @@ def test_a_killed_launcher_takes_its_kernel(ctx):
     eq((r.status, r.json()["stdout_tail"]), (200, "False\n"), f"a new kernel: {r!r}")
 
 
+def server_launcher_of(ctx, kid):
+    """The launcher of kernel kid, the Jupyter server's child (after a
+    restart an earlier launch's keeper may still be about, under the same
+    command line)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            ppid = int(field(status_of(pid), "PPid")[0])
+            with open(f"/proc/{ppid}/cmdline", "rb") as f:
+                parent = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if b"jupyter" in parent and cmd and cmd[0].endswith(b"codexec-kernel-launcher") and \
+                any(c.endswith(f"kernel-{kid}.json".encode()) for c in cmd):
+            return int(pid)
+    return None
+
+
 def test_a_run_sent_to_a_killed_kernel_runs_once_in_the_new_one(ctx):
     """Found: a kernel killed between runs (its launcher here, which takes
     the kernel with it), the next run sent before the server noticed: the
@@ -185,7 +206,7 @@ def test_a_run_sent_to_a_killed_kernel_runs_once_in_the_new_one(ctx):
     user = "tpl-queued"
     run(ctx, user, "c", "x = 1")
     for i, pause in enumerate((0, 17)):
-        lpid = launcher_of(kernel_of(ctx, user, "c"))
+        lpid = server_launcher_of(ctx, kernel_of(ctx, user, "c"))
         check(lpid, "the kernel's launcher")
         os.kill(lpid, signal.SIGKILL)
         time.sleep(0.2)  # its sockets closed; the server's restarter looks every 3 s
