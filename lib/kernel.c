@@ -847,12 +847,9 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json
         reqs[i].reply = json_incref(content);
         if (c->awaiting && queued_replied(reqs, n))
             c->awaiting = false; /* the new process took them all */
-    } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
-               !strcmp(state, "busy")) {
-        reqs[i].got_busy = true;
-    } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state &&
-               !strcmp(state, "idle")) {
-        reqs[i].got_idle = true;
+    } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state) {
+        reqs[i].got_busy = reqs[i].got_busy || !strcmp(state, "busy");
+        reqs[i].got_idle = reqs[i].got_idle || !strcmp(state, "idle");
     }
     rc = fn ? fn(ctx, i, type, content, bufs) : CX_OK;
 out:

@@ -132,23 +132,6 @@ def test_the_template_ends_and_no_kernel_with_it(ctx):
     check(set(templates(ctx)) - set(before), "a template started again")
 
 
-def launcher_of(kid):
-    """The launcher (not the keeper: the launcher names the connection
-    file) of kernel kid."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"codexec-kernel-launcher") and \
-                any(c.endswith(f"kernel-{kid}.json".encode()) for c in cmd):
-            return int(pid)
-    return None
-
-
 def test_a_killed_launcher_takes_its_kernel(ctx):
     """Jupyter kills a launcher that does not end in time: its kernel, not
     its child, ends with it (the keeper holds the kernel's pidfd and ends
@@ -172,7 +155,7 @@ def test_a_killed_launcher_takes_its_kernel(ctx):
     eq((r.status, r.json()["stdout_tail"]), (200, "False\n"), f"a new kernel: {r!r}")
 
 
-def server_launcher_of(ctx, kid):
+def launcher_of(kid):
     """The launcher of kernel kid, the Jupyter server's child (after a
     restart an earlier launch's keeper may still be about, under the same
     command line)."""
@@ -206,7 +189,7 @@ def test_a_run_sent_to_a_killed_kernel_runs_once_in_the_new_one(ctx):
     user = "tpl-queued"
     run(ctx, user, "c", "x = 1")
     for i, pause in enumerate((0, 17)):
-        lpid = server_launcher_of(ctx, kernel_of(ctx, user, "c"))
+        lpid = launcher_of(kernel_of(ctx, user, "c"))
         check(lpid, "the kernel's launcher")
         os.kill(lpid, signal.SIGKILL)
         time.sleep(0.2)  # its sockets closed; the server's restarter looks every 3 s
