@@ -694,23 +694,21 @@ any_heard(const struct cx_exec *reqs, int n)
     return false;
 }
 
-bool
-cx_exec_all_replied(const struct cx_exec *reqs, int n)
+/* Whether every request sent (queued_only: queued at the notice) has its
+ * reply. */
+static bool
+replied(const struct cx_exec *reqs, int n, bool queued_only)
 {
     for (int i = 0; i < n; i++)
-        if (reqs[i].sent && !reqs[i].got_reply)
+        if ((queued_only ? reqs[i].queued : reqs[i].sent) && !reqs[i].got_reply)
             return false;
     return true;
 }
 
-/* Whether every request queued at the notice has its reply. */
-static bool
-queued_replied(const struct cx_exec *reqs, int n)
+bool
+cx_exec_all_replied(const struct cx_exec *reqs, int n)
 {
-    for (int i = 0; i < n; i++)
-        if (reqs[i].queued && !reqs[i].got_reply)
-            return false;
-    return true;
+    return replied(reqs, n, false);
 }
 
 static void
@@ -830,7 +828,7 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json
             c->reached = true; /* up on these ports: its shell answer will come */
         } else if (!strcmp(channel, "shell")) {
             c->awaiting = false;
-            if (!queued_replied(reqs, n))
+            if (!replied(reqs, n, true))
                 rc = CX_ERR_KERNEL_DIED; /* they went with the old process */
         }
         goto out;
@@ -845,7 +843,7 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json
         reqs[i].got_reply = true;
         json_decref(reqs[i].reply);
         reqs[i].reply = json_incref(content);
-        if (c->awaiting && queued_replied(reqs, n))
+        if (c->awaiting && replied(reqs, n, true))
             c->awaiting = false; /* the new process took them all */
     } else if (!strcmp(channel, "iopub") && !strcmp(type, "status") && state) {
         reqs[i].got_busy = reqs[i].got_busy || !strcmp(state, "busy");
