@@ -165,13 +165,15 @@ def launcher_of(kid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
+            if not (cmd[0].endswith(b"codexec-kernel-launcher") and
+                    any(c.endswith(f"kernel-{kid}.json".encode()) for c in cmd)):
+                continue
             ppid = int(field(status_of(pid), "PPid")[0])
             with open(f"/proc/{ppid}/cmdline", "rb") as f:
                 parent = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if b"jupyter" in parent and cmd and cmd[0].endswith(b"codexec-kernel-launcher") and \
-                any(c.endswith(f"kernel-{kid}.json".encode()) for c in cmd):
+        if b"jupyter" in parent:
             return int(pid)
     return None
 
