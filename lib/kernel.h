@@ -44,7 +44,7 @@ struct cx_exec {
     bool heard;    /* a message answering it came: the kernel took it */
     bool queued;   /* sent, not heard, when the server said the kernel went
                       away: the new process may take it */
-    bool got_busy; /* its first output: a queued request's without it lost its start */
+    bool got_busy; /* its first output: without it its start was lost */
     bool got_reply;
     bool got_idle;
     json_t *reply; /* execute_reply content (new reference), or NULL */

@@ -40,6 +40,9 @@ static const char call_cell[] =
     "''', {})\n";
 
 #define WINDOW_US (2 * 1000000LL)
+/* the most a run that lost output waits for its epilogue's reply, in steps */
+#define LOST_WAIT_US (10 * 1000000LL)
+#define LOST_STEP_US (100 * 1000LL)
 /* How soon a cancel is seen: the longest single wait of a cancellable run. */
 #define CANCEL_STEP_US (200 * 1000LL)
 
@@ -672,6 +675,33 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
     return rc;
 }
 
+/* After output was lost (most often a process that took the run before
+ * the server's output channel joined it: restarted behind our back), the
+ * epilogue sent on its own still tells whether the process is a new one,
+ * which the run must say (found: such a run said reset false). Its reply
+ * is waited for, not its idle status (the channel may still be lost), for
+ * LOST_WAIT_US at most, never interrupting: no reply leaves it unknown
+ * and the capture to the next run's rescan. The run's answer stays
+ * OutputLost whatever this wait meets. */
+static enum cx_err
+wait_lost_epilogue(struct cx_runexec *st, int n, int64_t deadline)
+{
+    const struct cx_exec *epi = &st->reqs[CX_REQ_EPILOGUE];
+    enum cx_err rc = CX_ERR_TIMEOUT;
+
+    if (deadline > cx_now_us() + LOST_WAIT_US)
+        deadline = cx_now_us() + LOST_WAIT_US;
+    while (!epi->got_reply && (rc == CX_ERR_TIMEOUT || rc == CX_AGAIN) && cx_now_us() < deadline) {
+        int64_t step = cx_now_us() + LOST_STEP_US;
+
+        rc = cx_kernel_wait(st->conn, st->all, n, n, step < deadline ? step : deadline, on_message,
+                            st);
+    }
+    if (rc == CX_DONE)
+        st->f.abandoned = true; /* output left unread (the connection is dropped anyway) */
+    return CX_OK;
+}
+
 /* Waits for the run; then, when its last cell did not carry the epilogue
  * (it failed, or the kernel needs the sources), sends the epilogue on its
  * own and waits for it. */
@@ -680,17 +710,21 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
 {
     int n = (int)st->base + CX_REQ_MAX;
     enum cx_err rc;
+    bool lost;
 
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
     rc = wait_run(st, s, st->all, n, deadline);
-    /* A request the restarted kernel took before the server's output
-     * channel joined it (lib/kernel.c, dispatch): what it sent before its
-     * busy status reached us is lost, though its idle status came. */
+    /* A request a new process took before the server's output channel
+     * joined it (one restarted behind our back, or at a notice: lib/kernel.c,
+     * dispatch): what it sent before its busy status reached us is lost,
+     * though its idle status came. (Found: a run sent as a restart behind
+     * our back began said ok, its printed line lost; only requests queued
+     * at a notice were checked.) */
     for (int i = 0; i < n && rc == CX_OK; i++)
-        if (st->all[i].queued && st->all[i].got_reply && !st->all[i].got_busy)
+        if (st->all[i].got_idle && !st->all[i].got_busy)
             st->f.events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
-    if (rc || (st->f.events & (CX_EVENTS_STOPPED | CX_EVENT(CX_OUTCOME_OUTPUT_LOST))) ||
-        cx_runend_carried(&st->reqs[st->carrier]))
+    lost = st->f.events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
+    if (rc || (st->f.events & CX_EVENTS_STOPPED) || cx_runend_carried(&st->reqs[st->carrier]))
         return rc;
     st->carrier = CX_REQ_EPILOGUE;
     rc = cx_kernel_execute(st->conn, &st->reqs[CX_REQ_EPILOGUE]);
@@ -699,7 +733,7 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
         return rc;
     }
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
-    return wait_run(st, s, st->all, n, deadline);
+    return lost ? wait_lost_epilogue(st, n, deadline) : wait_run(st, s, st->all, n, deadline);
 }
 
 /* Sends the pipelined requests (the user's cell, then main() when there are

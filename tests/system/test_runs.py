@@ -3,6 +3,7 @@ sandboxed kernelspec."""
 
 import hashlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -207,6 +208,18 @@ def quiet_for(ctx, kid, seconds):
             (datetime.now(timezone.utc) - last).total_seconds() > seconds)
 
 
+def relay_up(ctx, kid, since):
+    """Whether a launch's relay bound the kernel's endpoint names since the
+    time since (launcher/relay.c, listen_at: each launch renames its own
+    sockets over them; their change time tells, not their inode numbers,
+    which a name's new socket may reuse)."""
+    base = os.path.join(ctx.st.jdir, "runtime", f"kernel-{kid}-ipc-")
+    try:
+        return all(os.stat(f"{base}{n}").st_ctime >= since for n in range(1, 6))
+    except FileNotFoundError:
+        return False
+
+
 def test_a_kernel_without_the_sources_asks_for_them(ctx):
     """A kernel started on its own (sandbox.conf: template = false, as
     JavaScript and R kernels always are) has none of codexec's epilogue
@@ -231,18 +244,41 @@ def test_a_kernel_without_the_sources_asks_for_them(ctx):
         eq(post("import os\nprint(os.getpid() != 1)")["stdout_tail"], "True\n",
            "a kernel of its own (not the template's pid 1)")
         kid = session_kernel(ctx, "u-notemplate", "c1")
+        since = time.time() - 0.05  # (the file system's clock ticks coarser than ours)
         status, _ = gateway(ctx, "POST", f"/api/kernels/{kid}/restart")
         eq(status, 200, "restarted behind codexec's back")
-        # settled: a kernel started with bwrap takes a second or two, and
-        # the suite's reaper (reaper_interval 1) may take its start's
-        # messages for talk and restart it once more
+        # Up: the server answers a restart once the new launcher started,
+        # and a kernel started with bwrap takes a second or two; the server's
+        # sockets connect again to its relay each on a 100 ms timer (found:
+        # a run sent before lost its output, the server's output channel
+        # not yet joined). Settled: the suite's reaper (reaper_interval 1)
+        # may take its start's messages for talk and restart it once more.
+        wait_until(lambda: relay_up(ctx, kid, since), 60, "the new process's relay listens")
+        time.sleep(1)
         wait_until(lambda: quiet_for(ctx, kid, 3), 60, "the restarted kernel settles")
         before = trips()
-        eq(post("print('x' in globals())")["session"]["reset"], True, "the restart is said")
+        r = post("print('x' in globals())")
+        eq((r["status"], r["stdout_tail"], r["session"]["reset"]), ("ok", "False\n", True),
+           "the restart is said")
         eq(trips() - before, 2, "one more round trip, for the sources")
         before = trips()
         post("y = 1")
         eq(trips() - before, 1, "in one round trip: the kernel kept them")
+        # A run sent at once waits in the server's queue for the new
+        # process, which may take it before the server's output channel
+        # joined it (what it printed then lost: OutputLost; the server's
+        # sockets connect each on its own timer, so not every time: three
+        # rounds). Either way its answer says the restart (found: an
+        # OutputLost one said reset false, the epilogue its last cell could
+        # not carry never asked).
+        for i in range(3):
+            post("y = 1")
+            status, _ = gateway(ctx, "POST", f"/api/kernels/{kid}/restart")
+            eq(status, 200, "restarted behind codexec's back again")
+            r = post("print('y' in globals())")
+            eq(r["session"]["reset"], True, f"the restart is said, the output lost or not: {r}")
+            check(r["status"] == "ok" and r["stdout_tail"] == "False\n" or
+                  r.get("error_name") == "OutputLost", f"the new process's own answer: {r}")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
