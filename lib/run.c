@@ -364,18 +364,23 @@ run_settle(struct run *r, enum cx_err rc, char *msg, size_t msglen)
 }
 
 /* A timed-out (or cancelled) run captures nothing; the next one rescans everything, so
- * what it wrote before the deadline is not lost. */
+ * what it wrote before the deadline is not lost. Nor is what a run that lost
+ * output may have lost of the capture's messages (its helper counts those
+ * files sent). */
 static void
 run_capture(struct run *r)
 {
-    bool timed_out = cx_runexec_facts(r->st)->events & CX_EVENTS_STOPPED;
+    unsigned events = cx_runexec_facts(r->st)->events;
+    bool timed_out = events & CX_EVENTS_STOPPED;
     struct cx_capture *cap = cx_runexec_capture(r->st);
 
     r->artifacts = json_array();
     if (!cap)
         return;
     cx_runexec_capturing(r->st);
-    r->s.capture_rescan = timed_out || r->s.reset ? true : !cx_capture_done(cap);
+    r->s.capture_rescan = timed_out || r->s.reset || (events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST))
+                              ? true
+                              : !cx_capture_done(cap);
     if (!r->s.reset && !timed_out && r->artifacts &&
         cx_artifact_commit_capture(r->cx, r->who->user, r->req->conversation_id, r->id, cap,
                                    r->artifacts))

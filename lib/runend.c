@@ -73,9 +73,8 @@ cx_runend_answer(const struct cx_exec *e)
     return a;
 }
 
-/* Whether the epilogue did nothing for want of its sources. */
-static bool
-needs_sources(const struct cx_exec *e)
+bool
+cx_runend_needs_sources(const struct cx_exec *e)
 {
     json_t *v = json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
     const char *plain =
@@ -103,5 +102,5 @@ cx_runend_carried(const struct cx_exec *e)
 
     return e->got_reply && status && !strcmp(status, "ok") &&
            json_object_get(json_object_get(e->reply, "user_expressions"), "cx") &&
-           !needs_sources(e);
+           !cx_runend_needs_sources(e);
 }

@@ -29,6 +29,9 @@ json_t *cx_runend_answer(const struct cx_exec *e);
 /* Whether a request's user expressions (the epilogue) were evaluated: the
  * kernel evaluates them only after a cell that succeeded. */
 bool cx_runend_carried(const struct cx_exec *e);
+/* Whether e's epilogue did nothing for want of its sources: the process
+ * has none of this codexec's epilogue (a new one, or codexec upgraded). */
+bool cx_runend_needs_sources(const struct cx_exec *e);
 
 /* Whether the epilogue found a kernel codexec had not used before. */
 bool cx_runend_says_fresh(const struct cx_exec *epilogue);

@@ -64,6 +64,8 @@ struct cx_runexec {
     size_t base; /* staging requests before reqs */
     int nreq;
     int carrier;            /* the request carrying the epilogue's expressions */
+    bool taken_new;         /* output lost, the process lacked the epilogue, and its
+                               own request had no answer in time: a new process */
     struct cx_capture *cap; /* NULL without capture */
     /* a streaming run's listener (run.h), NULL for none */
     const struct cx_run_sink *sink;
@@ -625,6 +627,7 @@ prepare_requests(struct cx_runexec *st, const struct cx_run_request *req, int la
     struct cx_exec *reqs = st->reqs;
 
     memset(st->all, 0, sizeof(*st->all) * (st->base + CX_REQ_MAX));
+    st->taken_new = false;
     reqs[CX_REQ_USER] = (struct cx_exec){.code = req->code, .store_history = true};
     reqs[CX_REQ_CALL] = (struct cx_exec){.code = call_cell, .role = CX_EXEC_CALL};
     reqs[last].user_expressions = uexpr;
@@ -680,11 +683,13 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
  * epilogue sent on its own still tells whether the process is a new one,
  * which the run must say (found: such a run said reset false). Its reply
  * is waited for, not its idle status (the channel may still be lost), for
- * LOST_WAIT_US at most, never interrupting: no reply leaves it unknown
- * and the capture to the next run's rescan. The run's answer stays
- * OutputLost whatever this wait meets. */
+ * LOST_WAIT_US at most, never interrupting. Without it, the process is
+ * taken for a new one when the run's last cell found it without the
+ * epilogue (lacked): this request, run later, would make the next run's
+ * epilogue call the process known. The answer stays OutputLost but for a
+ * kernel's death (KernelDied, reset) or the conversation's lock lost. */
 static enum cx_err
-wait_lost_epilogue(struct cx_runexec *st, int n, int64_t deadline)
+wait_lost_epilogue(struct cx_runexec *st, int n, int64_t deadline, bool lacked)
 {
     const struct cx_exec *epi = &st->reqs[CX_REQ_EPILOGUE];
     enum cx_err rc = CX_ERR_TIMEOUT;
@@ -696,10 +701,14 @@ wait_lost_epilogue(struct cx_runexec *st, int n, int64_t deadline)
 
         rc = cx_kernel_wait(st->conn, st->all, n, n, step < deadline ? step : deadline, on_message,
                             st);
+        sink_tick(st);
     }
     if (rc == CX_DONE)
         st->f.abandoned = true; /* output left unread (the connection is dropped anyway) */
-    return CX_OK;
+    st->taken_new = !epi->got_reply && lacked;
+    if (rc == CX_ERR_KERNEL_DIED)
+        return rc;
+    return cx_db_connection_ok(st->cx->db) ? CX_OK : CX_ERR_DB;
 }
 
 /* Waits for the run; then, when its last cell did not carry the epilogue
@@ -710,7 +719,7 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
 {
     int n = (int)st->base + CX_REQ_MAX;
     enum cx_err rc;
-    bool lost;
+    bool lost, lacked;
 
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES); /* the run's one round trip */
     rc = wait_run(st, s, st->all, n, deadline);
@@ -719,13 +728,15 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
      * dispatch): what it sent before its busy status reached us is lost,
      * though its idle status came. (Found: a run sent as a restart behind
      * our back began said ok, its printed line lost; only requests queued
-     * at a notice were checked.) */
-    for (int i = 0; i < n && rc == CX_OK; i++)
+     * at a notice were checked.) A run past max_output_bytes says so
+     * instead. */
+    for (int i = 0; i < n && rc == CX_OK && !st->f.truncated; i++)
         if (st->all[i].got_idle && !st->all[i].got_busy)
             st->f.events |= CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
     lost = st->f.events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
     if (rc || (st->f.events & CX_EVENTS_STOPPED) || cx_runend_carried(&st->reqs[st->carrier]))
         return rc;
+    lacked = cx_runend_needs_sources(&st->reqs[st->carrier]);
     st->carrier = CX_REQ_EPILOGUE;
     rc = cx_kernel_execute(st->conn, &st->reqs[CX_REQ_EPILOGUE]);
     if (rc) {
@@ -733,7 +744,8 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
         return rc;
     }
     cx_metrics_count(CX_COUNT_GATEWAY_BATCHES);
-    return lost ? wait_lost_epilogue(st, n, deadline) : wait_run(st, s, st->all, n, deadline);
+    return lost ? wait_lost_epilogue(st, n, deadline, lacked)
+                : wait_run(st, s, st->all, n, deadline);
 }
 
 /* Sends the pipelined requests (the user's cell, then main() when there are
@@ -943,7 +955,7 @@ cx_runexec_says_fresh(const struct cx_runexec *st)
 {
     const struct cx_exec *carrier = &st->reqs[st->carrier];
 
-    return cx_runend_carried(carrier) && cx_runend_says_fresh(carrier);
+    return st->taken_new || (cx_runend_carried(carrier) && cx_runend_says_fresh(carrier));
 }
 
 enum cx_outcome
