@@ -73,12 +73,27 @@ cx_runend_answer(const struct cx_exec *e)
     return a;
 }
 
-bool
-cx_runend_needs_sources(const struct cx_exec *e)
+static const char *
+expr_text(const struct cx_exec *e)
 {
     json_t *v = json_object_get(json_object_get(e->reply, "user_expressions"), "cx");
-    const char *plain =
-        json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+
+    return json_string_value(json_object_get(json_object_get(v, "data"), "text/plain"));
+}
+
+bool
+cx_runend_lacks_epilogue(const struct cx_exec *e)
+{
+    const char *plain = expr_text(e);
+
+    return plain && !strcmp(plain, "'need'");
+}
+
+/* Whether the epilogue did nothing for want of its sources. */
+static bool
+needs_sources(const struct cx_exec *e)
+{
+    const char *plain = expr_text(e);
 
     /* the two answers lib/epilogue.py and the expression give, as written:
      * no parse of what may be a long answer */
@@ -102,5 +117,5 @@ cx_runend_carried(const struct cx_exec *e)
 
     return e->got_reply && status && !strcmp(status, "ok") &&
            json_object_get(json_object_get(e->reply, "user_expressions"), "cx") &&
-           !cx_runend_needs_sources(e);
+           !needs_sources(e);
 }

@@ -29,9 +29,11 @@ json_t *cx_runend_answer(const struct cx_exec *e);
 /* Whether a request's user expressions (the epilogue) were evaluated: the
  * kernel evaluates them only after a cell that succeeded. */
 bool cx_runend_carried(const struct cx_exec *e);
-/* Whether e's epilogue did nothing for want of its sources: the process
- * has none of this codexec's epilogue (a new one, or codexec upgraded). */
-bool cx_runend_needs_sources(const struct cx_exec *e);
+/* Whether e's expression found none of this codexec's epilogue kept in the
+ * process (a new one, or codexec upgraded since) and had none in the
+ * request: it did nothing. (Not the epilogue's own answer that it lacks the
+ * capture helper: that process is known.) */
+bool cx_runend_lacks_epilogue(const struct cx_exec *e);
 
 /* Whether the epilogue found a kernel codexec had not used before. */
 bool cx_runend_says_fresh(const struct cx_exec *epilogue);

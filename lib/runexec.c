@@ -687,7 +687,9 @@ send_run(struct cx_runexec *st, struct cx_session *s, const struct cx_inputs *in
  * taken for a new one when the run's last cell found it without the
  * epilogue (lacked): this request, run later, would make the next run's
  * epilogue call the process known. The answer stays OutputLost but for a
- * kernel's death (KernelDied, reset) or the conversation's lock lost. */
+ * kernel's death (KernelDied, reset). (The conversation's lock is not
+ * asked for: the run's cells are done, and an interrupt now could only
+ * reach this request or the run of whoever took the lock.) */
 static enum cx_err
 wait_lost_epilogue(struct cx_runexec *st, int n, int64_t deadline, bool lacked)
 {
@@ -706,9 +708,7 @@ wait_lost_epilogue(struct cx_runexec *st, int n, int64_t deadline, bool lacked)
     if (rc == CX_DONE)
         st->f.abandoned = true; /* output left unread (the connection is dropped anyway) */
     st->taken_new = !epi->got_reply && lacked;
-    if (rc == CX_ERR_KERNEL_DIED)
-        return rc;
-    return cx_db_connection_ok(st->cx->db) ? CX_OK : CX_ERR_DB;
+    return rc == CX_ERR_KERNEL_DIED ? rc : CX_OK;
 }
 
 /* Waits for the run; then, when its last cell did not carry the epilogue
@@ -736,7 +736,7 @@ wait_all(struct cx_runexec *st, struct cx_session *s, int64_t deadline, char *ms
     lost = st->f.events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST);
     if (rc || (st->f.events & CX_EVENTS_STOPPED) || cx_runend_carried(&st->reqs[st->carrier]))
         return rc;
-    lacked = cx_runend_needs_sources(&st->reqs[st->carrier]);
+    lacked = cx_runend_lacks_epilogue(&st->reqs[st->carrier]);
     st->carrier = CX_REQ_EPILOGUE;
     rc = cx_kernel_execute(st->conn, &st->reqs[CX_REQ_EPILOGUE]);
     if (rc) {
