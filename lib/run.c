@@ -378,9 +378,8 @@ run_capture(struct run *r)
     if (!cap)
         return;
     cx_runexec_capturing(r->st);
-    r->s.capture_rescan = timed_out || r->s.reset || (events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST))
-                              ? true
-                              : !cx_capture_done(cap);
+    r->s.capture_rescan = timed_out || r->s.reset || (events & CX_EVENT(CX_OUTCOME_OUTPUT_LOST)) ||
+                          !cx_capture_done(cap);
     if (!r->s.reset && !timed_out && r->artifacts &&
         cx_artifact_commit_capture(r->cx, r->who->user, r->req->conversation_id, r->id, cap,
                                    r->artifacts))

@@ -95,9 +95,9 @@ needs_sources(const struct cx_exec *e)
 {
     const char *plain = expr_text(e);
 
-    /* the two answers lib/epilogue.py and the expression give, as written:
-     * no parse of what may be a long answer */
-    return plain && (!strcmp(plain, "'need'") || !strcmp(plain, "{\"need\": true}"));
+    /* the expression's answer, or lib/epilogue.py's (no capture helper), as
+     * written: no parse of what may be a long answer */
+    return cx_runend_lacks_epilogue(e) || (plain && !strcmp(plain, "{\"need\": true}"));
 }
 
 bool
