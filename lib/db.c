@@ -85,12 +85,18 @@ log_conn_error(struct cx_db *db, const char *what)
  * pg_stat_activity instead copies every backend's status (~0.5 ms of the
  * server's CPU with a hundred connections, at every run). Written in UTC
  * to the microsecond, ISO 8601: read back as the same instant whatever the
- * session's DateStyle and TimeZone (a zone's abbreviation would not be). */
+ * session's DateStyle and TimeZone (a zone's abbreviation would not be).
+ * And its isolation, whatever the server's or role's default: READ
+ * COMMITTED, on which a pipeline's statement after a lock relies to see
+ * what the lock's last holder committed (each statement its own
+ * snapshot; lib/session.c). */
 static bool
 name_connection(PGconn *conn)
 {
     static const char sql[] = "SELECT set_config('codexec.backend_start', " CX_SQL_UTC_US(
-        "backend_start") ", false) FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+        "backend_start") ", false), set_config('default_transaction_isolation',"
+                         " 'read committed', false)"
+                         " FROM pg_stat_activity WHERE pid = pg_backend_pid()";
     PGresult *r = PQexec(conn, sql);
     bool ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
 

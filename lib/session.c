@@ -248,19 +248,15 @@ close_by_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool
     return rc;
 }
 
-/* At the cap: close the least recently used session that no run holds. */
+/* At the cap (n: the user's sessions with a kernel): close the least
+ * recently used session that no run holds. */
 static enum cx_err
-make_room(struct cx_ctx *cx, const char *user, const char *cid)
+make_room(struct cx_ctx *cx, const char *user, const char *cid, long n)
 {
     const char *p[2] = {user, cid};
     PGresult *r = NULL;
     enum cx_err rc;
 
-    rc = cx_db_exec(cx->db, &q_count, p, &r);
-    if (rc)
-        return rc;
-    long n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
-    PQclear(r);
     if (n < (long)cx->cfg->max_sessions_per_user)
         return CX_OK;
     rc = cx_db_exec(cx->db, &q_lru, p, &r);
@@ -395,12 +391,18 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
 {
     char wait[32];
     const char *ul[2] = {s->user, wait};
+    PGresult *r = NULL;
+    /* the count after the lock, in the same round trip: each statement of
+     * the pipeline reads a snapshot of its own, taken once the lock is
+     * held (the last holder's session committed) */
+    struct cx_db_call calls[2] = {{&q_user_lock, ul, NULL}, {&q_count, ul, &r}};
     enum cx_err rc;
+    long n;
 
     /* Waits as a run waits for its conversation (busy_wait), never for
      * ever: another creation of this user's may take a while. */
     snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait ? cx->cfg->busy_wait : 1);
-    rc = cx_db_exec(cx->db, &q_user_lock, ul, NULL);
+    rc = cx_db_exec_all(cx->db, calls, 2, true);
     if (rc && lock_wait_timed_out(cx, &q_user_unlock, ul)) {
         snprintf(msg, msglen, "another session of this user is being started; retry later");
         return CX_ERR_CONFLICT;
@@ -408,7 +410,9 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
     if (rc)
         return rc;
     cx_db_pin(cx->db);
-    rc = make_room(cx, s->user, s->conversation_id);
+    n = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    rc = make_room(cx, s->user, s->conversation_id, n);
     if (rc == CX_ERR_QUOTA)
         snprintf(msg, msglen, "all %u sessions of this user are busy",
                  cx->cfg->max_sessions_per_user);
@@ -442,6 +446,27 @@ pick_gateway(struct cx_ctx *cx, struct cx_session *s, long *room, unsigned *at_o
         return CX_ERR_GATEWAY;
     s->gw = cx->gws[at];
     *at_out = (unsigned)at;
+    snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", cx->cfg->gateways[at].url);
+    return CX_OK;
+}
+
+/* The gateway to claim a pooled kernel on (its pooled kernels are counted
+ * in its budget already): the only usable one without asking its count
+ * (one round trip less for a new conversation), else pick_gateway()'s. */
+static enum cx_err
+pool_gateway(struct cx_ctx *cx, struct cx_session *s)
+{
+    unsigned at = 0, usable = 0;
+    long room = 0;
+
+    for (unsigned i = 0; i < cx->ngws; i++)
+        if (cx_gateway_usable(cx->gws[i])) {
+            usable++;
+            at = i;
+        }
+    if (usable != 1)
+        return pick_gateway(cx, s, &room, &at);
+    s->gw = cx->gws[at];
     snprintf(s->gateway_url, sizeof(s->gateway_url), "%s", cx->cfg->gateways[at].url);
     return CX_OK;
 }
@@ -577,14 +602,11 @@ create_session(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg,
     const char *p[7] = {s->id, s->user,      s->conversation_id,   s->gateway_url,
                         ttl_s, s->workspace, cx_lang_name(s->lang)};
     enum cx_err rc = room_begin(cx, s, msg, msglen);
-    long room = 0;
-    unsigned max = 0;
 
     if (rc)
         return rc;
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
-    /* a pooled kernel is counted in its gateway's budget already */
-    if (cx_config_pool_size(cx->cfg, s->lang) > 0 && pick_gateway(cx, s, &room, &max) == CX_OK) {
+    if (cx_config_pool_size(cx->cfg, s->lang) > 0 && pool_gateway(cx, s) == CX_OK) {
         bool got = false;
         long left = 0;
         rc = create_from_pool(cx, s, ttl_s, &got, &left);

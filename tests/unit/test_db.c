@@ -18,6 +18,29 @@ kill_backend(const char *pid)
     usleep(100 * 1000);
 }
 
+CX_SQL(q_isolation, 0, "SELECT current_setting('transaction_isolation')");
+
+/* Every connection reads in READ COMMITTED, whatever the server's or the
+ * role's default: a pipeline's count after a lock (lib/session.c) must see
+ * what the lock's last holder committed, which one snapshot for the whole
+ * pipeline would not. */
+static void
+isolation(const char *conninfo)
+{
+    char ci[1200];
+    struct cx_db *db;
+    PGresult *r = NULL;
+
+    snprintf(ci, sizeof(ci), "%s options='-c default_transaction_isolation=serializable'",
+             conninfo);
+    need(cx_db_new(ci, &db) == CX_OK, "a handle whose server default is SERIALIZABLE");
+    ok(cx_db_exec(db, &q_isolation, NULL, &r) == CX_OK && PQntuples(r) == 1 &&
+           !strcmp(PQgetvalue(r, 0, 0), "read committed"),
+       "its statements run in READ COMMITTED (%s)", r ? PQgetvalue(r, 0, 0) : "-");
+    PQclear(r);
+    cx_db_free(db);
+}
+
 /* The connection's owner columns are its backend's, as the sweep compares
  * them with pg_stat_activity: also under a DateStyle whose text names the
  * zone by an abbreviation that reads back as another offset. */
@@ -204,6 +227,7 @@ main(void)
     pipelined(db);
     cx_db_free(db);
     owner_names(conninfo);
+    isolation(conninfo);
 
     need(cx_db_new("host=/nonexistent dbname=x connect_timeout=2", &bad) == CX_OK, "bad handle");
     is_int(cx_db_ping(bad), CX_ERR_DB, "an unreachable server is a db error");

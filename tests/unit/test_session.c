@@ -1,6 +1,7 @@
 /* Sessions against the suite's PostgreSQL and Jupyter server: creation and
  * reuse, the conversation lock between two processes' connections, the
  * per-user cap and its eviction, a vanished kernel, close and reap. */
+#include <pthread.h>
 #include <unistd.h>
 
 #include "../../lib/db.h"
@@ -12,6 +13,17 @@
 #define USER_KEY "hashtextextended('user' || E'\\n' || $1, 1)"
 CX_SQL(q_hold_user, 1, "SELECT pg_advisory_lock(" USER_KEY ")");
 CX_SQL(q_free_user, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
+
+/* A session of the user's with a kernel, made as another process's
+ * creation makes it (the kernel's id names none: its delete is a 404). */
+CX_SQL(q_fake_session, 3,
+       "INSERT INTO sessions (id, user_id, conversation_id, gateway_url, expires_at, workspace,"
+       " language, kernel_id) SELECT gen_random_uuid(), $1, $2, $3, now() + interval '1 hour',"
+       " 'w-fake-' || $2, 'python', '00000000-0000-4000-8000-' || lpad(md5($2), 12, '0')");
+
+CX_SQL(q_waiting, 0,
+       "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+       " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())");
 
 #define CONF "kernel_name = python3-sandbox\nbusy_wait = 1\nmax_sessions_per_user = 2\n"
 
@@ -123,6 +135,89 @@ creation_busy(struct cxtest *t, struct cx_ctx *other)
     ok(cx_session_close(&t->cx, "bob", "c9") == CX_OK, "and closed");
 }
 
+/* carol's sessions that have a kernel, as the cap counts them. */
+static int
+carol_kernels(struct cx_ctx *cx)
+{
+    json_t *l = NULL, *row;
+    size_t i;
+    int n = 0;
+
+    if (cx_session_list(cx, "carol", &l) != CX_OK)
+        return -1;
+    json_array_foreach(l, i, row)
+    {
+        n += json_is_string(json_object_get(row, "kernel"));
+    }
+    json_decref(l);
+    return n;
+}
+
+struct waiter {
+    struct cx_ctx *cx;
+    struct cx_session s;
+    enum cx_err rc;
+};
+
+static void *
+acquire_waiting(void *arg)
+{
+    struct waiter *w = arg;
+    char msg[CX_MSG_MAX] = "";
+
+    w->rc =
+        cx_session_acquire(w->cx, "carol", "k-new", 60, CX_LANG_PYTHON, &w->s, msg, sizeof(msg));
+    return NULL;
+}
+
+/* Whether a backend waits for an advisory lock, within half a second. */
+static bool
+waiting_for_a_lock(struct cx_ctx *cx)
+{
+    for (int i = 0; i < 50; i++) {
+        PGresult *r = NULL;
+        bool waits = cx_db_exec(cx->db, &q_waiting, NULL, &r) == CX_OK &&
+                     strcmp(PQgetvalue(r, 0, 0), "0") != 0;
+
+        PQclear(r);
+        if (waits)
+            return true;
+        usleep(10 * 1000);
+    }
+    return false;
+}
+
+/* A creation that waited for the user's creation lock counts what the
+ * holder committed before letting go: the count is read after the lock
+ * is taken (the same round trip, a statement of its own), never from a
+ * snapshot older than the lock. Counted before, carol would hold three
+ * kernels under a cap of two. */
+static void
+creation_counts_after_the_lock(struct cxtest *t, struct cx_ctx *other)
+{
+    const char *u[1] = {"carol"};
+    const char *f1[3] = {"carol", "fake-1", t->cfg.gateways[0].url};
+    const char *f2[3] = {"carol", "fake-2", t->cfg.gateways[0].url};
+    struct waiter w = {.cx = &t->cx};
+    pthread_t th;
+
+    need(cx_db_exec(other->db, &q_hold_user, u, NULL) == CX_OK, "carol's creation lock held");
+    need(pthread_create(&th, NULL, acquire_waiting, &w) == 0, "a creation of carol's starts");
+    need(waiting_for_a_lock(other), "and waits for the lock (busy_wait is 1 s)");
+    ok(cx_db_exec(other->db, &q_fake_session, f1, NULL) == CX_OK &&
+           cx_db_exec(other->db, &q_fake_session, f2, NULL) == CX_OK,
+       "meanwhile the holder makes two sessions with kernels (the cap), committed");
+    ok(cx_db_exec(other->db, &q_free_user, u, NULL) == CX_OK, "and lets go");
+    pthread_join(th, NULL);
+    ok(w.rc == CX_OK && w.s.created, "the waiting creation goes on");
+    is_int(carol_kernels(&t->cx), 2, "having evicted one: never more kernels than the cap");
+    if (w.rc == CX_OK)
+        cx_session_release(&t->cx, &w.s);
+    for (const char *const *c = (const char *const[]){"k-new", "fake-1", "fake-2", NULL}; *c; c++)
+        if (cx_session_close(&t->cx, "carol", *c) != CX_OK)
+            printf("# carol's %s: not closed (evicted, or never made)\n", *c);
+}
+
 static void
 list_close_reap(struct cxtest *t)
 {
@@ -163,6 +258,7 @@ main(void)
     cap_and_eviction(&t, &other, &third);
     list_close_reap(&t);
     creation_busy(&t, &other);
+    creation_counts_after_the_lock(&t, &other);
     /* leave nothing running on the suite's gateway */
     {
         json_t *l = NULL;
