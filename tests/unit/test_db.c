@@ -20,6 +20,30 @@ kill_backend(const char *pid)
 
 CX_SQL(q_isolation, 0, "SELECT current_setting('transaction_isolation')");
 
+/* A handle on conninfo whose connections start with these server
+ * options, or NULL. */
+static struct cx_db *
+with_options(const char *conninfo, const char *options)
+{
+    char ci[1200];
+    struct cx_db *db = NULL;
+
+    snprintf(ci, sizeof(ci), "%s options='%s'", conninfo, options);
+    return cx_db_new(ci, &db) == CX_OK ? db : NULL;
+}
+
+/* Whether q's one row has want as its one value. */
+static bool
+value_is(struct cx_db *db, struct cx_sql *q, const char *want)
+{
+    PGresult *r = NULL;
+    bool is = cx_db_exec(db, q, NULL, &r) == CX_OK && PQntuples(r) == 1 &&
+              !strcmp(PQgetvalue(r, 0, 0), want);
+
+    PQclear(r);
+    return is;
+}
+
 /* Every connection reads in READ COMMITTED, whatever the server's or the
  * role's default: a pipeline's count after a lock (lib/session.c) must see
  * what the lock's last holder committed, which one snapshot for the whole
@@ -27,17 +51,10 @@ CX_SQL(q_isolation, 0, "SELECT current_setting('transaction_isolation')");
 static void
 isolation(const char *conninfo)
 {
-    char ci[1200];
-    struct cx_db *db;
-    PGresult *r = NULL;
+    struct cx_db *db = with_options(conninfo, "-c default_transaction_isolation=serializable");
 
-    snprintf(ci, sizeof(ci), "%s options='-c default_transaction_isolation=serializable'",
-             conninfo);
-    need(cx_db_new(ci, &db) == CX_OK, "a handle whose server default is SERIALIZABLE");
-    ok(cx_db_exec(db, &q_isolation, NULL, &r) == CX_OK && PQntuples(r) == 1 &&
-           !strcmp(PQgetvalue(r, 0, 0), "read committed"),
-       "its statements run in READ COMMITTED (%s)", r ? PQgetvalue(r, 0, 0) : "-");
-    PQclear(r);
+    need(db != NULL, "a handle whose server default is SERIALIZABLE");
+    ok(value_is(db, &q_isolation, "read committed"), "its statements run in READ COMMITTED");
     cx_db_free(db);
 }
 
@@ -47,25 +64,15 @@ isolation(const char *conninfo)
 static void
 owner_names(const char *conninfo)
 {
-    char ci[1200];
-    struct cx_db *db;
+    struct cx_db *db = with_options(conninfo, "-c DateStyle=SQL,DMY -c TimeZone=Asia/Kolkata");
     PGresult *r = NULL;
 
-    snprintf(ci, sizeof(ci), "%s options='-c DateStyle=SQL,DMY -c TimeZone=Asia/Kolkata'",
-             conninfo);
-    need(cx_db_new(ci, &db) == CX_OK, "a handle with DateStyle SQL, zone Asia/Kolkata (IST)");
-    ok(cx_db_exec(db, &q_owner, NULL, &r) == CX_OK && PQntuples(r) == 1 &&
-           !strcmp(PQgetvalue(r, 0, 0), "t"),
-       "the owner columns are the backend's pid and start");
-    PQclear(r);
-    r = NULL;
+    need(db != NULL, "a handle with DateStyle SQL, zone Asia/Kolkata (IST)");
+    ok(value_is(db, &q_owner, "t"), "the owner columns are the backend's pid and start");
     ok(cx_db_exec(db, &q_pid, NULL, &r) == CX_OK, "its pid");
     kill_backend(PQgetvalue(r, 0, 0));
     PQclear(r);
-    r = NULL;
-    ok(cx_db_exec(db, &q_owner, NULL, &r) == CX_OK && !strcmp(PQgetvalue(r, 0, 0), "t"),
-       "and the new connection's after a reconnect");
-    PQclear(r);
+    ok(value_is(db, &q_owner, "t"), "and the new connection's after a reconnect");
     cx_db_free(db);
 }
 
