@@ -276,15 +276,20 @@ warm_ok(const struct cx_exec *e)
     return status && !strcmp(status, "ok");
 }
 
-/* Sends the cells and waits for them all (a start-up's imports: 120 s). */
+/* How long a new kernel's warm-up may take in all, its cells and
+ * rehearsals (a start-up's imports): a kernel that hangs is discarded
+ * after it, not after a wait per cell. */
+#define WARM_US (120 * 1000000LL)
+
+/* Sends the cells and waits for them all, until deadline (cx_now_us()). */
 static enum cx_err
-run_cells(struct cx_kernel_conn *c, struct cx_exec *cells, int n)
+run_cells(struct cx_kernel_conn *c, struct cx_exec *cells, int n, int64_t deadline)
 {
     enum cx_err rc = CX_OK;
 
     for (int i = 0; rc == CX_OK && i < n; i++)
         rc = cx_kernel_execute(c, &cells[i]);
-    return rc ? rc : cx_kernel_wait(c, cells, n, n, cx_now_us() + 120 * 1000000LL, NULL, NULL);
+    return rc ? rc : cx_kernel_wait(c, cells, n, n, deadline, NULL, NULL);
 }
 
 /* How many times a pooled Python kernel runs a run's own request before
@@ -301,7 +306,7 @@ run_cells(struct cx_kernel_conn *c, struct cx_exec *cells, int n)
  * 0.5-1 ms more (19 faults), most of that its first stored cell. Paid
  * here, not by the conversation's first run. */
 static enum cx_err
-rehearse(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid)
+rehearse(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, int64_t deadline)
 {
     json_t *meta = cx_capture_metadata(cx->cfg, kid, NULL, false, false);
     json_t *uexpr = meta ? cx_runend_expr(kid, true, meta, false) : NULL;
@@ -315,7 +320,7 @@ rehearse(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid)
                                 .metadata = meta,
                                 .ends_run = true};
     if (rc == CX_OK)
-        rc = run_cells(c, e, REHEARSALS);
+        rc = run_cells(c, e, REHEARSALS, deadline);
     for (int i = 0; rc == CX_OK && i < REHEARSALS; i++)
         if (!cx_runend_carried(&e[i])) {
             /* (the kernel is still pooled: its first run asks again) */
@@ -354,10 +359,11 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
                             .metadata = meta}};
     struct cx_exec *all = inner ? e : e + 1;
     int n = inner ? 2 : 1;
+    int64_t deadline = cx_now_us() + WARM_US;
     enum cx_err rc = uexpr && meta && code && (lcode || !inner) ? CX_OK : CX_ERR_NOMEM;
 
     if (rc == CX_OK)
-        rc = run_cells(c, all, n);
+        rc = run_cells(c, all, n, deadline);
     if (rc == CX_OK && !cx_runend_carried(&e[1])) {
         /* the preload failed, and IPython skipped the expressions: the
          * epilogue and helper go in a cell of their own, so the
@@ -368,11 +374,11 @@ warm(struct cx_ctx *cx, struct cx_kernel_conn *c, const char *kid, enum cx_lang 
                             .user_expressions = uexpr,
                             .metadata = meta};
 
-        rc = run_cells(c, &x, 1);
+        rc = run_cells(c, &x, 1, deadline);
         cx_exec_cleanup(&x, 1);
     }
     if (rc == CX_OK && !inner)
-        rc = rehearse(cx, c, kid);
+        rc = rehearse(cx, c, kid, deadline);
     for (int i = 0; rc == CX_OK && i < n; i++)
         if (!warm_ok(&all[i]))
             cx_log_warn(0, "%s: a module failed to import in pooled kernel %s",

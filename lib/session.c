@@ -32,6 +32,10 @@ CX_SQL(q_user_lock, 2,
        "SELECT set_config('lock_timeout', $2, false), pg_advisory_lock(" USER_KEY "),"
        " set_config('lock_timeout', '0', false)");
 CX_SQL(q_user_unlock, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
+/* The same lock for a transaction: let go at its end, once what it made
+ * is visible (and its timeout with it). */
+CX_SQL(q_user_xact_lock, 2,
+       "SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock(" USER_KEY ")");
 
 #define EXPIRES CX_SQL_UTC("expires_at")
 
@@ -43,7 +47,9 @@ CX_SQL(q_touch, 3,
        ", capture_rescan, language");
 /* Sessions with a kernel count toward the cap; an evicted one keeps its row
  * (without a kernel) so its next run can say session.reset. */
-CX_SQL(q_count, 1, "SELECT count(*) FROM sessions WHERE user_id = $1 AND kernel_id IS NOT NULL");
+#define COUNT(user)                                                                                \
+    "(SELECT count(*) FROM sessions WHERE user_id = " user " AND kernel_id IS NOT NULL)"
+CX_SQL(q_count, 1, "SELECT " COUNT("$1"));
 CX_SQL(q_lru, 2,
        "SELECT conversation_id FROM sessions WHERE user_id = $1 AND conversation_id <> $2"
        " AND kernel_id IS NOT NULL ORDER BY last_used_at LIMIT 64");
@@ -54,10 +60,13 @@ CX_SQL(q_insert, 7,
        " RETURNING " EXPIRES);
 /* A pooled kernel claimed and the session's row made of it, in one
  * statement: one round trip, one commit, and a failure leaves the kernel
- * pooled. No row: the pool had none ready. $1 and $2 are the claim's
- * (lib/prestart.h), then user, conversation, ttl, language. */
-CX_SQL(q_insert_pooled, 6,
-       "WITH " CX_PRESTART_CLAIM_CTES ", s AS (INSERT INTO sessions (id, user_id,"
+ * pooled. No row: the pool had none ready, or the user's sessions with a
+ * kernel are at the cap ($7), counted in this statement's own snapshot (so
+ * after the user's lock, taken by an earlier one). $1 and $2 are the
+ * claim's (lib/prestart.h), then user, conversation, ttl, language. */
+#define CLAIM_UNDER_THE_CAP CX_PRESTART_CLAIM_CTES_IF(COUNT("$3") " < $7::int")
+CX_SQL(q_insert_pooled, 7,
+       "WITH " CLAIM_UNDER_THE_CAP ", s AS (INSERT INTO sessions (id, user_id,"
        " conversation_id, gateway_url, expires_at, workspace, language, kernel_id, kernel_fresh)"
        " SELECT claim.id, $3, $4, $1, now() + make_interval(secs => $5::int),"
        " '" CX_WORKSPACE_PREFIX "' || claim.id, $6, claim.kernel_id, true FROM claim"
@@ -331,27 +340,55 @@ insert_row(struct cx_ctx *cx, struct cx_session *s, const char *const *p)
     return CX_OK;
 }
 
+/* How long a creation waits for the user's creation lock ("<n>s"): as a
+ * run waits for its conversation (busy_wait), never for ever, as another
+ * creation of this user's may take a while. */
+static void
+user_wait(const struct cx_ctx *cx, char wait[32])
+{
+    snprintf(wait, 32, "%us", cx->cfg->busy_wait ? cx->cfg->busy_wait : 1);
+}
+
 /* Takes a pre-started kernel and makes the session's row of it, in one
  * statement: a failure leaves the kernel pooled. *got is false when the
- * pool has none ready; *left is how many ready kernels the claim left (as
- * far as it saw: a claim at the same moment counts as not yet taken). */
+ * pool has none ready or the user is at the cap; *left is how many ready
+ * kernels the claim left (as far as it saw: a claim at the same moment
+ * counts as not yet taken).
+ *
+ * lock: the caller does not hold the user's creation lock (room_begin());
+ * the claim then takes it for its own transaction, in the same round trip,
+ * and a wait for it that times out is CX_ERR_CONFLICT. */
 static enum cx_err
-create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool *got, long *left)
+create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool lock, bool *got,
+                 long *left, char *msg, size_t msglen)
 {
-    const char *p[6] = {s->gateway_url,
+    char cap[16], wait[32];
+    const char *p[7] = {s->gateway_url,
                         cx_config_kernel_name(cx->cfg, s->lang),
                         s->user,
                         s->conversation_id,
                         ttl,
-                        cx_lang_name(s->lang)};
+                        cx_lang_name(s->lang),
+                        cap};
+    const char *ul[2] = {s->user, wait};
     PGresult *r = NULL;
+    /* the count in the claim's statement reads a snapshot taken once the
+     * lock is held: the last holder's sessions committed */
+    struct cx_db_call calls[2] = {{&q_user_xact_lock, ul, NULL}, {&q_insert_pooled, p, &r}};
     enum cx_err rc;
 
     *got = false;
     *left = 0;
     if (!p[1])
         return CX_OK;
-    rc = cx_db_exec(cx->db, &q_insert_pooled, p, &r);
+    snprintf(cap, sizeof(cap), "%u", cx->cfg->max_sessions_per_user);
+    user_wait(cx, wait);
+    rc =
+        lock ? cx_db_exec_all(cx->db, calls, 2, true) : cx_db_exec(cx->db, &q_insert_pooled, p, &r);
+    if (rc && lock && !strcmp(cx_db_sqlstate(cx->db), "55P03")) {
+        snprintf(msg, msglen, "another session of this user is being started; retry later");
+        return CX_ERR_CONFLICT;
+    }
     if (rc)
         return rc;
     if (PQntuples(r) == 1) {
@@ -399,9 +436,7 @@ room_begin(struct cx_ctx *cx, const struct cx_session *s, char *msg, size_t msgl
     enum cx_err rc;
     long n;
 
-    /* Waits as a run waits for its conversation (busy_wait), never for
-     * ever: another creation of this user's may take a while. */
-    snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait ? cx->cfg->busy_wait : 1);
+    user_wait(cx, wait);
     rc = cx_db_exec_all(cx->db, calls, 2, true);
     if (rc && lock_wait_timed_out(cx, &q_user_unlock, ul)) {
         snprintf(msg, msglen, "another session of this user is being started; retry later");
@@ -595,27 +630,54 @@ place_and_start(struct cx_ctx *cx, struct cx_session *s, char *msg, size_t msgle
     return rc;
 }
 
+/* create_from_pool() on the pool's gateway, and the pool's refill asked
+ * for: a kernel taken, or wanted (lock: not yet wanted, the caller tries
+ * again under the lock). */
+static enum cx_err
+claim_pooled(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool lock, bool *got,
+             char *msg, size_t msglen)
+{
+    long left = 0;
+    enum cx_err rc;
+
+    *got = false;
+    if (pool_gateway(cx, s) != CX_OK)
+        return CX_OK;
+    rc = create_from_pool(cx, s, ttl, lock, got, &left, msg, msglen);
+    /* after the new conversation's first runs while the pool still holds
+     * a kernel */
+    if (*got && left > 0)
+        cx_prestart_kick_after(CX_POOL_REFILL_DELAY_MS);
+    else if (*got || !lock)
+        cx_prestart_kick();
+    return rc;
+}
+
+/* A new conversation's session. With a pool, the common case (room under
+ * the cap, a kernel ready) is one round trip: the claim under the user's
+ * lock for its transaction. Otherwise, under the lock held throughout
+ * (room_begin()): room made by evicting, then a pooled kernel or one
+ * started. */
 static enum cx_err
 create_session(struct cx_ctx *cx, struct cx_session *s, unsigned ttl, char *msg, size_t msglen)
 {
     char ttl_s[16];
     const char *p[7] = {s->id, s->user,      s->conversation_id,   s->gateway_url,
                         ttl_s, s->workspace, cx_lang_name(s->lang)};
-    enum cx_err rc = room_begin(cx, s, msg, msglen);
+    bool pooled = cx_config_pool_size(cx->cfg, s->lang) > 0, got = false;
+    enum cx_err rc;
 
+    snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
+    if (pooled) {
+        rc = claim_pooled(cx, s, ttl_s, true, &got, msg, msglen);
+        if (rc || got)
+            return rc;
+    }
+    rc = room_begin(cx, s, msg, msglen);
     if (rc)
         return rc;
-    snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
-    if (cx_config_pool_size(cx->cfg, s->lang) > 0 && pool_gateway(cx, s) == CX_OK) {
-        bool got = false;
-        long left = 0;
-        rc = create_from_pool(cx, s, ttl_s, &got, &left);
-        /* taken, or wanted: the pool refills, after the new conversation's
-         * first runs while the pool still holds a kernel */
-        if (got && left > 0)
-            cx_prestart_kick_after(CX_POOL_REFILL_DELAY_MS);
-        else
-            cx_prestart_kick();
+    if (pooled) {
+        rc = claim_pooled(cx, s, ttl_s, false, &got, msg, msglen);
         if (rc || got)
             goto out;
     }

@@ -138,6 +138,7 @@ creation_busy(struct cxtest *t, struct cx_ctx *other)
 
 struct waiter {
     struct cx_ctx *cx;
+    const char *user;
     struct cx_session s;
     enum cx_err rc;
 };
@@ -149,7 +150,7 @@ acquire_waiting(void *arg)
     char msg[CX_MSG_MAX] = "";
 
     w->rc =
-        cx_session_acquire(w->cx, "carol", "k-new", 60, CX_LANG_PYTHON, &w->s, msg, sizeof(msg));
+        cx_session_acquire(w->cx, w->user, "k-new", 60, CX_LANG_PYTHON, &w->s, msg, sizeof(msg));
     return NULL;
 }
 
@@ -170,35 +171,56 @@ waiting_for_a_lock(struct cx_ctx *cx)
     return false;
 }
 
-/* A creation that waited for the user's creation lock counts what the
+/* A creation that waited for the user's creation lock counts what its
  * holder committed before letting go: the count is read after the lock
  * is taken (the same round trip, a statement of its own), never from a
- * snapshot older than the lock. Counted before, carol would hold three
- * kernels under a cap of two. */
+ * snapshot older than the lock. Counted before, the user would hold three
+ * kernels under a cap of two. cx: the creation's context (pooled: it
+ * claims a pooled kernel, the lock then its claim's transaction's). */
 static void
-creation_counts_after_the_lock(struct cxtest *t, struct cx_ctx *other)
+creation_counts_after_the_lock(struct cxtest *t, struct cx_ctx *other, struct cx_ctx *cx,
+                               const char *user, bool pooled)
 {
-    const char *u[1] = {"carol"};
-    const char *f1[3] = {"carol", "fake-1", t->cfg.gateways[0].url};
-    const char *f2[3] = {"carol", "fake-2", t->cfg.gateways[0].url};
-    struct waiter w = {.cx = &t->cx};
+    const char *u[1] = {user};
+    const char *f1[3] = {user, "fake-1", t->cfg.gateways[0].url};
+    const char *f2[3] = {user, "fake-2", t->cfg.gateways[0].url};
+    struct waiter w = {.cx = cx, .user = user};
     pthread_t th;
 
-    need(cx_db_exec(other->db, &q_hold_user, u, NULL) == CX_OK, "carol's creation lock held");
-    need(pthread_create(&th, NULL, acquire_waiting, &w) == 0, "a creation of carol's starts");
+    need(cx_db_exec(other->db, &q_hold_user, u, NULL) == CX_OK, "%s's creation lock held", user);
+    need(pthread_create(&th, NULL, acquire_waiting, &w) == 0, "a creation of %s's starts", user);
     need(waiting_for_a_lock(other), "and waits for the lock (busy_wait is 1 s)");
     ok(cx_db_exec(other->db, &q_fake_session, f1, NULL) == CX_OK &&
            cx_db_exec(other->db, &q_fake_session, f2, NULL) == CX_OK,
        "meanwhile the holder makes two sessions with kernels (the cap), committed");
     ok(cx_db_exec(other->db, &q_free_user, u, NULL) == CX_OK, "and lets go");
     pthread_join(th, NULL);
-    ok(w.rc == CX_OK && w.s.created, "the waiting creation goes on");
-    is_int(with_kernels(&t->cx, "carol"), 2, "having evicted one: never more kernels than the cap");
+    ok(w.rc == CX_OK && w.s.created && w.s.from_pool == pooled,
+       "the waiting creation goes on (%s)", pooled ? "a pooled kernel" : "a kernel started");
+    is_int(with_kernels(&t->cx, user), 2, "having evicted one: never more kernels than the cap");
     if (w.rc == CX_OK)
-        cx_session_release(&t->cx, &w.s);
+        cx_session_release(cx, &w.s);
     for (const char *const *c = (const char *const[]){"k-new", "fake-1", "fake-2", NULL}; *c; c++)
-        if (cx_session_close(&t->cx, "carol", *c) != CX_OK)
-            printf("# carol's %s: not closed (evicted, or never made)\n", *c);
+        if (cx_session_close(&t->cx, user, *c) != CX_OK)
+            printf("# %s's %s: not closed (evicted, or never made)\n", user, *c);
+}
+
+/* The same with a pool: a new conversation's claim takes the user's lock
+ * for its own transaction, in the round trip of the claim, whose count is
+ * a statement after the lock's. */
+static void
+pooled_creation_counts_after_the_lock(struct cxtest *t, struct cx_ctx *other)
+{
+    struct cx_config cfg = t->cfg;
+    struct cx_ctx cx;
+    int started = -1, deleted = -1;
+
+    cfg.kernel_pool_size = 1;
+    need(cx_host_ctx_open(&cx, &cfg, t->auth) == CX_OK, "a context with a pool of 1");
+    ok(cx_prestart_fill(&cx, &started) == CX_OK && started == 1, "its pool filled (%d)", started);
+    creation_counts_after_the_lock(t, other, &cx, "dave", true);
+    ok(cx_prestart_drain(&cx, &deleted) == CX_OK && deleted == 0, "the pooled kernel was taken");
+    cx_host_ctx_close(&cx);
 }
 
 static void
@@ -241,7 +263,8 @@ main(void)
     cap_and_eviction(&t, &other, &third);
     list_close_reap(&t);
     creation_busy(&t, &other);
-    creation_counts_after_the_lock(&t, &other);
+    creation_counts_after_the_lock(&t, &other, &t.cx, "carol", false);
+    pooled_creation_counts_after_the_lock(&t, &other);
     /* leave nothing running on the suite's gateway */
     {
         json_t *l = NULL;
