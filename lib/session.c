@@ -1,3 +1,4 @@
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +34,10 @@ CX_SQL(q_user_lock, 2,
        " set_config('lock_timeout', '0', false)");
 CX_SQL(q_user_unlock, 1, "SELECT pg_advisory_unlock(" USER_KEY ")");
 /* The same lock for a transaction: let go at its end, once what it made
- * is visible (and its timeout with it). */
+ * is visible. The timeout is the lock's only. */
 CX_SQL(q_user_xact_lock, 2,
-       "SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock(" USER_KEY ")");
+       "SELECT set_config('lock_timeout', $2, true), pg_advisory_xact_lock(" USER_KEY "),"
+       " set_config('lock_timeout', '0', true)");
 
 #define EXPIRES CX_SQL_UTC("expires_at")
 
@@ -357,7 +359,10 @@ user_wait(const struct cx_ctx *cx, char wait[32])
  *
  * lock: the caller does not hold the user's creation lock (room_begin());
  * the claim then takes it for its own transaction, in the same round trip,
- * and a wait for it that times out is CX_ERR_CONFLICT. */
+ * and a wait for it that times out is CX_ERR_CONFLICT. Otherwise the
+ * caller made room (make_room()), which the claim does not count again: a
+ * user above the cap (lowered since) takes a pooled kernel after one
+ * eviction, as a started one would. */
 static enum cx_err
 create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool lock, bool *got,
                  long *left, char *msg, size_t msglen)
@@ -381,7 +386,7 @@ create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool 
     *left = 0;
     if (!p[1])
         return CX_OK;
-    snprintf(cap, sizeof(cap), "%u", cx->cfg->max_sessions_per_user);
+    snprintf(cap, sizeof(cap), "%u", lock ? cx->cfg->max_sessions_per_user : INT_MAX);
     user_wait(cx, wait);
     rc =
         lock ? cx_db_exec_all(cx->db, calls, 2, true) : cx_db_exec(cx->db, &q_insert_pooled, p, &r);

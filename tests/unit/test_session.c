@@ -195,14 +195,39 @@ creation_counts_after_the_lock(struct cxtest *t, struct cx_ctx *other, struct cx
        "meanwhile the holder makes two sessions with kernels (the cap), committed");
     ok(cx_db_exec(other->db, &q_free_user, u, NULL) == CX_OK, "and lets go");
     pthread_join(th, NULL);
-    ok(w.rc == CX_OK && w.s.created && w.s.from_pool == pooled,
-       "the waiting creation goes on (%s)", pooled ? "a pooled kernel" : "a kernel started");
+    ok(w.rc == CX_OK && w.s.created && w.s.from_pool == pooled, "the waiting creation goes on (%s)",
+       pooled ? "a pooled kernel" : "a kernel started");
     is_int(with_kernels(&t->cx, user), 2, "having evicted one: never more kernels than the cap");
     if (w.rc == CX_OK)
         cx_session_release(cx, &w.s);
     for (const char *const *c = (const char *const[]){"k-new", "fake-1", "fake-2", NULL}; *c; c++)
         if (cx_session_close(&t->cx, user, *c) != CX_OK)
             printf("# %s's %s: not closed (evicted, or never made)\n", user, *c);
+}
+
+/* A pooled creation whose wait for the user's lock (busy_wait) times out:
+ * a conflict, the pooled kernel left in the pool, no lock left held. */
+static void
+busy_claim(struct cx_ctx *other, struct cx_ctx *cx)
+{
+    const char *u[1] = {"dave"};
+    struct cx_session s;
+    char msg[CX_MSG_MAX] = "";
+    int started = -1;
+
+    need(cx_db_exec(other->db, &q_hold_user, u, NULL) == CX_OK, "dave's creation lock held");
+    is_int(cx_session_acquire(cx, "dave", "k-busy", 60, CX_LANG_PYTHON, &s, msg, sizeof(msg)),
+           CX_ERR_CONFLICT, "a pooled creation meanwhile: conflict after busy_wait (%s)", msg);
+    ok(cx_db_exec(other->db, &q_free_user, u, NULL) == CX_OK, "let go");
+    ok(cx_prestart_fill(cx, &started) == CX_OK && started == 0, "the pooled kernel is still there");
+    ok(cx_session_acquire(cx, "dave", "k-busy", 60, CX_LANG_PYTHON, &s, msg, sizeof(msg)) ==
+               CX_OK &&
+           s.from_pool,
+       "then the creation takes it (%s)", msg);
+    cx_session_release(cx, &s);
+    ok(cx_session_close(cx, "dave", "k-busy") == CX_OK, "and closes");
+    ok(cx_prestart_fill(cx, &started) == CX_OK && started == 1, "the pool filled again (%d)",
+       started);
 }
 
 /* The same with a pool: a new conversation's claim takes the user's lock
@@ -218,6 +243,7 @@ pooled_creation_counts_after_the_lock(struct cxtest *t, struct cx_ctx *other)
     cfg.kernel_pool_size = 1;
     need(cx_host_ctx_open(&cx, &cfg, t->auth) == CX_OK, "a context with a pool of 1");
     ok(cx_prestart_fill(&cx, &started) == CX_OK && started == 1, "its pool filled (%d)", started);
+    busy_claim(other, &cx);
     creation_counts_after_the_lock(t, other, &cx, "dave", true);
     ok(cx_prestart_drain(&cx, &deleted) == CX_OK && deleted == 0, "the pooled kernel was taken");
     cx_host_ctx_close(&cx);
