@@ -89,13 +89,17 @@ log_conn_error(struct cx_db *db, const char *what)
  * And its isolation, whatever the server's or role's default: READ
  * COMMITTED, on which a pipeline's statement after a lock relies to see
  * what the lock's last holder committed (each statement its own
- * snapshot; lib/session.c). */
+ * snapshot; lib/session.c). And no lock_timeout but the ones codexec sets
+ * on its own lock waits (busy_wait), which reset it to none (as the first
+ * of them did before): a lock wait that times out is a busy answer, not a
+ * database error (result_error()). */
 static bool
 name_connection(PGconn *conn)
 {
     static const char sql[] = "SELECT set_config('codexec.backend_start', " CX_SQL_UTC_US(
-        "backend_start") ", false), set_config('default_transaction_isolation',"
-                         " 'read committed', false)"
+        "backend_start") ", false),"
+                         " set_config('default_transaction_isolation', 'read committed', false),"
+                         " set_config('lock_timeout', '0', false)"
                          " FROM pg_stat_activity WHERE pid = pg_backend_pid()";
     PGresult *r = PQexec(conn, sql);
     bool ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
@@ -153,8 +157,16 @@ result_error(struct cx_db *db, PGresult *r, int id)
 {
     const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
 
-    cx_metrics_count(CX_COUNT_DATABASE_ERRORS);
     snprintf(db->sqlstate, sizeof(db->sqlstate), "%s", state ? state : "");
+    /* lock_not_available: a wait for a lock ran out its lock_timeout, which
+     * codexec sets on its own lock waits (busy_wait): a busy answer the
+     * caller gives (409), counted among the refusals, not a failure of the
+     * database that its counter and the operators' alert on it should see */
+    if (state && strcmp(state, "55P03") == 0) {
+        cx_log_info("statement s%d: a lock wait timed out", id);
+        return CX_ERR_DB;
+    }
+    cx_metrics_count(CX_COUNT_DATABASE_ERRORS);
     if (state && strcmp(state, "23505") == 0)
         return CX_ERR_CONFLICT;
     if (!db->conn || PQstatus(db->conn) != CONNECTION_OK)

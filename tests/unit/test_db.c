@@ -1,5 +1,6 @@
 #include "../../lib/db.h"
 #include "../../lib/log.h"
+#include "../../lib/metrics.h"
 #include "pgtest.h"
 
 CX_SQL(q_insert, 2, "INSERT INTO t (k, v) VALUES ($1, $2)");
@@ -19,6 +20,10 @@ kill_backend(const char *pid)
 }
 
 CX_SQL(q_isolation, 0, "SELECT current_setting('transaction_isolation')");
+CX_SQL(q_lock_timeout, 0, "SELECT current_setting('lock_timeout')");
+CX_SQL(q_hold, 0, "SELECT pg_advisory_lock(42)");
+CX_SQL(q_wait, 0, "SELECT set_config('lock_timeout', '100ms', false), pg_advisory_lock(42)");
+CX_SQL(q_divide, 0, "SELECT 1 / (SELECT count(*) FROM pg_database WHERE false)");
 
 /* A handle on conninfo whose connections start with these server
  * options, or NULL. */
@@ -56,6 +61,29 @@ isolation(const char *conninfo)
     need(db != NULL, "a handle whose server default is SERIALIZABLE");
     ok(value_is(db, &q_isolation, "read committed"), "its statements run in READ COMMITTED");
     cx_db_free(db);
+}
+
+/* A lock wait that runs out its timeout (codexec's own, busy_wait) is a
+ * busy answer: its SQLSTATE kept for the caller, and not counted among
+ * the database's errors (the operators' alert on them). Another failure
+ * is. No lock_timeout of the role's applies to codexec's statements. */
+static void
+lock_waits(const char *conninfo)
+{
+    struct cx_db *a = with_options(conninfo, "-c lock_timeout=50ms"), *b = NULL;
+    uint64_t before;
+
+    need(a != NULL && cx_db_new(conninfo, &b) == CX_OK, "two handles, one with a lock_timeout");
+    ok(value_is(a, &q_lock_timeout, "0"), "the role's or server's lock_timeout is not codexec's");
+    ok(cx_db_exec(b, &q_hold, NULL, NULL) == CX_OK, "a lock held on one connection");
+    before = cx_metrics_counter(CX_COUNT_DATABASE_ERRORS);
+    is_int(cx_db_exec(a, &q_wait, NULL, NULL), CX_ERR_DB, "a wait for it that times out fails");
+    is_str(cx_db_sqlstate(a), "55P03", "as lock_not_available");
+    ok(cx_metrics_counter(CX_COUNT_DATABASE_ERRORS) == before, "not counted as a database error");
+    is_int(cx_db_exec(a, &q_divide, NULL, NULL), CX_ERR_DB, "a division by zero fails");
+    ok(cx_metrics_counter(CX_COUNT_DATABASE_ERRORS) == before + 1, "counted");
+    cx_db_free(a);
+    cx_db_free(b);
 }
 
 /* The connection's owner columns are its backend's, as the sweep compares
@@ -235,6 +263,7 @@ main(void)
     cx_db_free(db);
     owner_names(conninfo);
     isolation(conninfo);
+    lock_waits(conninfo);
 
     need(cx_db_new("host=/nonexistent dbname=x connect_timeout=2", &bad) == CX_OK, "bad handle");
     is_int(cx_db_ping(bad), CX_ERR_DB, "an unreachable server is a db error");
