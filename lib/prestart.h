@@ -25,11 +25,12 @@
  * handed out twice; a failure of the statement puts it back), and pool
  * (ready) counts the ready kernels as the statement found them, the claimed
  * one among them. The session takes the row's id. _IF: claimed only when
- * the SQL condition cond holds (none claimed otherwise, none deleted). */
+ * the SQL condition cond holds (none claimed otherwise, none deleted, and
+ * none locked, which another claim would skip). */
 #define CX_PRESTART_CLAIM_CTES_IF(cond)                                                            \
     "claim AS (DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"       \
-    " WHERE gateway_url = $1 AND kernel_name = $2 AND ready ORDER BY created_at LIMIT 1"           \
-    " FOR UPDATE SKIP LOCKED) AND " cond " RETURNING id, kernel_id),"                              \
+    " WHERE gateway_url = $1 AND kernel_name = $2 AND ready AND " cond                             \
+    " ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id),"               \
     " pool AS (SELECT count(*) AS ready FROM prestarted_kernels"                                   \
     " WHERE gateway_url = $1 AND kernel_name = $2 AND ready)"
 #define CX_PRESTART_CLAIM_CTES CX_PRESTART_CLAIM_CTES_IF("true")
