@@ -24,16 +24,15 @@
  * kernel_id) is the oldest ready kernel, its row deleted (SKIP LOCKED: never
  * handed out twice; a failure of the statement puts it back), and pool
  * (ready) counts the ready kernels as the statement found them, the claimed
- * one among them. The session takes the row's id. _IF: claimed only when
+ * one among them. The session takes the row's id. Claimed only when
  * the SQL condition cond holds (none claimed otherwise, none deleted, and
  * none locked, which another claim would skip). */
-#define CX_PRESTART_CLAIM_CTES_IF(cond)                                                            \
+#define CX_PRESTART_CLAIM_CTES(cond)                                                               \
     "claim AS (DELETE FROM prestarted_kernels WHERE id = (SELECT id FROM prestarted_kernels"       \
     " WHERE gateway_url = $1 AND kernel_name = $2 AND ready AND " cond                             \
     " ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, kernel_id),"               \
     " pool AS (SELECT count(*) AS ready FROM prestarted_kernels"                                   \
     " WHERE gateway_url = $1 AND kernel_name = $2 AND ready)"
-#define CX_PRESTART_CLAIM_CTES CX_PRESTART_CLAIM_CTES_IF("true")
 
 /* Wakes the refilling thread now (a pool emptied, or a kernel wanted). */
 void cx_prestart_kick(void);

@@ -66,7 +66,7 @@ CX_SQL(q_insert, 7,
  * kernel are at the cap ($7), counted in this statement's own snapshot (so
  * after the user's lock, taken by an earlier one). $1 and $2 are the
  * claim's (lib/prestart.h), then user, conversation, ttl, language. */
-#define CLAIM_UNDER_THE_CAP CX_PRESTART_CLAIM_CTES_IF(COUNT("$3") " < $7::int")
+#define CLAIM_UNDER_THE_CAP CX_PRESTART_CLAIM_CTES(COUNT("$3") " < $7::int")
 CX_SQL(q_insert_pooled, 7,
        "WITH " CLAIM_UNDER_THE_CAP ", s AS (INSERT INTO sessions (id, user_id,"
        " conversation_id, gateway_url, expires_at, workspace, language, kernel_id, kernel_fresh)"

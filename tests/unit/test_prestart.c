@@ -10,10 +10,11 @@
 #include "cxtest.h"
 
 CX_SQL(q_pooled, 0, "SELECT kernel_id FROM prestarted_kernels ORDER BY created_at");
-/* The claim's CTEs alone (the sessions' statement adds the row). */
+/* The claim's CTEs alone, unconditional (the sessions' statement adds
+ * the row and the cap). */
 CX_SQL(q_claim, 2,
-       "WITH " CX_PRESTART_CLAIM_CTES " SELECT claim.id, claim.kernel_id, pool.ready"
-       " FROM claim, pool");
+       "WITH " CX_PRESTART_CLAIM_CTES("true") " SELECT claim.id, claim.kernel_id, pool.ready"
+                                              " FROM claim, pool");
 CX_SQL(q_oldest_row, 0, "SELECT id FROM prestarted_kernels ORDER BY created_at LIMIT 1");
 CX_SQL(q_session, 1,
        "SELECT kernel_id, workspace, kernel_fresh, gateway_url, language, user_id, conversation_id"
