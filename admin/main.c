@@ -104,6 +104,11 @@ cmd_key_create(const struct cx_config *cfg, struct cx_db *db, int argc, char **a
                         "characters\n");
         return 2;
     }
+    if ((flags & CX_KEY_ON_BEHALF) && strchr(user, ':')) {
+        say(CX_LOG_ERR, "--on-behalf needs a --user without ':' (its end users are "
+                        "USER:<id>)\n");
+        return 2;
+    }
     if (cx_auth_new(cfg->secret_file, &auth)) {
         say(CX_LOG_ERR, "cannot load the secret file %s\n", cfg->secret_file);
         return 1;

@@ -331,7 +331,8 @@ cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const char *user, 
     PGresult *r = NULL;
     enum cx_err rc;
 
-    if (!cx_auth_user_valid(user) || (label && !cx_utf8_valid(label, strlen(label))))
+    if (!cx_auth_user_valid(user) || (label && !cx_utf8_valid(label, strlen(label))) ||
+        ((flags & CX_KEY_ON_BEHALF) && strchr(user, ':')))
         return CX_ERR_INVALID;
     randombytes_buf(raw, sizeof(raw));
     memcpy(key_out, "cx_", 3);
@@ -399,6 +400,12 @@ cx_auth_act_for(struct cx_principal *p, const char *header, char *msg, size_t ms
         return CX_OK;
     if (!p->key_id[0] || !p->on_behalf) {
         snprintf(msg, msglen, "On-Behalf-Of needs a key made with --on-behalf");
+        return CX_ERR_FORBIDDEN;
+    }
+    /* "svc:a" acting for "b" would be "svc" acting for "a:b": the key's own
+     * user ends at the first ':' (refused at creation; a key made before) */
+    if (strchr(p->user, ':')) {
+        snprintf(msg, msglen, "On-Behalf-Of needs a key whose user id has no ':'");
         return CX_ERR_FORBIDDEN;
     }
     if (n < 1 || n > CX_ON_BEHALF_MAX || !cx_name_chars(header, n, "._:@-") ||

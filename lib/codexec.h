@@ -452,15 +452,17 @@ enum cx_err cx_auth_request(const struct cx_auth *a, struct cx_db *db, bool trus
                             struct cx_principal *p) CX_MUSTCHECK;
 
 /* Creates a key for user with flags (CX_KEY_*); key_out receives the key
- * (CX_KEY_CHARS + 1 bytes) and id_out its row id (37 bytes). */
+ * (CX_KEY_CHARS + 1 bytes) and id_out its row id (37 bytes). CX_ERR_INVALID
+ * for an on-behalf key whose user holds ':' (its end users would be
+ * ambiguous). */
 enum cx_err cx_auth_key_create(const struct cx_auth *a, struct cx_db *db, const char *user,
                                const char *label, unsigned flags, char *key_out,
                                char *id_out) CX_MUSTCHECK;
 
 /* On-Behalf-Of (header, NULL when absent) applied to p: p->user becomes
  * "<user>:<id>", as if that user's own key had sent the request.
- * CX_ERR_FORBIDDEN for a principal that is not an on-behalf key,
- * CX_ERR_INVALID for a malformed id (msg says why). */
+ * CX_ERR_FORBIDDEN for a principal that is not an on-behalf key or whose
+ * user holds ':', CX_ERR_INVALID for a malformed id (msg says why). */
 enum cx_err cx_auth_act_for(struct cx_principal *p, const char *header, char *msg,
                             size_t msglen) CX_MUSTCHECK;
 

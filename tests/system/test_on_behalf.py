@@ -78,3 +78,7 @@ def test_refusals(ctx):
     eq(r.status, 200, "the service key without the header is its own user")
     expect_error(ctx.request("GET", "/v1/conversations", headers={"On-Behalf-Of": "alice"}), 401,
                  "unauthorized")
+    # "svc:a" acting for "b" would be "svc" acting for "a:b"
+    r = ctx.admin("key", "create", "--user", "svc:a", "--on-behalf", check=False)
+    check(r.returncode == 2 and "':'" in r.stderr and not r.stdout.strip(),
+          f"an on-behalf key for a user with ':' refused: {r.returncode} {r.stderr!r}")

@@ -30,7 +30,9 @@ main(void)
     ok(stat(secret, &st) == 0 && (st.st_mode & 0777) == 0600, "secret file is 0600");
     is_int(cx_auth_secret_create(secret), CX_ERR_CONFLICT,
            "an existing secret is never overwritten");
-    need(cx_auth_new(secret, &a) == CX_OK, "secret loads");
+    enum cx_err loaded = cx_auth_new(secret, &a);
+    unlink(secret); /* loaded: no file is left behind, whatever follows */
+    need(loaded == CX_OK, "secret loads");
 
     ok(cx_auth_parse_bearer("Bearer abc", &tok, &len) == CX_OK && len == 3 &&
            !memcmp(tok, "abc", 3),
@@ -122,10 +124,14 @@ main(void)
     is_int(cx_auth_key_revoke(db, "nope"), CX_ERR_NOT_FOUND, "malformed id is not found");
     is_int(cx_auth_key_create(a, db, "", NULL, false, key, id), CX_ERR_INVALID,
            "empty user refused");
+    /* "svc:a" acting for "b" would be "svc" acting for "a:b" */
+    is_int(cx_auth_key_create(a, db, "svc:a", NULL, CX_KEY_ON_BEHALF, key, id), CX_ERR_INVALID,
+           "an on-behalf key for a user with ':' refused");
+    ok(cx_auth_key_create(a, db, "svc:a", NULL, 0, key, id) == CX_OK,
+       "a plain key for a user with ':' (an end user's own key)");
 
     cx_db_free(db);
     cx_auth_free(a);
-    unlink(secret);
     pgtest_drop();
     /* On-Behalf-Of: only an on-behalf key, a well-formed id, applied once */
     {
@@ -142,6 +148,10 @@ main(void)
         ok(cx_auth_act_for(&svc, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "applied once only");
         ok(cx_auth_act_for(&plain, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "a plain key: 403");
         ok(cx_auth_act_for(&web, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "REMOTE_USER: 403");
+        struct cx_principal old = {.user = "svc:a", .key_id = "k", .on_behalf = true};
+        ok(cx_auth_act_for(&old, "b", m, sizeof(m)) == CX_ERR_FORBIDDEN &&
+               !strcmp(old.user, "svc:a"),
+           "an older on-behalf key whose user holds ':': 403, not svc acting for a:b");
         memset(big, 'x', 129);
         big[129] = '\0';
         static const char *const bad[] = {"", "a b", "a/b", "\xc3\xa9", "a\tb"};

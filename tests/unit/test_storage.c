@@ -1,3 +1,5 @@
+#include <ftw.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -5,6 +7,13 @@
 #include "../../lib/mime.h"
 #include "../../lib/storage.h"
 #include "tap.h"
+
+static int
+remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
 
 static const struct {
     const char *in;
@@ -156,7 +165,7 @@ main(void)
                "presentation", "kind presentation");
         is_str(cx_mime_kind("text/plain"), "file", "kind file");
     }
-    rmdir(root);
     cx_storage_free(store);
+    ok(nftw(root, remove_one, 16, FTW_DEPTH | FTW_PHYS) == 0, "the test's root removed");
     return tap_done();
 }
