@@ -403,8 +403,8 @@ keeper_setup(struct keeper *kp, int ready, const char **step)
 
 /* --- The launcher's side ------------------------------------------------------ */
 
-static int
-unix_at(int dirfd, const char *name, bool listening)
+int
+cx_keeper_unix_at(int dirfd, const char *name, bool listening)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -476,7 +476,7 @@ start_keeper(int rfd, const char *runtime, pid_t server, char *msg, size_t msgle
     }
     (void)unlinkat(rfd, SOCK_NAME, 0); /* a dead keeper's */
     if ((mkdirat(rfd, ROOT_NAME, 0700) != 0 && errno != EEXIST) ||
-        (lfd = unix_at(rfd, SOCK_NAME, true)) < 0) {
+        (lfd = cx_keeper_unix_at(rfd, SOCK_NAME, true)) < 0) {
         snprintf(msg, msglen, "workspace keeper: cannot listen: %s", strerror(errno));
         close(sfd);
         close(pipefd[0]);
@@ -513,9 +513,9 @@ keeper_connect(int rfd, const char *runtime, pid_t server, char *msg, size_t msg
             close(lock);
         return -1;
     }
-    fd = unix_at(rfd, SOCK_NAME, false);
+    fd = cx_keeper_unix_at(rfd, SOCK_NAME, false);
     if (fd < 0 && start_keeper(rfd, runtime, server, msg, msglen) == CX_OK)
-        fd = unix_at(rfd, SOCK_NAME, false);
+        fd = cx_keeper_unix_at(rfd, SOCK_NAME, false);
     if (fd < 0 && !*msg)
         snprintf(msg, msglen, "workspace keeper: cannot connect: %s", strerror(errno));
     close(lock);

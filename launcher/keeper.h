@@ -23,6 +23,7 @@
 #ifndef CX_KEEPER_H
 #define CX_KEEPER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -52,6 +53,11 @@ enum cx_err cx_keeper_enter(const struct cx_keeper *k) CX_MUSTCHECK;
  * forked from the template), which it ends when the launcher's connection
  * ends, however the launcher did. */
 enum cx_err cx_keeper_guard(const struct cx_keeper *k, int pidfd) CX_MUSTCHECK;
+
+/* A SOCK_SEQPACKET socket at name in the directory dirfd (a path of any
+ * length: through /proc/self/fd), bound and listening or connected; -1 on
+ * failure. The keeper's and the template's. */
+int cx_keeper_unix_at(int dirfd, const char *name, bool listening);
 
 /* Closes what cx_keeper_hold opened (the kernel ended). */
 void cx_keeper_release(struct cx_keeper *k);

@@ -1824,12 +1824,11 @@ add_language(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_l
         add3(a, "--ro-bind", sc->deno, sc->deno);
 }
 
-/* The sandbox's file system: the system read-only, sized tmpfs where it
- * writes, its private directory, the root and /dev read-only once built. */
+/* The system, read-only (/usr, a few files of /etc, the usual links),
+ * with a /proc and a /dev of the sandbox's own: a kernel's and the
+ * template's. */
 static void
-add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
-               const struct cx_sandbox_conn *c, const char *private_dir, const char *workspace,
-               const char *state)
+add_system(struct argv *a)
 {
     add3(a, "--ro-bind", "/usr", "/usr");
     for (size_t i = 0; etc_files[i]; i++) {
@@ -1843,6 +1842,16 @@ add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox
     add3(a, "--symlink", "usr/lib64", "/lib64");
     add3(a, "--proc", "/proc", NULL);
     add3(a, "--dev", "/dev", NULL);
+}
+
+/* The sandbox's file system: the system read-only, sized tmpfs where it
+ * writes, its private directory, the root and /dev read-only once built. */
+static void
+add_filesystem(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_language lang,
+               const struct cx_sandbox_conn *c, const char *private_dir, const char *workspace,
+               const char *state)
+{
+    add_system(a);
     /* Every place a kernel can write is memory of its own cgroup, sized:
      * nothing it writes reaches a disk. */
     add_tmpfs(a, sc->shm_bytes, "/dev/shm");
@@ -2052,18 +2061,7 @@ add_template_identity(struct argv *a, const struct cx_sandbox_conf *sc)
 static void
 add_template_filesystem(struct argv *a, const struct cx_sandbox_conf *sc)
 {
-    add3(a, "--ro-bind", "/usr", "/usr");
-    for (size_t i = 0; etc_files[i]; i++) {
-        char etc[128];
-        snprintf(etc, sizeof(etc), "/etc/%s", etc_files[i]);
-        add3(a, "--ro-bind-try", etc, etc);
-    }
-    add3(a, "--symlink", "usr/bin", "/bin");
-    add3(a, "--symlink", "usr/sbin", "/sbin");
-    add3(a, "--symlink", "usr/lib", "/lib");
-    add3(a, "--symlink", "usr/lib64", "/lib64");
-    add3(a, "--proc", "/proc", NULL);
-    add3(a, "--dev", "/dev", NULL);
+    add_system(a);
     add_tmpfs(a, sc->tmp_bytes, "/tmp");
     add3(a, "--dir", "/tmp/.matplotlib", NULL);
     add_caches(a, sc);

@@ -168,23 +168,6 @@ remember_failure(int rfd, const struct cx_sandbox_conf *sc, pid_t server)
 
 /* --- The template process ---------------------------------------------------- */
 
-static int
-unix_at(int dirfd, const char *name, bool listening)
-{
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-
-    snprintf(a.sun_path, sizeof(a.sun_path), "/proc/self/fd/%d/%s", dirfd, name);
-    if (fd < 0)
-        return -1;
-    if (listening ? bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 128) != 0
-                  : connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* The template, in its sandbox, in the keeper's namespaces (so that its
  * user namespace, and its kernels', are the keeper's children: the
  * launcher that enters the keeper's holds power over them, template.py).
@@ -268,7 +251,7 @@ template_spawn(int rfd, const char *sock_name, const struct cx_sandbox_conf *sc,
         fds[1] = -1;
     }
     (void)unlinkat(rfd, sock_name, 0); /* a dead template's */
-    fds[0] = unix_at(rfd, sock_name, true);
+    fds[0] = cx_keeper_unix_at(rfd, sock_name, true);
     fds[2] = dup(k->pidfd);
     if (fds[0] < 0 || fds[1] < 0 || fds[2] < 0 || pipe2(ready, O_CLOEXEC) != 0 ||
         cx_sandbox_template_seccomp_fd(&fds[4], msg, msglen) != CX_OK) {
@@ -313,13 +296,13 @@ template_connect(int rfd, const struct cx_sandbox_conf *sc, const struct cx_keep
             close(lock);
         return -1;
     }
-    fd = unix_at(rfd, sock_name, false);
+    fd = cx_keeper_unix_at(rfd, sock_name, false);
     /* launchers queued behind a start that failed start no other for a
      * minute either */
     if (fd < 0 && failed_lately(rfd, sc, server))
         snprintf(msg, msglen, "kernel template: its start failed a moment ago");
     else if (fd < 0 && template_spawn(rfd, sock_name, sc, k, server, msg, msglen) == CX_OK)
-        fd = unix_at(rfd, sock_name, false);
+        fd = cx_keeper_unix_at(rfd, sock_name, false);
     if (fd < 0 && !*msg)
         snprintf(msg, msglen, "kernel template: cannot connect: %s", strerror(errno));
     close(lock);
