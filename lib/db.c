@@ -7,7 +7,8 @@
 #include "log.h"
 #include "metrics.h"
 
-#define MAX_STATEMENTS 256
+#define MAX_STATEMENTS     256
+#define LOCK_NOT_AVAILABLE "55P03" /* SQLSTATE: a lock wait ran out lock_timeout */
 
 struct cx_db {
     char *conninfo;
@@ -162,7 +163,7 @@ result_error(struct cx_db *db, PGresult *r, int id)
      * codexec sets on its own lock waits (busy_wait): a busy answer the
      * caller gives (409), counted among the refusals, not a failure of the
      * database that its counter and the operators' alert on it should see */
-    if (state && strcmp(state, "55P03") == 0) {
+    if (state && strcmp(state, LOCK_NOT_AVAILABLE) == 0) {
         cx_log_info("statement s%d: a lock wait timed out", id);
         return CX_ERR_DB;
     }
@@ -428,6 +429,12 @@ const char *
 cx_db_sqlstate(const struct cx_db *db)
 {
     return db->sqlstate;
+}
+
+bool
+cx_db_lock_timed_out(const struct cx_db *db)
+{
+    return !strcmp(db->sqlstate, LOCK_NOT_AVAILABLE);
 }
 
 CX_SQL(q_applied, 1, "SELECT 1 FROM schema_migrations WHERE version = $1::int");

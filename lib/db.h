@@ -116,6 +116,11 @@ enum cx_err cx_db_ping(struct cx_db *db) CX_MUSTCHECK;
 /* SQLSTATE of the last failed statement ("" if none). */
 const char *cx_db_sqlstate(const struct cx_db *db);
 
+/* Whether the last failed statement was a lock wait that ran out its
+ * lock_timeout (55P03: codexec's own busy_wait, a busy answer, not a
+ * failure of the database). */
+bool cx_db_lock_timed_out(const struct cx_db *db);
+
 /* Applies the embedded migrations from sql/ that are not applied yet, each in
  * its own transaction under an advisory lock (safe to run concurrently).
  * *applied counts the ones applied now. */

@@ -125,7 +125,7 @@ try_lock(struct cx_ctx *cx, const char *user, const char *cid, bool *got)
 static bool
 lock_wait_timed_out(struct cx_ctx *cx, struct cx_sql *unlock, const char *const *p)
 {
-    if (!strcmp(cx_db_sqlstate(cx->db), "55P03"))
+    if (cx_db_lock_timed_out(cx->db))
         return true;
     if (cx_db_connection_ok(cx->db) && cx_db_exec(cx->db, unlock, p, NULL))
         cx_log_warn(0, "advisory unlock failed; the lock ends with the connection");
@@ -390,7 +390,7 @@ create_from_pool(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool 
     user_wait(cx, wait);
     rc =
         lock ? cx_db_exec_all(cx->db, calls, 2, true) : cx_db_exec(cx->db, &q_insert_pooled, p, &r);
-    if (rc && lock && !strcmp(cx_db_sqlstate(cx->db), "55P03")) {
+    if (rc && lock && cx_db_lock_timed_out(cx->db)) {
         snprintf(msg, msglen, "another session of this user is being started; retry later");
         return CX_ERR_CONFLICT;
     }

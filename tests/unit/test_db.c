@@ -79,6 +79,7 @@ lock_waits(const char *conninfo)
     before = cx_metrics_counter(CX_COUNT_DATABASE_ERRORS);
     is_int(cx_db_exec(a, &q_wait, NULL, NULL), CX_ERR_DB, "a wait for it that times out fails");
     is_str(cx_db_sqlstate(a), "55P03", "as lock_not_available");
+    ok(cx_db_lock_timed_out(a), "a lock wait that timed out");
     ok(cx_metrics_counter(CX_COUNT_DATABASE_ERRORS) == before, "not counted as a database error");
     is_int(cx_db_exec(a, &q_divide, NULL, NULL), CX_ERR_DB, "a division by zero fails");
     ok(cx_metrics_counter(CX_COUNT_DATABASE_ERRORS) == before + 1, "counted");
@@ -199,6 +200,7 @@ main(void)
         is_int(cx_db_exec(db, &q_insert, p, NULL), CX_ERR_CONFLICT,
                "unique violation is a conflict");
         is_str(cx_db_sqlstate(db), "23505", "SQLSTATE kept");
+        ok(!cx_db_lock_timed_out(db), "a unique violation is no lock wait");
     }
     {
         const char *p[1] = {"a"};
