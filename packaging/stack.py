@@ -765,7 +765,16 @@ events {{ worker_connections 1024; }}
 http {{
     include /etc/nginx/mime.types;
     default_type application/octet-stream;
-    access_log {self.logdir}/nginx-access.log;
+    # the request's path without its query: a signed link's signature is a
+    # credential (docs/web-servers.md, "Access logs")
+    map $request_uri $codexec_request_path {{
+        "~^(?<codexec_path>[^?]*)" $codexec_path;
+        default "-";
+    }}
+    log_format codexec '$remote_addr - $remote_user [$time_local] '
+                       '"$request_method $codexec_request_path $server_protocol" $status '
+                       '$body_bytes_sent "$http_user_agent"';
+    access_log {self.logdir}/nginx-access.log codexec;
     client_body_temp_path {tmp}/body;
     fastcgi_temp_path {tmp}/fastcgi;
     proxy_temp_path {tmp}/proxy;

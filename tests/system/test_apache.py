@@ -46,6 +46,7 @@ def start_apache(ctx):
     st.write_file(web_key, st.run([st.admin, "--config", st.conf, "web-server-key", "--apache"],
                                   user="root").stdout, 0o600)
     st.make_log("apache-error.log")
+    st.make_log("apache-access.log")
     httpd = os.path.join(adir, "httpd.conf")
     mods = ["mpm_event", "authz_core", "env", "proxy", "proxy_fcgi", "xsendfile"]
     with open(httpd, "w") as f:
@@ -56,6 +57,7 @@ PidFile {adir}/httpd.pid
 DefaultRuntimeDir {adir}
 Mutex file:{adir} default
 ErrorLog {st.logdir}/apache-error.log
+CustomLog {st.logdir}/apache-access.log codexec
 LogLevel warn
 Define CODEXEC_SOCKET {sock}
 Define CODEXEC_STORAGE {st.storage}
@@ -83,6 +85,14 @@ def test_downloads_through_apache_with_x_sendfile(ctx):
         link = ctx.post(f"/v1/artifacts/{a['artifact_id']}/links", {}, key=ctx.key(user)).json()
         r = ctx.get(link["url"])
         eq((r.status, r.body), (200, b"via apache"), "signed link through Apache")
+        # codexec.conf's LogFormat: the path, never the link's signature
+        path, _, query = link["url"].partition("?")
+        wait_until(lambda: os.path.getsize(os.path.join(ctx.st.logdir, "apache-access.log")) > 0,
+                   10, "Apache's access log")
+        with open(os.path.join(ctx.st.logdir, "apache-access.log")) as f:
+            log = f.read()
+        check(f"GET {path} HTTP/1.1" in log and query and query not in log and "sig=" not in log,
+              "Apache's access log has the link's path, not its signature")
         check(r.header("X-Sendfile") is None, "the X-Sendfile header never reaches the client")
     finally:
         ctx.port_override = None

@@ -82,3 +82,10 @@ def test_bad_requests(ctx):
     expect_error(ctx.post(session_url(cid), {}), 401, "unauthorized")
     expect_error(ctx.get("/v1/conversations"), 401, "unauthorized")
     expect_error(ctx.get(session_url(cid), key=key), 404, "not_found")
+    # a body is JSON (SPEC §9); an empty one is the defaults (test_create_read_extend)
+    expect_error(ctx.post(session_url(cid), "{}", key=key, headers={"Content-Type": "text/plain"}),
+                 415, "unsupported_media_type")
+    expect_error(ctx.get(session_url(cid), key=key), 404, "not_found")
+    r = ctx.post(session_url(cid), key=key, headers={"Content-Type": "application/json"})
+    eq(r.status, 201, f"an empty body with its JSON type is {{}}: {r!r}")
+    eq(ctx.request("DELETE", session_url(cid), key=key).status, 204, "closed")
