@@ -349,8 +349,15 @@ keeper_loop(struct keeper *kp)
 
         if (n < 0 && errno != EINTR)
             return;
-        if (n > 0 && kp->p[1].revents)
-            return; /* the Jupyter server ended: its kernels and workspaces with it */
+        if (n > 0 && kp->p[1].revents) {
+            /* the Jupyter server ended: its kernels and workspaces with it,
+             * also a kernel whose launcher did not end (one a flood of its
+             * output kept from its SIGTERM, say) */
+            for (int c = 2; c < kp->np; c++)
+                if (kp->conn_guard[c] >= 0)
+                    (void)pidfd_send_signal(kp->conn_guard[c], SIGKILL, NULL, 0);
+            return;
+        }
         if (n > 0 && kp->p[0].revents & POLLIN)
             on_accept(kp);
         for (int c = kp->np - 1; n > 0 && c >= 2; c--)

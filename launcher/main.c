@@ -76,6 +76,8 @@ struct launch {
     struct cx_relay *relay; /* the server's connections to the kernel (relay.h) */
     int out_fd;             /* the read end of the kernel's stdout and stderr */
     size_t out_logged;
+    int64_t out_window; /* the second (cx_now_us) out_read counts in */
+    size_t out_read;
     unsigned ready; /* bits: sockets bound (0-4), connection file written (5) */
     int status;     /* of bwrap, once reaped */
     bool reaped;
@@ -164,14 +166,25 @@ note_event(struct launch *l, const char *name, uint32_t mask)
 /* The kernel's own stdout and stderr: until the kernel is sealed (ipykernel
  * starting, no tenant code yet) up to 16 KiB of it go to the server's log,
  * for diagnosing a start that fails; after that it is tenant output, read
- * and dropped. */
+ * and dropped (ipykernel copies here what it captures of the descriptors,
+ * a subprocess's output, as it sends it to the client). It is read
+ * OUT_READ_MAX a wake-up and OUT_RATE a second at most (then not polled
+ * until the second ends: the kernel's writes wait; the relay lets less
+ * content through), so a flood of it costs this process, in the gateway's
+ * cgroup, little and never keeps it from its signals and relay (an
+ * attacker's review: 4 KiB reads until the pipe was empty, for ever). */
+#define OUT_READ_MAX (256u << 10)
+#define OUT_RATE     (32u << 20)
+
 static void
 pump_output(struct launch *l, bool log)
 {
-    char buf[4096];
+    char buf[65536];
+    size_t got = 0;
     ssize_t n;
 
-    while ((n = read(l->out_fd, buf, sizeof(buf))) > 0) {
+    while (got < OUT_READ_MAX && (n = read(l->out_fd, buf, sizeof(buf))) > 0) {
+        got += (size_t)n;
         if (!log || l->out_logged >= 16384)
             continue;
         size_t keep = (size_t)n < 16384 - l->out_logged ? (size_t)n : 16384 - l->out_logged;
@@ -179,6 +192,26 @@ pump_output(struct launch *l, bool log)
             break;
         l->out_logged += keep;
     }
+    l->out_read += got;
+}
+
+/* Whether the kernel's output is polled now (OUT_RATE); if not, *timeout
+ * is cut to the end of the second. */
+static bool
+output_wanted(struct launch *l, int *timeout)
+{
+    int64_t now = cx_now_us(), left;
+
+    if (now - l->out_window >= 1000000) {
+        l->out_window = now;
+        l->out_read = 0;
+    }
+    if (l->out_read < OUT_RATE)
+        return true;
+    left = (l->out_window + 1000000 - now) / 1000 + 1;
+    if (left < *timeout)
+        *timeout = (int)left;
+    return false;
 }
 
 /* Whether the process of a pidfd has ended. */
@@ -404,7 +437,8 @@ supervise(struct launch *l)
         int timeout = 1000, wanted = -1, nr;
 
         p[0] = (struct pollfd){.fd = l->signal_fd, .events = POLLIN};
-        p[1] = (struct pollfd){.fd = l->out_fd, .events = POLLIN}; /* (-1: ignored) */
+        p[1] = (struct pollfd){.fd = output_wanted(l, &timeout) ? l->out_fd : -1,
+                               .events = POLLIN}; /* (-1: ignored) */
         p[2] = (struct pollfd){.fd = l->inner_fd, .events = POLLIN};
         p[3] = (struct pollfd){.fd = end_fd(l), .events = POLLIN};
         nr = cx_relay_poll_fds(l->relay, p + 4, CX_RELAY_POLL_MAX, &wanted);

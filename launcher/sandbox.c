@@ -508,6 +508,17 @@ cx_sandbox_seal(int pid, const char *runtime, const struct stat *expect, char *m
         snprintf(msg, msglen, "cannot make the runtime directory read-only inside the sandbox");
         goto out;
     }
+    /* A devpts remount resets every option it is not given (the mode of
+     * ptmx with them): all of bwrap's, and the max. */
+    flags = MS_REMOUNT;
+    if (statvfs("/dev/pts", &sv) == 0)
+        for (size_t i = 0; i < sizeof(kept_flags) / sizeof(kept_flags[0]); i++)
+            if (sv.f_flag & kept_flags[i][0])
+                flags |= kept_flags[i][1];
+    if (mount(NULL, "/dev/pts", NULL, flags, CX_SANDBOX_PTS_OPTIONS) != 0) {
+        snprintf(msg, msglen, "cannot bound the sandbox's pty instance");
+        goto out;
+    }
     rc = CX_OK;
 out:
     if (user >= 0)
@@ -1155,6 +1166,10 @@ static const int denied[] = {
     SCMP_SYS(add_key),
     SCMP_SYS(request_key),
     SCMP_SYS(userfaultfd),
+    /* Linux AIO's contexts are counted host-wide (fs.aio-max-nr, 65536):
+     * one io_setup(65536) would take them all for the session's life (the
+     * C library's aio_* are threads, not this) */
+    SCMP_SYS(io_setup),
     SCMP_SYS(io_uring_setup),
     SCMP_SYS(io_uring_enter),
     SCMP_SYS(io_uring_register),
@@ -1305,7 +1320,6 @@ static const char *const allowed[] = {
     "io_pgetevents",
     "ioprio_get",
     "ioprio_set",
-    "io_setup",
     "io_submit",
     "kill",
     "landlock_add_rule",
@@ -1990,6 +2004,9 @@ add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_lan
     addn(a, "--nproc=", sc->processes);
     addn(a, "--fsize=", (unsigned long long)sc->file_size);
     addn(a, "--nofile=", sc->open_files);
+    /* no core dump: with a piped core_pattern (systemd-coredump) the host
+     * would read, compress and store a kernel's memory at every crash */
+    add(a, "--core=0");
     add(a, "--");
     snprintf(python, sizeof(python), "%s/bin/python3", *sc->python_env ? sc->python_env : "/usr");
     add(a, python);

@@ -23,6 +23,12 @@
 #define CX_SANDBOX_PATH_MAX 1024
 #define CX_SANDBOX_PORTS    5
 
+/* A sandbox's /dev/pts, its own instance. Terminals are counted host-wide
+ * (kernel.pty.max, 4096 by default, 1024 of them kept for the host's own
+ * instance): without a max, one kernel could hold every other sandbox's
+ * (IPython's `!cmd` takes one) and every container's on the host. */
+#define CX_SANDBOX_PTS_OPTIONS "ptmxmode=0666,mode=620,max=16"
+
 /* A kernelspec's language (the launcher's --language): python is
  * ipykernel itself; javascript and r are the front kernel (front.py, an
  * ipykernel) over Deno's kernel or IRkernel, its child in the same sandbox
@@ -90,7 +96,8 @@ enum cx_err cx_sandbox_runtime_prepare(const struct cx_sandbox_conn *c, char *pr
  * process is pid: enters its mount namespace (through the user namespace
  * that owns it), checks that the directory there is the private one
  * (expect: its stat on the host; a reused pid would name another sandbox)
- * and remounts the bind read-only, keeping its other flags.
+ * and remounts the bind read-only, keeping its other flags; and gives its
+ * pty instance CX_SANDBOX_PTS_OPTIONS (bwrap's has no max).
  * Changes the calling process's namespaces: call it in a child that exits. */
 struct stat;
 enum cx_err cx_sandbox_seal(int pid, const char *runtime, const struct stat *expect, char *msg,

@@ -547,7 +547,7 @@ build_dev(const struct builder *b)
     snprintf(opts, sizeof(opts), "size=%llu,mode=1777", (unsigned long long)b->sc->shm_bytes);
     if (mkdir(NEWROOT "/dev/pts", 0755) != 0 || mkdir(NEWROOT "/dev/shm", 01777) != 0 ||
         mount("devpts", NEWROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-              "newinstance,ptmxmode=0666,mode=620") != 0 ||
+              "newinstance," CX_SANDBOX_PTS_OPTIONS) != 0 ||
         mount("tmpfs", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0 ||
         mount(NULL, NEWROOT "/dev", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
               NULL) != 0)

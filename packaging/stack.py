@@ -372,32 +372,42 @@ class Stack:
         self.chown(path, owner)
         return path
 
-    INOTIFY_INSTANCES = 8192
+    # (name, at least, why): what every kernel, the Jupyter server and its
+    # launchers count together as the gateway's one user, or the host as a
+    # whole (packaging/sysctl/60-codexec.conf, the package's)
+    HOST_LIMITS = (
+        ("fs/inotify/max_user_instances", 8192,
+         "one per kernel starting; else about 128 kernels starting at once"),
+        # epoll's watches are charged to the memory cgroup of whoever adds
+        # them: far above what memory allows, a kernel's memory limit is the
+        # bound, not a count one kernel could exhaust for the server
+        ("fs/epoll/max_user_watches", (1 << 31) - 1,
+         "else one kernel can take every epoll watch of the gateway's user"),
+        # 16 terminals a sandbox (CX_SANDBOX_PTS_OPTIONS) for 4096 kernels
+        ("kernel/pty/max", 65536 + 1024, "else a few kernels can take every terminal"),
+    )
 
-    def raise_inotify_limit(self):
-        """Each sandboxed kernel's launcher holds an inotify instance of the
-        kernel user while the kernel starts, and Linux allows 128 by
-        default: the stack raises it, so that the suite's and the bench's
-        bursts of starts never meet it (docs/configuration.md,
-        "Capacity")."""
-        path = "/proc/sys/fs/inotify/max_user_instances"
+    def raise_host_limits(self):
+        """Host-wide counts a tenant's kernel draws on (docs/sandbox.md,
+        "Host settings"), raised as the package's sysctl.d file raises
+        them, when started as root."""
         if os.geteuid() != 0:
             return
-        try:
-            with open(path) as f:
-                if int(f.read()) >= self.INOTIFY_INSTANCES:
-                    return
-            with open(path, "w") as f:
-                f.write(f"{self.INOTIFY_INSTANCES}\n")
-            log(f"raised fs.inotify.max_user_instances to {self.INOTIFY_INSTANCES} "
-                "(one per kernel starting)")
-        except (OSError, ValueError) as e:
-            log(f"could not raise fs.inotify.max_user_instances ({e}): at most about 128 "
-                "kernels starting at once")
+        for name, least, why in self.HOST_LIMITS:
+            path = "/proc/sys/" + name
+            try:
+                with open(path) as f:
+                    if int(f.read()) >= least:
+                        continue
+                with open(path, "w") as f:
+                    f.write(f"{least}\n")
+                log(f"raised {name.replace('/', '.')} to {least}")
+            except (OSError, ValueError) as e:
+                log(f"could not raise {name.replace('/', '.')} ({e}): {why}")
 
     def init(self):
         self.ensure_user()
-        self.raise_inotify_limit()
+        self.raise_host_limits()
         os.makedirs(self.var, exist_ok=True)
         self.ensure_traversable(self.var)
         self.make_dirs()

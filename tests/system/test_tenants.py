@@ -382,6 +382,39 @@ def test_run_processes_end_from_outside_the_kernel(ctx):
           f"all ended: {dict(zip(pids, got))}")
 
 
+# a reply to this very request ahead of the real one (on the socket: the
+# stream would send it once the cell ended), with what the epilogue's
+# expressions say (disarmed as REAP disarms them)
+FORGE_REPLY = r"""
+import os, sys
+os.kill = lambda *a: None
+sys._codexec_epi = lambda *a: '{"known": true, "done": null}'
+k = get_ipython().kernel
+parent = k.get_parent("shell")
+k.session.send(k.shell_stream.socket, "execute_reply",  # now, not when the cell ends
+               {"status": "ok", "execution_count": k.execution_count,
+                "user_expressions": k.shell.user_expressions(
+                    parent["content"].get("user_expressions", {}))},
+               parent=parent, ident=k._parent_ident["shell"])
+"""
+
+
+def test_a_forged_reply_does_not_use_the_run_end_up(ctx):
+    """An attacker's review: the launcher ended the run's processes at the
+    first shell message answering the run's request, once. A cell that
+    sent such a reply itself, then started its processes, kept them past
+    its run. Every such message ends them now, the real reply too."""
+    user, cid = "reaper-forger", new_id()
+    r = run(ctx, user, cid, FORGE_REPLY + REAP)
+    pids = r["stdout_tail"].split()[-3:]
+    check(len(pids) == 3 and all(p.isdigit() for p in pids),
+          f"three processes started: {r['stdout_tail']!r}")
+    r = run(ctx, user, cid, ALIVE % (pids,))
+    got = r["stdout_tail"].split()
+    check(len(got) == 3 and all(s in ("gone", "Z") for s in got),
+          f"all ended: {dict(zip(pids, got))}")
+
+
 def test_an_approval_is_someone_else_s(ctx):
     """With require_approval = true for everyone, the key that submitted a
     run can't approve it (found: it could); another key of the user can;
@@ -504,6 +537,106 @@ def test_system_calls_are_an_allow_list(ctx):
        "what the kernel may call")
 
 
+HOST_COUNTS = r"""
+import ctypes, errno, json, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+aio = ctypes.c_ulong(0)
+ctypes.set_errno(0)
+rc = libc.syscall(206, 65536, ctypes.byref(aio))  # io_setup
+r = {"io_setup": "ok" if rc == 0 else errno.errorcode.get(ctypes.get_errno(), "?"),
+     "core": list(resource.getrlimit(resource.RLIMIT_CORE))}
+ptys = []
+try:
+    while len(ptys) < 100:
+        ptys.append(os.openpty())
+except OSError as e:
+    r["pty_error"] = errno.errorcode.get(e.errno, "?")
+r["ptys"] = len(ptys)
+for a, b in ptys:
+    os.close(a)
+    os.close(b)
+print(json.dumps(r))
+"""
+
+# a bwrap'd sandbox (a JavaScript session's): terminals opened from Deno
+PTYS_JS = """const held = [];
+try { for (let i = 0; i < 100; i++) held.push(Deno.openSync("/dev/ptmx", { read: true, write: true })); }
+catch (e) { console.log("refused", e.name); }
+console.log("ptys", held.length);
+for (const f of held) f.close();"""
+
+
+def test_host_wide_counts_are_not_one_tenant_s(ctx):
+    """An attacker's review: a kernel could take what the host counts for
+    everyone. Linux AIO's contexts (fs.aio-max-nr: io_setup refused),
+    terminals (kernel.pty.max: each sandbox's pty instance has 16, in a
+    template's kernel and in bwrap's), core dumps (none: a piped
+    core_pattern would have the host read and store the kernel's memory);
+    and the gateway's user's epoll watches, which the stack raises past
+    what memory allows (packaging/sysctl/60-codexec.conf)."""
+    r = run(ctx, "host-counts", new_id(), HOST_COUNTS)
+    got = json.loads(r["stdout_tail"].strip().splitlines()[-1])
+    eq(got["io_setup"], "EPERM", "io_setup refused")
+    eq(got["core"], [0, 0], "no core dump, and none can be allowed again")
+    check(1 <= got["ptys"] <= 16, f"at most 16 terminals in a template's kernel: {got}")
+    r = run(ctx, "host-counts", new_id(), PTYS_JS, language="javascript")
+    n = int(re.search(r"ptys (\d+)", r["stdout_tail"]).group(1))
+    check(1 <= n <= 16, f"at most 16 terminals in a bwrap'd sandbox: {r['stdout_tail']!r}")
+    if os.geteuid() == 0:
+        with open("/proc/sys/fs/epoll/max_user_watches") as f:
+            check(int(f.read()) >= (1 << 31) - 1, "epoll watches bounded by memory, not a count")
+
+
+def _launcher_of_kernel(kernel_id):
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"codexec-kernel-launcher") and any(
+                f"kernel-{kernel_id}.json".encode() in a for a in argv):
+            return int(p)
+    return None
+
+
+def _cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+FLOOD_OWN_STDOUT = """
+import os, sys, time
+fd, chunk, sent, until = sys.stdout.fileno(), b"x" * 65536, 0, time.monotonic() + 2
+while time.monotonic() < until:
+    sent += os.write(fd, chunk)
+print(sent)
+"""
+
+
+def test_a_flood_of_the_kernel_s_own_stdout_costs_its_launcher_little(ctx):
+    """An attacker's review: what a kernel writes to its own stdout (the
+    descriptor ipykernel keeps, sys.stdout.fileno()) goes to its launcher,
+    in the gateway's cgroup, which read it 4 KiB at a time until the pipe
+    was empty: a core of the host's for each flooding kernel, and a
+    launcher kept from its signals. Now it reads 32 MiB a second at most,
+    256 KiB a wake-up; the kernel's writes wait."""
+    user, cid = "own-stdout", new_id()
+    run(ctx, user, cid, "x = 1")
+    kid = ctx.psql(f"SELECT kernel_id FROM sessions WHERE user_id = '{user}'"
+                   f" AND conversation_id = '{cid}'")
+    pid = _launcher_of_kernel(kid)
+    check(pid, f"the launcher of kernel {kid}")
+    before = _cpu_seconds(pid)
+    r = run(ctx, user, cid, FLOOD_OWN_STDOUT)
+    used = _cpu_seconds(pid) - before
+    sent = int(r["stdout_tail"].strip().splitlines()[-1])
+    print(f"# the kernel wrote {sent >> 20} MiB in 2 s; its launcher used {used:.2f} s of CPU")
+    check(used < 0.5, f"the launcher's CPU for 2 s of flood: {used:.2f} s ({sent >> 20} MiB)")
+    eq(run(ctx, user, cid, "print(x)")["stdout_tail"], "1\n", "the kernel goes on")
+
+
 def test_the_gateway_comes_back_after_it_dies(ctx):
     """The Jupyter server every tenant shares killed as its memory bound's
     OOM killer would (SIGKILL): it is started again (supervise.py here,
@@ -525,6 +658,52 @@ def test_the_gateway_comes_back_after_it_dies(ctx):
                  key=ctx.key(user), timeout=120)), 90, "the conversation runs again")
     eq((r.json()["stdout_tail"], r.json()["session"]["reset"]), ("back\n", True),
        "in a new kernel, said so")
+
+
+def _in_kernel_cgroup(kernel_id):
+    pids = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/cgroup") as f:
+                if f"kernel-{kernel_id}" in f.read():
+                    pids.append(int(p))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def test_a_kernel_ends_with_the_server_though_its_launcher_is_stuck(ctx):
+    """An attacker's review: the workspace keeper ended with the Jupyter
+    server but left the kernels it guards, so a template's kernel whose
+    launcher could not act on the server's death (stopped here; a flood
+    of its output did it) lived on, with its memory, after the server.
+    The keeper now ends them as it goes."""
+    st = ctx.st
+    user, cid = "gw-dies-stuck", new_id()
+    run(ctx, user, cid, "x = 1")
+    kid = ctx.psql(f"SELECT kernel_id FROM sessions WHERE user_id = '{user}'"
+                   f" AND conversation_id = '{cid}'")
+    launcher, kernel = _launcher_of_kernel(kid), _in_kernel_cgroup(kid)
+    check(launcher and kernel, f"the launcher and the processes of kernel {kid}")
+    old = st.gateway_pid()
+    os.kill(launcher, signal.SIGSTOP)
+    try:
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and
+                                   _state(p) not in ("Z", "X") for p in kernel), 30,
+                   "the kernel ended with the server, its launcher stopped")
+    finally:
+        os.kill(launcher, signal.SIGKILL)
+    wait_until(lambda: st.gateway_pid() not in (None, old) and st.gateway_ok(), 60,
+               "the server started again")
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
 
 
 def _cmdline(pid):
