@@ -26,9 +26,11 @@ CX_SQL(q_xact_status, 1, "SELECT coalesce(pg_xact_status($1::xid8), '')");
 CX_SQL(q_quota_lock, 1,
        "SELECT pg_advisory_xact_lock(hashtextextended('quota' || E'\\n' || $1, 2))");
 CX_SQL(q_usage, 1,
-       "SELECT (SELECT coalesce(sum(v.size), 0) FROM artifact_versions v JOIN artifacts a"
-       "        ON a.id = v.artifact_id WHERE a.user_id = $1),"
-       "       (SELECT count(*) FROM artifacts WHERE user_id = $1 AND deleted_at IS NULL)");
+       "SELECT v.bytes, (SELECT count(*) FROM artifacts WHERE user_id = $1 AND deleted_at IS NULL),"
+       "       v.versions"
+       " FROM (SELECT coalesce(sum(v.size), 0) AS bytes, count(*) AS versions"
+       "       FROM artifact_versions v JOIN artifacts a ON a.id = v.artifact_id"
+       "       WHERE a.user_id = $1) v");
 CX_SQL(q_current, 3,
        "SELECT v.sha256 FROM artifacts a JOIN artifact_versions v"
        " ON v.artifact_id = a.id AND v.version = a.current_version"
@@ -74,7 +76,7 @@ struct commit {
     struct cx_capture *cap;
     struct pending *p;
     size_t np;
-    unsigned long long used_bytes, used_count;
+    unsigned long long used_bytes, used_count, used_versions;
     char *produced; /* the produced_by JSON */
     bool begun;     /* inside the transaction */
     char xid[32];   /* the transaction's id, for its status after a lost reply */
@@ -193,6 +195,7 @@ commit_begin(struct commit *c, size_t n)
     if (rc == CX_OK) {
         c->used_bytes = strtoull(PQgetvalue(r, 0, 0), NULL, 10);
         c->used_count = strtoull(PQgetvalue(r, 0, 1), NULL, 10);
+        c->used_versions = strtoull(PQgetvalue(r, 0, 2), NULL, 10);
     }
     PQclear(r);
     return rc;
@@ -218,8 +221,11 @@ commit_file(struct commit *c, struct cx_captured *f)
     PQclear(r);
     if (rc)
         return rc;
+    /* versions too: each is a file of its own and a row, and the bytes
+     * alone would let one user fill the disk's inodes with 1-byte ones */
     if (c->used_bytes + f->size > c->cx->cfg->user_quota_bytes ||
-        (is_new && c->used_count + 1 > c->cx->cfg->user_quota_artifacts)) {
+        (is_new && c->used_count + 1 > c->cx->cfg->user_quota_artifacts) ||
+        c->used_versions + 1 > c->cx->cfg->user_quota_versions) {
         cx_capture_skip(c->cap, f->path, "quota_exceeded");
         return CX_OK;
     }
@@ -242,6 +248,7 @@ commit_file(struct commit *c, struct cx_captured *f)
         return rc;
     c->used_bytes += f->size;
     c->used_count += is_new;
+    c->used_versions++;
     c->np++;
     return CX_OK;
 }

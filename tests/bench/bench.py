@@ -1113,7 +1113,8 @@ def main():
                      conf_extra={"workers": "80", "max_sessions_per_user": "200",
                                  # one key runs all 64 conversations here
                                  "max_concurrent_runs_per_user": "80",
-                                 "user_quota_bytes": "50G", "user_quota_artifacts": "100000"},
+                                 "user_quota_bytes": "50G", "user_quota_artifacts": "100000",
+                                 "user_quota_versions": "1000000"},
                      nginx_extra=f"        location /_bench_static/ {{ alias {static}/; }}\n"
                                  f"        location /_bench_s3/ {{ proxy_pass http://127.0.0.1:{s3_port}/; }}")
     try:

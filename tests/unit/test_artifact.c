@@ -164,6 +164,19 @@ quota(struct cxtest *t)
     }
     is_int(rc, CX_ERR_QUOTA, "uploads stop at the user's artifact quota");
     is_int(stored, 5, "after user_quota_artifacts files");
+    /* one artifact, a version a byte: each is a file in storage */
+    rc = CX_OK;
+    stored = 0;
+    for (int i = 0; i < 12 && rc == CX_OK; i++) {
+        snprintf(name, sizeof(name), "%d", i);
+        a = NULL;
+        rc = cxtest_upload(t, "versions-user", "q", "v.txt", name, strlen(name), &a, msg,
+                           sizeof(msg));
+        stored += rc == CX_OK;
+        json_decref(a);
+    }
+    is_int(rc, CX_ERR_QUOTA, "new versions stop at the user's version quota");
+    is_int(stored, 8, "after user_quota_versions versions");
 }
 
 static void
@@ -232,7 +245,8 @@ main(void)
 {
     struct cxtest t;
 
-    cxtest_open(&t, "artifact", "max_artifact_bytes = 10\nuser_quota_artifacts = 5\n");
+    cxtest_open(&t, "artifact",
+                "max_artifact_bytes = 10\nuser_quota_artifacts = 5\nuser_quota_versions = 8\n");
     uploads(&t);
     hostile_uploads(&t);
     scoping(&t);
