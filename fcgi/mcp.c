@@ -26,8 +26,8 @@ state_free(void *p)
     free(st);
 }
 
-/* An answer of the transport's own: a JSON-RPC error (no id) with HTTP
- * status. */
+/* A JSON-RPC error with HTTP status: the transport's own (no message, no
+ * id) or a call's (m's id). */
 static void
 send_rpc_error(struct cx_req *r, int status, const struct cx_mcp_msg *m, enum cx_err rc,
                const char *msg)
@@ -236,6 +236,20 @@ read_message(struct cx_req *r, struct mcp_state *st)
     return true;
 }
 
+/* The run lane refused the call (the user's runs at their limit, the
+ * lane full, a wait too long): the call's JSON-RPC error, answered 200 as
+ * the other problems of a call are (docs/mcp.md; its data has the HTTP
+ * status, and Retry-After is sent), not the API's error object, which an
+ * MCP client reads as a broken transport. */
+static void
+refuse_on_lane(struct cx_req *r, int status, enum cx_err rc, const char *msg)
+{
+    const struct mcp_state *st = r->state;
+
+    (void)status;
+    send_rpc_error(r, 200, st ? &st->m : NULL, rc, msg);
+}
+
 void
 cx_h_mcp_post(struct cx_req *r)
 {
@@ -269,6 +283,7 @@ cx_h_mcp_post(struct cx_req *r)
             cx_mcp_notify(r->cx, &r->who, &st->s, &st->m);
         cx_req_send_empty(r, 202);
     } else if (cx_mcp_on_lane(&st->m)) {
+        r->refuse = refuse_on_lane;
         (void)cx_req_defer(r, answer_on_lane);
     } else {
         answer(r, st);

@@ -56,6 +56,8 @@ hung_up(const FCGX_Request *fr)
     return fr->ipcFd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
+static void refuse(struct cx_req *r, enum cx_err err, const char *msg);
+
 static void
 run_deferred(struct cx_ctx *cx, void *arg)
 {
@@ -68,7 +70,7 @@ run_deferred(struct cx_ctx *cx, void *arg)
         cx_log_info("the client went away while its run waited for a thread; not run");
         d->r.status = 499; /* (nginx's word for it, in the log and metrics only) */
     } else if (cx_now_us() - d->r.t0_us > QUEUE_WAIT_MAX_US) {
-        cx_req_send_lib_error(&d->r, CX_ERR_BUSY, "the run waited too long for a run thread");
+        refuse(&d->r, CX_ERR_BUSY, "the run waited too long for a run thread");
     } else if (cx) {
         d->fn(&d->r);
     }
@@ -111,7 +113,7 @@ cx_req_defer(struct cx_req *r, void (*fn)(struct cx_req *r))
     rc = cx_lane_submit(r->who.user, run_deferred, d, msg, sizeof(msg));
     if (rc) {
         free(d);
-        cx_req_send_lib_error(r, rc, msg);
+        refuse(r, rc, msg);
         return false;
     }
     r->deferred = true;
@@ -336,6 +338,18 @@ answer_of(enum cx_err err)
     if ((unsigned)err < CX_ERR__COUNT && answers[err].status)
         return &answers[err];
     return &answers[CX_ERR_INTERNAL];
+}
+
+/* The lane's refusal: the route's own answer (r->refuse), else the API's. */
+static void
+refuse(struct cx_req *r, enum cx_err err, const char *msg)
+{
+    const struct answer *a = answer_of(err);
+
+    if (r->refuse) /* (which counts it among the refusals: cx_req_error_data) */
+        r->refuse(r, a->status, err, msg && *msg ? msg : a->message);
+    else
+        cx_req_send_lib_error(r, err, msg);
 }
 
 void

@@ -29,14 +29,18 @@ struct cx_req {
     bool ended;            /* answered and given back before its job ended */
     void *state;           /* a handler's, carried to the lane; freed at the end */
     void (*state_free)(void *state);
+    /* how the lane's refusal (429 too_many_runs, 503) is answered when not
+     * as the API's errors: MCP's JSON-RPC error (status, err, message) */
+    void (*refuse)(struct cx_req *r, int status, enum cx_err err, const char *msg);
 };
 
 /* Hands the rest of the request to the run lane (lib/lane.h): fn(r) runs on
  * a run thread, with r->cx that thread's context, and the request ends
  * there (cx_req_finish, then the connection is given back). False when
- * the lane refused it: the answer (429 too_many_runs, 503) is sent and the
- * request is still the caller's. On true, r is no longer the caller's:
- * its worker needs a new FCGX_Request for the next connection. */
+ * the lane refused it: the answer (429 too_many_runs, 503; r->refuse's
+ * when set) is sent and the request is still the caller's. On true, r is
+ * no longer the caller's: its worker needs a new FCGX_Request for the next
+ * connection. */
 bool cx_req_defer(struct cx_req *r, void (*fn)(struct cx_req *r));
 
 /* On a run thread, after its answer: ends the request now (the log line,

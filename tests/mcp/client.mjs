@@ -102,7 +102,8 @@ async function flow() {
         return { ms: Date.now() - t0, result: r, refused: i };
       } catch (e) {
         const code = (e.data && e.data.code) || "";
-        if (i >= 10 || (code !== "too_many_runs" && !String(e.message).includes("too_many_runs"))) throw e;
+        // a JSON-RPC error (its data codexec's code), never a broken transport
+        if (i >= 10 || code !== "too_many_runs") throw e;
         await new Promise((ok) => setTimeout(ok, 1000));
       }
     }

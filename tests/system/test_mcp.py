@@ -276,3 +276,49 @@ def test_browsers_by_origin(ctx):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_a_call_the_run_lane_refuses_is_a_json_rpc_error(ctx):
+    """An attacker's review: a run_code call refused by the run lane (the
+    user's runs at max_concurrent_runs_per_user) was answered the API's
+    way, a 429 with codexec's error object and no JSON-RPC id, which an
+    MCP client takes for a broken transport. It is the call's JSON-RPC
+    error now, answered 200 like the call's other problems, with
+    Retry-After."""
+    import threading
+    import fcgi_client
+    sock, proc = ctx.spawn_fcgi("mcp-lane", {"max_concurrent_runs_per_user": "1"}, workers=4)
+    user = "u-mcp-lane"
+    key = ctx.key(user)
+    params = {"HTTP_AUTHORIZATION": f"Bearer {key}", "CONTENT_TYPE": "application/json"}
+    held = {}
+
+    def hold():
+        held["answer"] = fcgi_client.request(sock, "POST", "/v1/runs", json.dumps(
+            {"conversation_id": new_id(), "code": "import time; time.sleep(5)"}).encode(), params)
+
+    t = threading.Thread(target=hold)
+    try:
+        status, h, body = fcgi_client.request(sock, "POST", "/mcp", json.dumps(INIT).encode(), params)
+        eq(status, 200, f"initialize: {body[:200]}")
+        mcp = dict(params, HTTP_MCP_SESSION_ID=h.get("mcp-session-id"),
+                   HTTP_MCP_PROTOCOL_VERSION="2025-06-18")
+        t.start()
+        wait_until(lambda: ctx.psql(f"SELECT count(*) FROM runs WHERE user_id = '{user}'"
+                                    " AND status = 'running'") == "1", 30,
+                   "the user's one run slot held")
+        call = {"jsonrpc": "2.0", "id": 41, "method": "tools/call",
+                "params": {"name": "run_code", "arguments": {"code": "1"}}}
+        status, h, body = fcgi_client.request(sock, "POST", "/mcp", json.dumps(call).encode(), mcp)
+        eq(status, 200, f"the refused call's answer: {body[:300]}")
+        answer = json.loads(body)
+        eq((answer.get("jsonrpc"), answer.get("id")), ("2.0", 41), f"the call's JSON-RPC: {answer}")
+        eq(answer["error"]["data"]["code"], "too_many_runs", f"codexec's code in data: {answer}")
+        eq(answer["error"]["data"]["status"], 429, "its HTTP status in data")
+        check(h.get("retry-after"), f"Retry-After: {h}")
+    finally:
+        if t.is_alive():
+            t.join(timeout=30)
+        proc.terminate()
+        proc.wait(timeout=20)
+    eq(held["answer"][0], 200, "the run that held the slot")
