@@ -215,10 +215,7 @@ header_check(struct cx_relay *r, const struct zmtp *z)
 /* A shell message from the kernel has this parent header: whether it may
  * pass, and which run-end request the server sent it answers (then, when
  * its last frame has come and before it passes, the run's processes end:
- * for each such message, not once per request, so a reply the kernel's
- * code forged ahead of the real one can't use the request up and start
- * processes that the real reply would then not end; an attacker's
- * review). The header is the kernel's, so no JSON parser
+ * once per request). The header is the kernel's, so no JSON parser
  * decides: a header with an escape is refused (ipykernel copies the
  * request's header, which has none), and without escapes every string is
  * its bytes, so a parent id that the client will match to its request
@@ -243,6 +240,7 @@ parent_check(struct cx_relay *r, struct zmtp *z)
 static void
 run_end(struct cx_relay *r, struct zmtp *z)
 {
+    r->end_ids[z->end_at][0] = '\0';
     z->end_at = -1;
     r->run_ends++;
     if (r->run_end)

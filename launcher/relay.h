@@ -29,9 +29,7 @@
  * calls the run-end function once its last frame has come and before any
  * byte of its end is passed on, so its client sees the reply only once the
  * function returned (the launcher ends the sandbox's other processes
- * there); for every such message (one the kernel's code forged ahead of
- * the real reply does not use the request up). Used by
- * codexec-kernel-launcher. See
+ * there); once per request. Used by codexec-kernel-launcher. See
  * docs/internals/sandbox.md. */
 #ifndef CX_RELAY_H
 #define CX_RELAY_H

@@ -2004,8 +2004,8 @@ add_kernel(struct argv *a, const struct cx_sandbox_conf *sc, enum cx_sandbox_lan
     addn(a, "--nproc=", sc->processes);
     addn(a, "--fsize=", (unsigned long long)sc->file_size);
     addn(a, "--nofile=", sc->open_files);
-    /* no core dump: with a piped core_pattern (systemd-coredump) the host
-     * would read, compress and store a kernel's memory at every crash */
+    /* no core file; a helper a piped core_pattern starts (systemd-coredump)
+     * stores nothing for 0 (docs/sandbox.md, "Host settings") */
     add(a, "--core=0");
     add(a, "--");
     snprintf(python, sizeof(python), "%s/bin/python3", *sc->python_env ? sc->python_env : "/usr");

@@ -335,7 +335,7 @@ def become_kernel(conn, req, kernel):
     limits = [(resource.RLIMIT_DATA if req.data else resource.RLIMIT_AS, req.address_space),
               (resource.RLIMIT_NPROC, req.processes), (resource.RLIMIT_FSIZE, req.file_size),
               (resource.RLIMIT_NOFILE, req.open_files),
-              # no core dump (a piped core_pattern: the host's work, sandbox.c)
+              # no core file (a piped core_pattern: docs/sandbox.md, "Host settings")
               (resource.RLIMIT_CORE, 0)]
     for which, value in limits:
         resource.setrlimit(which, (value, value))

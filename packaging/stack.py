@@ -374,7 +374,7 @@ class Stack:
 
     # (name, at least, why): what every kernel, the Jupyter server and its
     # launchers count together as the gateway's one user, or the host as a
-    # whole (packaging/sysctl/60-codexec.conf, the package's)
+    # whole (packaging/sysctl/30-codexec.conf, the package's)
     HOST_LIMITS = (
         ("fs/inotify/max_user_instances", 8192,
          "one per kernel starting; else about 128 kernels starting at once"),
@@ -728,7 +728,7 @@ class Stack:
     def write_nginx(self):
         ndir = os.path.join(self.var, "nginx")
         for name in ("codexec-locations.conf", "codexec-storage.conf", "codexec-storage-s3.conf",
-                     "codexec-links.conf"):
+                     "codexec-links.conf", "codexec-log.conf"):
             with open(os.path.join(REPO, "nginx", name)) as f:
                 self.write_file(os.path.join(ndir, name),
                                 f.read().replace("client_max_body_size 64m;",
@@ -775,15 +775,7 @@ events {{ worker_connections 1024; }}
 http {{
     include /etc/nginx/mime.types;
     default_type application/octet-stream;
-    # the request's path without its query: a signed link's signature is a
-    # credential (docs/web-servers.md, "Access logs")
-    map $request_uri $codexec_request_path {{
-        "~^(?<codexec_path>[^?]*)" $codexec_path;
-        default "-";
-    }}
-    log_format codexec '$remote_addr - $remote_user [$time_local] '
-                       '"$request_method $codexec_request_path $server_protocol" $status '
-                       '$body_bytes_sent "$http_user_agent"';
+    include {ndir}/codexec-log.conf;  # no query strings: no link's signature
     access_log {self.logdir}/nginx-access.log codexec;
     client_body_temp_path {tmp}/body;
     fastcgi_temp_path {tmp}/fastcgi;

@@ -87,11 +87,15 @@ def test_downloads_through_apache_with_x_sendfile(ctx):
         eq((r.status, r.body), (200, b"via apache"), "signed link through Apache")
         # codexec.conf's LogFormat: the path, never the link's signature
         path, _, query = link["url"].partition("?")
-        wait_until(lambda: os.path.getsize(os.path.join(ctx.st.logdir, "apache-access.log")) > 0,
-                   10, "Apache's access log")
-        with open(os.path.join(ctx.st.logdir, "apache-access.log")) as f:
-            log = f.read()
-        check(f"GET {path} HTTP/1.1" in log and query and query not in log and "sig=" not in log,
+
+        def access_log():
+            with open(os.path.join(ctx.st.logdir, "apache-access.log")) as f:
+                return f.read()
+
+        # (Apache writes the line once the answer is sent)
+        log = wait_until(lambda: (lambda t: t if f"GET {path} HTTP/1.1" in t else None)(
+            access_log()), 10, "the link's download in Apache's access log")
+        check(query and query not in log and "sig=" not in log,
               "Apache's access log has the link's path, not its signature")
         check(r.header("X-Sendfile") is None, "the X-Sendfile header never reaches the client")
     finally:

@@ -198,9 +198,13 @@ def signed_links(ctx, user):
     sig = q["sig"]
     # the access log has the link's path, never its query: the signature
     # is a credential until the link expires (docs/web-servers.md)
-    with open(os.path.join(ctx.st.logdir, "nginx-access.log")) as f:
-        log = f.read()
-    check(f"GET {parts.path} HTTP/1.1" in log, "the download is in nginx's access log")
+    def access_log():
+        with open(os.path.join(ctx.st.logdir, "nginx-access.log")) as f:
+            return f.read()
+
+    # (nginx writes the line once the answer is sent)
+    log = wait_until(lambda: (lambda t: t if f"GET {parts.path} HTTP/1.1" in t else None)(
+        access_log()), 10, "the download in nginx's access log")
     check(sig not in log and "sig=" not in log, "with no signature")
     tampered = sig[:-2] + ("AA" if sig[-2:] != "AA" else "BB")
     expect_error(ctx.get(with_query(sig=tampered)), 403, "forbidden")
