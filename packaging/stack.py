@@ -372,20 +372,10 @@ class Stack:
         self.chown(path, owner)
         return path
 
-    # (name, at least, why): what every kernel, the Jupyter server and its
-    # launchers count together as the gateway's one user, or the host as a
-    # whole (packaging/sysctl/30-codexec.conf, the package's)
-    HOST_LIMITS = (
-        ("fs/inotify/max_user_instances", 8192,
-         "one per kernel starting; else about 128 kernels starting at once"),
-        # epoll's watches are charged to the memory cgroup of whoever adds
-        # them: far above what memory allows, a kernel's memory limit is the
-        # bound, not a count one kernel could exhaust for the server
-        ("fs/epoll/max_user_watches", (1 << 31) - 1,
-         "else one kernel can take every epoll watch of the gateway's user"),
-        # 16 terminals a sandbox (CX_SANDBOX_PTS_OPTIONS) for 4096 kernels
-        ("kernel/pty/max", 65536 + 1024, "else a few kernels can take every terminal"),
-    )
+    # what every kernel, the Jupyter server and its launchers count
+    # together as the gateway's one user, or the host as a whole: the
+    # package's file, read here as its postinst reads it (only raised)
+    HOST_LIMITS = os.path.join(REPO, "packaging", "sysctl", "30-codexec.conf")
 
     def raise_host_limits(self):
         """Host-wide counts a tenant's kernel draws on (docs/sandbox.md,
@@ -393,17 +383,19 @@ class Stack:
         them, when started as root."""
         if os.geteuid() != 0:
             return
-        for name, least, why in self.HOST_LIMITS:
-            path = "/proc/sys/" + name
+        with open(self.HOST_LIMITS) as f:
+            wanted = re.findall(r"^([a-z][a-z0-9_.-]*) *= *([0-9]+)$", f.read(), re.M)
+        for key, least in wanted:
+            path = "/proc/sys/" + key.replace(".", "/")
             try:
                 with open(path) as f:
-                    if int(f.read()) >= least:
+                    if int(f.read()) >= int(least):
                         continue
                 with open(path, "w") as f:
                     f.write(f"{least}\n")
-                log(f"raised {name.replace('/', '.')} to {least}")
+                log(f"raised {key} to {least}")
             except (OSError, ValueError) as e:
-                log(f"could not raise {name.replace('/', '.')} ({e}): {why}")
+                log(f"could not raise {key} ({e}): docs/sandbox.md, \"Host settings\"")
 
     def init(self):
         self.ensure_user()
