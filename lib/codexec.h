@@ -325,7 +325,8 @@ struct cx_config {
     unsigned max_inputs;
     uint64_t user_quota_bytes;
     unsigned user_quota_artifacts;
-    unsigned user_quota_versions; /* of all its artifacts: files on disk, rows */
+    unsigned user_quota_versions;     /* of all its artifacts: files on disk, rows */
+    uint64_t user_quota_answer_bytes; /* runs' kept answers and events (PostgreSQL) */
     unsigned max_sessions_per_user;
     unsigned max_pending_runs_per_user;    /* runs waiting for approval */
     unsigned max_concurrent_runs_per_user; /* 0: a quarter of workers (lane.h) */

@@ -80,6 +80,8 @@ static const struct cx_conf_key keys[] = {
     {"user_quota_bytes", CX_CONF_SIZE, O(user_quota_bytes), "5G", 0, 1024 * GiB * 1024},
     {"user_quota_artifacts", CX_CONF_UINT, O(user_quota_artifacts), "5000", 0, 100000000},
     {"user_quota_versions", CX_CONF_UINT, O(user_quota_versions), "50000", 0, 100000000},
+    {"user_quota_answer_bytes", CX_CONF_SIZE, O(user_quota_answer_bytes), "256M", 64 * 1024,
+     1024 * GiB},
     {"max_sessions_per_user", CX_CONF_UINT, O(max_sessions_per_user), "8", 1, 100000},
     {"max_pending_runs_per_user", CX_CONF_UINT, O(max_pending_runs_per_user), "16", 1, 100000},
     /* 0: a quarter of workers, at least 1 (lane.h) */

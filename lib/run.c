@@ -82,10 +82,29 @@ CX_SQL(q_run_insert, 6,
        "INSERT INTO runs (id, user_id, conversation_id, api_key_id, status, code_length,"
        " code_sha256, started_at, owner_pid, owner_started) VALUES ($1::uuid, $2, $3,"
        " nullif($4, '')::uuid, 'running', $5::int, $6, now(), " CX_SQL_OWNER ")");
-CX_SQL(q_run_finish, 7,
-       "UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
+/* The run's end; its kept bytes (the answer and $8, its kept events') added
+ * to its user's: their new sum. */
+CX_SQL(q_run_finish, 8,
+       "WITH f AS (UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
        " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now(),"
-       " answer = $7 WHERE id = $1::uuid");
+       " answer = $7::text, kept_bytes = CASE WHEN $7::text IS NULL THEN 0"
+       " ELSE $8::bigint + octet_length($7::text) END WHERE id = $1::uuid"
+       " RETURNING user_id, kept_bytes)"
+       " INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, kept_bytes FROM f"
+       " WHERE kept_bytes > 0 ON CONFLICT (user_id) DO UPDATE"
+       " SET bytes = user_kept_answers.bytes + EXCLUDED.bytes RETURNING bytes");
+/* The user's ($1) oldest kept answers but run $2's, $3 bytes of them at
+ * least, forgotten early (a bounded batch: the next run's end goes on). */
+CX_SQL(q_evict_answers, 3,
+       "WITH o AS (SELECT id, kept_bytes, sum(kept_bytes) OVER (ORDER BY finished_at, id) AS c"
+       " FROM (SELECT id, kept_bytes, finished_at FROM runs WHERE user_id = $1"
+       " AND answer IS NOT NULL AND id <> $2::uuid ORDER BY finished_at LIMIT 1000"
+       " FOR UPDATE SKIP LOCKED) s),"
+       " f AS (UPDATE runs r SET answer = NULL, kept_bytes = 0 FROM o WHERE r.id = o.id"
+       " AND o.c - o.kept_bytes < $3::bigint RETURNING r.id, o.kept_bytes),"
+       " e AS (DELETE FROM run_events WHERE run_id IN (SELECT id FROM f))"
+       " UPDATE user_kept_answers SET bytes = greatest(bytes"
+       " - (SELECT coalesce(sum(kept_bytes), 0) FROM f), 0) WHERE user_id = $1");
 
 /* A kept answer's size at most: the parts a run's code makes long (its
  * value, error, traceback, tails, skipped list) give way first, then all
@@ -232,6 +251,7 @@ struct run {
     int64_t ms;
     json_t *artifacts;
     const struct cx_cancel *cancel;
+    const struct cx_journal *journal; /* its kept events, or NULL */
 };
 
 /* Frees the connection (broken, or of a replaced kernel). */
@@ -443,6 +463,25 @@ run_payload(struct run *r, json_t **out)
     return CX_OK;
 }
 
+/* The user's kept answers past user_quota_answer_bytes (sum, from the
+ * run's end): the oldest forgotten early, but this run's. */
+static void
+evict_answers(struct run *r, PGresult *sum)
+{
+    uint64_t total, cap = r->cx->cfg->user_quota_answer_bytes;
+    char excess[24];
+    const char *p[3] = {r->who->user, r->id, excess};
+
+    if (!sum || PQntuples(sum) != 1)
+        return;
+    total = strtoull(PQgetvalue(sum, 0, 0), NULL, 10);
+    if (total <= cap)
+        return;
+    snprintf(excess, sizeof(excess), "%llu", (unsigned long long)(total - cap));
+    if (cx_db_exec(r->cx->db, &q_evict_answers, p, NULL))
+        cx_log_warn(0, "run %s: its user's oldest answers could not be forgotten", r->id);
+}
+
 /* The session's kernel connection back to the pool (or closed), the
  * session released, the run's record finished. */
 static void
@@ -453,15 +492,17 @@ run_end(struct run *r, json_t *payload, const char *failure)
     char ms[24];
     json_t *failed = payload ? NULL : json_pack("{s:s}", "error", failure ? failure : "");
     char *answer = r->cx->cfg->run_answer_ttl ? answer_text(payload ? payload : failed) : NULL;
-    const char *p[7] = {r->id,
+    char events[24];
+    const char *p[8] = {r->id,
                         status,
                         en ? en : (payload ? NULL : "RequestFailed"),
                         cx_runexec_facts(r->st)->truncated ? "true" : "false",
                         r->s.reset ? "true" : "false",
                         ms,
-                        answer};
-
-    struct cx_db_call finish = {&q_run_finish, p, NULL};
+                        answer,
+                        events};
+    PGresult *sum = NULL;
+    struct cx_db_call finish = {&q_run_finish, p, &sum};
 
     if (r->s.locked) {
         if (!r->s.reset)
@@ -471,8 +512,12 @@ run_end(struct run *r, json_t *payload, const char *failure)
         r->conn = NULL;
     }
     snprintf(ms, sizeof(ms), "%lld", (long long)r->ms);
+    snprintf(events, sizeof(events), "%llu",
+             (unsigned long long)(r->journal ? r->journal->bytes : 0));
     /* one round trip and one COMMIT: the session's state, the run's end */
     cx_session_release_with(r->cx, &r->s, &finish);
+    evict_answers(r, sum);
+    PQclear(sum);
     free(answer);
     json_decref(failed);
     /* static label values only: ok, error (the code raised), timeout,
@@ -501,10 +546,17 @@ quota_left(void *ctx, const char *user, uint64_t *left)
 
 static enum cx_err
 run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-               const struct cx_inputs *in, const char *run_id, const struct cx_run_sink *sink,
-               const struct cx_cancel *cancel, json_t **out, char *msg, size_t msglen)
+               const struct cx_inputs *in, const char *run_id, const struct cx_journal *journal,
+               const struct cx_run_sink *sink, const struct cx_cancel *cancel, json_t **out,
+               char *msg, size_t msglen)
 {
-    struct run r = {.cx = cx, .who = who, .req = req, .in = in, .id = run_id, .cancel = cancel};
+    struct run r = {.cx = cx,
+                    .who = who,
+                    .req = req,
+                    .in = in,
+                    .id = run_id,
+                    .cancel = cancel,
+                    .journal = journal};
     enum cx_err rc;
 
     *out = NULL;
@@ -541,13 +593,14 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
                 const char *run_id, const struct cx_run_sink *sink, const struct cx_cancel *cancel,
                 json_t **out, char *msg, size_t msglen)
 {
-    struct cx_journal journal;
+    struct cx_journal journal, *kept = NULL;
     struct cx_inputs in;
     enum cx_err rc;
 
     if ((sink && !sink->unkept) || req->detach) {
         cx_journal_open(&journal, cx, run_id, sink);
         sink = &journal.sink;
+        kept = &journal;
     }
     if (sink) {
         json_t *ev =
@@ -563,7 +616,7 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
         if (cx_db_exec(cx->db, &q_run_status, p, NULL))
             cx_log_warn(0, "could not fail run %s", run_id);
     } else {
-        rc = run_in_session(cx, who, req, &in, run_id, sink, cancel, out, msg, msglen);
+        rc = run_in_session(cx, who, req, &in, run_id, kept, sink, cancel, out, msg, msglen);
     }
     cx_stage_cleanup(&in);
     return rc;
@@ -810,23 +863,39 @@ cx_run_reject(struct cx_ctx *cx, const struct cx_principal *who, const char *run
 CX_SQL(q_expire_pending, 0,
        "WITH p AS (DELETE FROM pending_runs WHERE expires_at < now() RETURNING run_id)"
        " UPDATE runs SET status = 'expired', finished_at = now() FROM p WHERE runs.id = p.run_id");
-/* (a run's kept events go with its answer) */
+/* (a run's kept events go with its answer; its bytes off its user's sum.
+ * The users' rows are locked in their order, as the sweep of abandoned
+ * runs does: another process's sweep at the same time never deadlocks) */
 CX_SQL(q_forget_answers, 1,
-       "WITH f AS (UPDATE runs SET answer = NULL WHERE id IN (SELECT id FROM runs"
-       " WHERE answer IS NOT NULL AND finished_at < now() - make_interval(secs => $1::int)"
-       " LIMIT 1000) RETURNING id) DELETE FROM run_events WHERE run_id IN (SELECT id FROM f)");
+       "WITH o AS (SELECT id, user_id, kept_bytes FROM runs WHERE answer IS NOT NULL"
+       " AND finished_at < now() - make_interval(secs => $1::int) LIMIT 1000"
+       " FOR UPDATE SKIP LOCKED),"
+       " f AS (UPDATE runs r SET answer = NULL, kept_bytes = 0 FROM o WHERE r.id = o.id"
+       " RETURNING r.id, o.user_id, o.kept_bytes),"
+       " e AS (DELETE FROM run_events WHERE run_id IN (SELECT id FROM f))"
+       " INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, -sum(kept_bytes)"
+       " FROM f GROUP BY user_id HAVING sum(kept_bytes) > 0 ORDER BY user_id"
+       " ON CONFLICT (user_id) DO UPDATE"
+       " SET bytes = greatest(user_kept_answers.bytes + EXCLUDED.bytes, 0)");
 /* A run whose connection is gone lost its process; one older than any run
  * can last too (its record from before owners were kept, or a connection
  * that lingers). A connection whose start another role may not see (NULL)
  * counts as alive by its pid alone. */
 CX_SQL(q_abandon, 1,
-       "UPDATE runs SET status = 'error', error_name = CASE WHEN cancel_requested"
+       "WITH lost AS (UPDATE runs SET status = 'error', error_name = CASE WHEN cancel_requested"
        " THEN 'Cancelled' ELSE 'Abandoned' END, finished_at = now(),"
-       " answer = '{\"error\":\"the run was lost with the process that ran it\"}'"
+       " answer = '{\"error\":\"the run was lost with the process that ran it\"}',"
+       " kept_bytes = 64 + coalesce((SELECT sum(octet_length(e.event) + octet_length(e.data))"
+       " FROM run_events e WHERE e.run_id = runs.id), 0)"
        " WHERE status = 'running' AND (started_at < now() - make_interval(secs => $1::int)"
        " OR (owner_pid IS NOT NULL AND started_at < now() - interval '1 second'"
        " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = runs.owner_pid"
-       " AND (a.backend_start IS NULL OR a.backend_start = runs.owner_started))))");
+       " AND (a.backend_start IS NULL OR a.backend_start = runs.owner_started))))"
+       " RETURNING user_id, kept_bytes),"
+       " k AS (INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, sum(kept_bytes)"
+       " FROM lost GROUP BY user_id ORDER BY user_id ON CONFLICT (user_id) DO UPDATE"
+       " SET bytes = user_kept_answers.bytes + EXCLUDED.bytes)"
+       " SELECT count(*) FROM lost");
 
 /* One snapshot: the status before, a running run marked (and announced to
  * the process that runs it), a pending one ended. */
@@ -900,7 +969,7 @@ cx_run_expire(struct cx_ctx *cx, int *changed)
     rc = cx_db_exec(cx->db, &q_abandon, p, &r);
     if (rc)
         return rc;
-    *changed += (int)strtol(PQcmdTuples(r), NULL, 10);
+    *changed += (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
     /* answers past run_answer_ttl, a bounded batch per sweep */
     snprintf(secs, sizeof(secs), "%u", cx->cfg->run_answer_ttl);

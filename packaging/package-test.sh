@@ -416,31 +416,37 @@ phase_agent() {
 }
 
 # While another tenant's CPU hog runs (four processes spinning: two CPUs'
-# worth), the share its cgroup got over 5 s: cpu.max holds it to one CPU.
+# worth) in conversation $1, the share its kernel's cgroup got over 5 s:
+# cpu.max holds it to one CPU, and it got most of one (a cgroup that is
+# not the hog's, or a hog not yet spinning, would pass the bound alone).
 check_cpu_quota() {
-  local parent=/sys/fs/cgroup/system.slice/codexec-gateway.service/kernels cg="" a b max
-  for _ in $(seq 120); do
-    for d in "$parent"/k-*; do
-      # the hog's four: the kernel and its three forks (an idle kernel's
-      # cgroup holds one process, forked from the template; three with bwrap)
-      if [ "$(wc -l <"$d/cgroup.procs" 2>/dev/null || echo 0)" -ge 4 ]; then cg=$d; fi
+  local parent=/sys/fs/cgroup/system.slice/codexec-gateway.service/kernels cg="" kid="" d a b max used
+  for _ in $(seq 240); do
+    kid=$(runuser -u postgres -- psql -d codexec -tAc \
+      "SELECT kernel_id FROM sessions WHERE conversation_id = '$1' AND kernel_id IS NOT NULL" 2>/dev/null)
+    for d in "$parent"/k-*"${kid:-none}"-*; do
+      # the kernel and its three forks (an idle kernel's cgroup holds one
+      # process, forked from the template; three with bwrap)
+      if [ -n "$kid" ] && [ "$(wc -l <"$d/cgroup.procs" 2>/dev/null || echo 0)" -ge 4 ]; then cg=$d; fi
     done
     [ -n "$cg" ] && break
     sleep 0.5
   done
-  [ -n "$cg" ] || fail "no kernel's cgroup with the hog's processes"
+  [ -n "$cg" ] || fail "no cgroup of the hog's kernel (conversation $1, kernel ${kid:-none}) with its four processes"
   sleep 2
   a=$(sed -n 's/^usage_usec //p' "$cg/cpu.stat"); sleep 5; b=$(sed -n 's/^usage_usec //p' "$cg/cpu.stat")
   max=$(cat "$cg/cpu.max")
-  say "cpu: the hog's cgroup used $(((b - a) / 50000))% of one CPU over 5 s (cpu.max $max)"
-  [ $(((b - a) / 50000)) -le 115 ] || fail "the hog used more than its cpu.max"
+  used=$(((b - a) / 50000))
+  say "cpu: the hog's cgroup ($(basename "$cg")) used ${used}% of one CPU over 5 s (cpu.max $max)"
+  [ "$used" -le 115 ] || fail "the hog used more than its cpu.max"
+  [ "$used" -ge 50 ] || fail "the hog got less than half a CPU: its processes were not spinning"
 }
 
 case "${1:-}" in
 install) phase_install "$2" "$3" ;;
 install-agent) install_agent ;;
 agent) phase_agent ;;
-cpu-quota) check_cpu_quota ;;
+cpu-quota) check_cpu_quota "$2" ;;
 block) docs_block "$2" ;;
 check)
   rc=0

@@ -731,6 +731,28 @@ ngx_http_codexec_link_serve(ngx_http_request_t *r,
 }
 
 
+/*
+ * The request line up to its query, for what names it from now on: the
+ * error log's "request:" (this module's messages, codexec's upstream
+ * errors) and $request. A link's query holds its signature, a credential
+ * until it expires; codexec reads the query from $request_uri and
+ * $query_string, not from this line.
+ */
+
+static void
+ngx_http_codexec_link_hide_query(ngx_http_request_t *r)
+{
+    u_char  *q;
+
+    q = ngx_strlchr(r->request_line.data,
+                    r->request_line.data + r->request_line.len, '?');
+
+    if (q != NULL) {
+        r->request_line.len = q - r->request_line.data;
+    }
+}
+
+
 static ngx_int_t
 ngx_http_codexec_link_handler(ngx_http_request_t *r)
 {
@@ -740,6 +762,8 @@ ngx_http_codexec_link_handler(ngx_http_request_t *r)
     ngx_http_codexec_link_conf_t  *lcf;
 
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_codexec_link_module);
+
+    ngx_http_codexec_link_hide_query(r);
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))
         || ngx_http_codexec_link_args(r, &link) != NGX_OK

@@ -236,6 +236,57 @@ def test_a_killed_process_leaves_no_run_running(ctx):
     s = events(ctx, user, run_id)
     s.all()
     eq(named(s)[-1][2]["error_name"], "Abandoned", "its events end with that result")
+    counted, summed = kept(ctx, user)
+    check(counted == summed and counted > 64, f"its kept events are counted: {counted}, {summed}")
+
+
+def kept(ctx, user):
+    """(the user's kept bytes as counted, the sum over their runs' records)"""
+    out = ctx.psql(f"SELECT (SELECT bytes FROM user_kept_answers WHERE user_id = '{user}'),"
+                   f" (SELECT sum(kept_bytes) FROM runs WHERE user_id = '{user}')")
+    return tuple(int(x) if x else 0 for x in out.split("|"))
+
+
+def test_a_user_s_kept_answers_are_bounded(ctx):
+    """user_quota_answer_bytes: past it, a user's oldest kept answers and
+    events are forgotten early (the records stay); another user's are not;
+    run_answer_ttl's forgetting takes them off the count."""
+    user, other, cid = "det-kept", "det-kept-other", new_id()
+    big = "print('y' * 300000, flush=True)"  # kept as events: ~300 KB a run
+    sock, proc = ctx.spawn_fcgi("det-kept", {"user_quota_answer_bytes": "1M"})
+    ids = []
+    try:
+        theirs = detach_at(ctx, sock, other, big)
+        ended(ctx, other, theirs)
+        for i in range(6):
+            status, out = post_at(ctx, sock, user, {"conversation_id": cid, "wait": False,
+                                                    "code": big + f"\nprint({i})"})
+            eq(status, 202, f"accepted: {out!r}")
+            ids.append(out["run_id"])
+            eq(ended(ctx, user, ids[-1])["status"], "ok", "it ran")
+    finally:
+        stop(proc)
+    counted, summed = kept(ctx, user)
+    eq(counted, summed, "the user's count is the sum of their runs' kept bytes")
+    check(900_000 < counted <= 1 << 20, f"within the quota: {counted} bytes")
+    first, last = record(ctx, user, ids[0]), record(ctx, user, ids[-1])
+    eq(first["status"], "ok", f"the oldest run's record stays: {first}")
+    check("stdout_tail" not in first, f"its answer was forgotten: {first}")
+    eq(last["stdout_tail"].splitlines()[-1], "5", f"the newest run's answer is kept: {last}")
+    s = events(ctx, user, ids[0])
+    s.all()
+    eq([n for _, n, _ in named(s)], ["result"], "the oldest run's events went with its answer")
+    s = events(ctx, user, ids[-1])
+    s.all()
+    eq(len(stdout_of(named(s))), 300003, "the newest run's events are kept, whole")
+    check("stdout_tail" in record(ctx, other, theirs), "another user's answer is untouched")
+    # run_answer_ttl's sweep takes what it forgets off the count
+    sock, proc = ctx.spawn_fcgi("det-kept-ttl", {"run_answer_ttl": "1", "reaper_interval": "1"})
+    try:
+        wait_until(lambda: kept(ctx, user) == (0, 0), 30, "the sweep forgets and counts down")
+    finally:
+        stop(proc)
+    check("stdout_tail" not in record(ctx, user, ids[-1]), "the newest answer forgotten too")
 
 
 def test_limits_and_refusals(ctx):

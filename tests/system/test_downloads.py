@@ -516,6 +516,29 @@ def test_link_module_hostile(ctx):
         log = f.read()
     check("exited on signal" not in log, "no nginx worker died")
     eq(ctx.get(forged()).body, b"the real file", "and links are still served")
+    # an error of the module's names the request without its query: the
+    # signature is a credential (the stored file, briefly, a directory)
+    url = forged(exp=str(int(q["exp"]) - 1))
+    sig = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))["sig"]
+    stored = os.path.join(st.storage, meta[0])
+    os.rename(stored, stored + ".away")
+    os.mkdir(stored)
+    try:
+        ctx.get(url, timeout=30)
+    finally:
+        os.rmdir(stored)
+        os.rename(stored + ".away", stored)
+
+    def error_log():
+        with open(os.path.join(st.logdir, "nginx-error.log")) as f:
+            return f.read()
+
+    log = wait_until(lambda: (lambda t: t if "not a regular file" in t else None)(error_log()), 10,
+                     "the module's error in nginx's error log")
+    line = [l for l in log.splitlines() if "not a regular file" in l][-1]
+    check(f'request: "GET {parts.path}"' in line, f"the error names the request's path: {line}")
+    check(sig not in log and "sig=" not in line, f"never the signature: {line}")
+    eq(ctx.get(url).body, b"the real file", "the file back, the link served")
 
 
 def test_download_cache_across_processes(ctx):

@@ -225,6 +225,7 @@ main(void)
     is_int(cfg.user_quota_bytes, 5ULL << 30, "5 GiB per user");
     is_int(cfg.user_quota_artifacts, 5000, "5000 artifacts per user");
     is_int(cfg.user_quota_versions, 50000, "50000 versions per user");
+    is_int(cfg.user_quota_answer_bytes, 256ULL << 20, "256 MiB of kept answers per user");
     is_int(cfg.max_sessions_per_user, 8, "8 sessions per user");
     is_int(cfg.link_default_expiry, 300, "links 300 s by default");
     is_int(cfg.link_max_expiry, 7 * 86400, "links 7 days at most");
