@@ -433,6 +433,11 @@ cx_h_artifacts_upload(struct cx_req *r)
 
     if (!cx_req_authenticate(r))
         return;
+    rc = cx_req_body_begin(r, msg, sizeof(msg));
+    if (rc) {
+        cx_req_send_lib_error(r, rc, msg);
+        return;
+    }
     if (!streamed_idem(r, &id)) {
         cx_idem_cleanup(&id);
         return;
@@ -440,6 +445,7 @@ cx_h_artifacts_upload(struct cx_req *r)
     rc = cx_artifact_upload(r->cx, r->who.user, r->query, cx_req_param(r, "CONTENT_TYPE"),
                             cx_req_param(r, "CONTENT_LENGTH"), cx_idem_read, &id, &out, msg,
                             sizeof(msg));
+    cx_req_body_done(r);
     streamed_answer(r, &id, rc, out, msg, NULL);
 }
 
@@ -744,6 +750,11 @@ cx_h_files_put(struct cx_req *r)
 
     if (!file_path(r, path))
         return;
+    rc = cx_req_body_begin(r, msg, sizeof(msg)); /* (on a run thread: its stall timeout) */
+    if (rc) {
+        cx_req_send_lib_error(r, rc, msg);
+        return;
+    }
     if (!streamed_idem(r, &id)) {
         cx_idem_cleanup(&id);
         return;

@@ -210,12 +210,19 @@ read_message(struct cx_req *r, struct mcp_state *st)
     char *body = NULL;
     size_t len = 0;
     json_t *error = NULL;
+    char busy[CX_MSG_MAX] = "";
     enum cx_err rc;
 
     if (!cx_req_json_type(r))
         return false;
+    rc = cx_req_body_begin(r, busy, sizeof(busy));
+    if (rc) {
+        send_rpc_error(r, 503, NULL, rc, busy); /* (the transport's: no call read) */
+        return false;
+    }
     rc = cx_http_read_body(cx_req_read, r->fr->in, cx_req_param(r, "CONTENT_LENGTH"), max, &body,
                            &len);
+    cx_req_body_done(r);
     if (rc) {
         send_rpc_error(r, rc == CX_ERR_TOO_LARGE ? 413 : 400, NULL, rc,
                        rc == CX_ERR_TOO_LARGE ? "the message exceeds max_run_body_bytes"

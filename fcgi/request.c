@@ -24,6 +24,7 @@ cx_req_finish(struct cx_req *r)
 {
     const char *route = r->route ? r->route : "unknown";
 
+    cx_req_body_done(r);
     if (!r->status)
         cx_req_send_error(r, 500, "internal_error", "internal error");
     cx_metrics_observe(route, r->status, cx_now_us() - r->t0_us);
@@ -389,6 +390,35 @@ cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
     cx_req_send_error(r, a->status, a->code, msg && *msg ? msg : a->message);
 }
 
+/* A request body that sends nothing for this long ends in an error. */
+#define BODY_STALL_S 30
+
+enum cx_err
+cx_req_body_begin(struct cx_req *r, char *msg, size_t msglen)
+{
+    enum cx_err rc;
+
+    struct timeval tv = {.tv_sec = BODY_STALL_S};
+
+    /* (a body that stops coming fails the read: its thread is not held
+     * for as long as the web server would wait) */
+    if (setsockopt(r->fr->ipcFd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)))
+        cx_log_warn(errno, "could not set a receive timeout on a request");
+    if (r->deferred || r->body_slot)
+        return CX_OK;
+    rc = cx_lane_body_enter(r->cx->cfg, r->who.user, msg, msglen);
+    r->body_slot = rc == CX_OK;
+    return rc;
+}
+
+void
+cx_req_body_done(struct cx_req *r)
+{
+    if (r->body_slot)
+        cx_lane_body_leave(r->who.user);
+    r->body_slot = false;
+}
+
 ssize_t
 cx_req_read(void *ctx, void *buf, size_t n)
 {
@@ -432,8 +462,14 @@ cx_req_json_body(struct cx_req *r, uint64_t max)
 
     if (!cx_req_json_type(r))
         return NULL;
+    rc = cx_req_body_begin(r, msg, sizeof(msg));
+    if (rc) {
+        cx_req_send_lib_error(r, rc, msg);
+        return NULL;
+    }
     rc = cx_http_read_body(cx_req_read, r->fr->in, cx_req_param(r, "CONTENT_LENGTH"), max, &body,
                            &len);
+    cx_req_body_done(r);
     if (rc == CX_ERR_TOO_LARGE) {
         snprintf(msg, sizeof(msg), "the request body exceeds %llu bytes", (unsigned long long)max);
         cx_req_send_lib_error(r, CX_ERR_TOO_LARGE, msg);

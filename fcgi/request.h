@@ -27,6 +27,7 @@ struct cx_req {
     int64_t t0_us;         /* when it was accepted */
     bool deferred;         /* handed to the run lane: no longer the worker's */
     bool ended;            /* answered and given back before its job ended */
+    bool body_slot;        /* reading its body on a request thread (cx_req_body_begin) */
     void *state;           /* a handler's, carried to the lane; freed at the end */
     void (*state_free)(void *state);
     /* how the lane's refusal (429 too_many_runs, 503) is answered when not
@@ -54,6 +55,15 @@ void cx_req_end_early(struct cx_req *r);
 void cx_req_finish(struct cx_req *r);
 
 const char *cx_req_param(struct cx_req *r, const char *name);
+
+/* Before a request thread reads a request's body: one of the body slots
+ * (codexec.h, cx_lane_body_enter), so that slow bodies of one user never
+ * hold every request thread. A job of the lane (a run's body) reads
+ * without one: the lane bounds it. CX_OK, or CX_ERR_BUSY (msg says why:
+ * the caller answers, 503 with Retry-After); cx_req_body_done() gives the
+ * slot back (cx_req_finish() too). */
+enum cx_err cx_req_body_begin(struct cx_req *r, char *msg, size_t msglen);
+void cx_req_body_done(struct cx_req *r);
 
 /* Adds "Name: value\r\n" to the response; refuses CR/LF in either. */
 void cx_req_header(struct cx_req *r, const char *name, const char *value);

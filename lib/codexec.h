@@ -787,6 +787,18 @@ enum cx_err cx_lane_submit(const char *user, cx_lane_fn fn, void *arg, char *msg
  * thread and when called again; the job's end does it otherwise. */
 void cx_lane_answered(void);
 
+/* A request body read on a request thread (fcgi/request.c): behind a web
+ * server that passes bodies on as they arrive (Apache's mod_proxy_fcgi;
+ * nginx buffers them first), a client that sends its body slowly holds
+ * the thread as long, and an upload to an object store holds it while it
+ * writes. At most a quarter of workers (at least 1) of one user's and
+ * half of them (at least 1) in all at once; the others are left to health
+ * checks, downloads and the other users. CX_OK or CX_ERR_BUSY (msg says
+ * whose). */
+enum cx_err cx_lane_body_enter(const struct cx_config *cfg, const char *user, char *msg,
+                               size_t msglen) CX_MUSTCHECK;
+void cx_lane_body_leave(const char *user);
+
 /* --- Artifacts (lib/artifact.c, upload.c, commit.c, fsck.c) ------------------ */
 
 /* POST /v1/artifacts: streams body bytes (raw, or the "file" part of a

@@ -19,21 +19,37 @@ CX_SQL(q_idem_claim, 3,
        "WITH c AS (INSERT INTO idempotency_keys (user_id, key, fingerprint, owner_pid,"
        " owner_started) VALUES ($1, $2, $3, " CX_SQL_OWNER ") ON CONFLICT (user_id, key) DO UPDATE"
        " SET fingerprint = EXCLUDED.fingerprint, body_sha256 = NULL, run_id = NULL,"
-       " status = NULL, answer = NULL, owner_pid = EXCLUDED.owner_pid,"
+       " status = NULL, answer = NULL, kept_bytes = 0, owner_pid = EXCLUDED.owner_pid,"
        " owner_started = EXCLUDED.owner_started, created_at = now()"
        " WHERE idempotency_keys.created_at < now() - interval '24 hours'"
        " OR (idempotency_keys.status IS NULL AND idempotency_keys.run_id IS NULL"
        " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a"
        " WHERE a.pid = idempotency_keys.owner_pid AND (a.backend_start IS NULL"
-       " OR a.backend_start = idempotency_keys.owner_started))) RETURNING 1)"
+       " OR a.backend_start = idempotency_keys.owner_started))) RETURNING 1),"
+       /* (a key taken over: its old answer off the user's sum) */
+       " d AS (UPDATE user_kept_answers SET bytes = greatest(bytes - (SELECT kept_bytes"
+       " FROM idempotency_keys WHERE user_id = $1 AND key = $2), 0) WHERE user_id = $1"
+       " AND EXISTS (SELECT 1 FROM c) AND (SELECT kept_bytes FROM idempotency_keys"
+       " WHERE user_id = $1 AND key = $2) > 0)"
        " SELECT (SELECT count(*) FROM c), k.fingerprint, k.body_sha256, k.run_id, k.status,"
        " k.answer, (SELECT r.status FROM runs r WHERE r.id = k.run_id)"
        " FROM (SELECT 1) one LEFT JOIN idempotency_keys k ON k.user_id = $1 AND k.key = $2");
 CX_SQL(q_idem_run, 3,
        "UPDATE idempotency_keys SET run_id = $3::uuid WHERE user_id = $1 AND key = $2");
-CX_SQL(q_idem_done, 5,
-       "UPDATE idempotency_keys SET status = $3::int, answer = $4, body_sha256 = $5"
-       " WHERE user_id = $1 AND key = $2");
+/* The answer kept and counted in the user's kept answers (sql/014); a
+ * run's, past the user's quota ($6), is its record's instead (what a run's
+ * longer answer always is). */
+CX_SQL(q_idem_done, 6,
+       "WITH k AS (SELECT CASE WHEN run_id IS NOT NULL AND coalesce((SELECT bytes"
+       " FROM user_kept_answers WHERE user_id = $1), 0) + coalesce(octet_length($4::text), 0)"
+       " > $6::bigint THEN NULL ELSE $4::text END AS answer FROM idempotency_keys"
+       " WHERE user_id = $1 AND key = $2),"
+       " u AS (UPDATE idempotency_keys SET status = $3::int, body_sha256 = $5,"
+       " answer = (SELECT answer FROM k), kept_bytes = coalesce((SELECT octet_length(answer)"
+       " FROM k), 0) WHERE user_id = $1 AND key = $2 RETURNING user_id, kept_bytes)"
+       " INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, kept_bytes FROM u"
+       " WHERE kept_bytes > 0 ON CONFLICT (user_id) DO UPDATE"
+       " SET bytes = user_kept_answers.bytes + EXCLUDED.bytes");
 CX_SQL(q_idem_release, 2,
        "DELETE FROM idempotency_keys WHERE user_id = $1 AND key = $2 AND status IS NULL");
 
@@ -194,9 +210,9 @@ cx_idem_run(struct cx_idem *id, const char *run_id)
 void
 cx_idem_finish(struct cx_idem *id, int status, const json_t *answer)
 {
-    char status_s[16], hex[65] = "", *text = NULL;
+    char status_s[16], hex[65] = "", quota[24], *text = NULL;
     unsigned char d[CX_SHA256_BYTES];
-    const char *p[5] = {id->user, id->key, status_s, NULL, NULL};
+    const char *p[6] = {id->user, id->key, status_s, NULL, NULL, quota};
 
     if (!id->owner)
         return;
@@ -207,6 +223,8 @@ cx_idem_finish(struct cx_idem *id, int status, const json_t *answer)
         return;
     }
     snprintf(status_s, sizeof(status_s), "%d", status);
+    snprintf(quota, sizeof(quota), "%llu",
+             (unsigned long long)id->cx->cfg->user_quota_answer_bytes);
     text = answer ? json_dumps(answer, JSON_COMPACT) : NULL;
     if (text && strlen(text) <= IDEM_ANSWER_MAX)
         p[3] = text; /* (longer: a run's record answers) */

@@ -1,4 +1,3 @@
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +41,10 @@ journal_event(void *ctx, const char *name, json_t *data, unsigned id)
             /* the run's end (a durable COMMIT) makes them durable */
             if (cx_db_exec_all(j->cx->db, &(struct cx_db_call){&q_event_add, p, NULL}, 1, false))
                 cx_log_warn(0, "run %s: event %u could not be kept", j->run_id, seq);
-            else
+            else {
                 j->bytes += n;
+                j->kept++;
+            }
         }
         free(text);
     }
@@ -64,15 +65,9 @@ cx_journal_open(struct cx_journal *j, struct cx_ctx *cx, const char *run_id,
 /* ------------------------------------------------------------------------ */
 /* Followers                                                                */
 
-/* Followers hold a request thread each for as long as their run: at most
- * half the workers at once, and per user as many as the user may have
- * runs in progress. */
-static pthread_mutex_t followers_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct follower {
-    char user[CX_USER_MAX + 1];
-    unsigned n;
-} * followers;
-static unsigned nfollowers, followers_cap;
+/* Followers hold a request thread each for as long as their run: with the
+ * request bodies being read, at most half the workers at once, and per
+ * owner as many as a user may have runs in progress (lane.h, cx_lane_hold). */
 static volatile int followers_stop;
 
 void
@@ -85,51 +80,26 @@ static enum cx_err
 follower_enter(const struct cx_config *cfg, const char *user, char *msg, size_t msglen)
 {
     struct cx_lane_limits lim;
-    unsigned total = 0, max = cfg->workers / 2 ? cfg->workers / 2 : 1;
-    struct follower *mine = NULL;
-    enum cx_err rc = CX_OK;
+    enum cx_err rc;
 
     cx_lane_limits(cfg, &lim);
-    pthread_mutex_lock(&followers_lock);
-    if (!followers) {
-        followers = calloc(max, sizeof(*followers));
-        followers_cap = followers ? max : 0;
-    }
-    for (unsigned i = 0; i < nfollowers; i++) {
-        total += followers[i].n;
-        if (!strcmp(followers[i].user, user))
-            mine = &followers[i];
-    }
-    if (mine && mine->n >= lim.per_user) {
-        snprintf(msg, msglen, "this user already follows %u runs' events, the most at once",
+    rc = cx_lane_hold(cfg, user, lim.per_user);
+    if (rc == CX_ERR_TOO_MANY_RUNS)
+        snprintf(msg, msglen,
+                 "this user already follows %u runs' events or sends request bodies, the most "
+                 "at once",
                  lim.per_user);
-        rc = CX_ERR_TOO_MANY_RUNS;
-    } else if (total >= followers_cap || (!mine && nfollowers >= followers_cap)) {
-        snprintf(msg, msglen, "every thread for event streams is busy; retry shortly");
-        rc = CX_ERR_BUSY;
-    } else {
-        if (!mine) {
-            mine = &followers[nfollowers++];
-            snprintf(mine->user, sizeof(mine->user), "%s", user);
-            mine->n = 0;
-        }
-        mine->n++;
-    }
-    pthread_mutex_unlock(&followers_lock);
+    else if (rc)
+        snprintf(msg, msglen,
+                 "every thread for event streams and request bodies is busy; "
+                 "retry shortly");
     return rc;
 }
 
 static void
 follower_leave(const char *user)
 {
-    pthread_mutex_lock(&followers_lock);
-    for (unsigned i = 0; i < nfollowers; i++)
-        if (!strcmp(followers[i].user, user)) {
-            if (--followers[i].n == 0)
-                followers[i] = followers[--nfollowers];
-            break;
-        }
-    pthread_mutex_unlock(&followers_lock);
+    cx_lane_unhold(user);
 }
 
 #define FOLLOW_BATCH   100

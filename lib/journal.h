@@ -23,6 +23,7 @@ struct cx_journal {
     struct cx_run_sink sink;         /* what the run tells */
     unsigned seq;                    /* the last id given */
     size_t bytes;                    /* kept so far */
+    unsigned kept;                   /* events kept so far */
     bool full;                       /* nothing more is kept */
 };
 

@@ -275,3 +275,114 @@ cx_lane_jobs(void)
     pthread_mutex_unlock(&lane.lock);
     return n;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Slots per user                                                           */
+
+struct cx_user_slot {
+    char user[CX_USER_MAX + 1];
+    unsigned n;
+};
+
+enum cx_err
+cx_user_slots_enter(struct cx_user_slots *s, const char *user, unsigned per_user, unsigned max)
+{
+    struct cx_user_slot *mine = NULL;
+    unsigned total = 0;
+    enum cx_err rc = CX_OK;
+
+    pthread_mutex_lock(&s->lock);
+    if (!s->v) {
+        s->v = calloc(max ? max : 1, sizeof(*s->v));
+        s->cap = s->v ? (max ? max : 1) : 0;
+    }
+    for (unsigned i = 0; i < s->n; i++) {
+        total += s->v[i].n;
+        if (!strcmp(s->v[i].user, user))
+            mine = &s->v[i];
+    }
+    if (mine && mine->n >= per_user)
+        rc = CX_ERR_TOO_MANY_RUNS;
+    else if (total >= s->cap || (!mine && s->n >= s->cap))
+        rc = CX_ERR_BUSY;
+    else {
+        if (!mine) {
+            mine = &s->v[s->n++];
+            snprintf(mine->user, sizeof(mine->user), "%s", user);
+            mine->n = 0;
+        }
+        mine->n++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+void
+cx_user_slots_leave(struct cx_user_slots *s, const char *user)
+{
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < s->n; i++)
+        if (!strcmp(s->v[i].user, user)) {
+            if (--s->v[i].n == 0)
+                s->v[i] = s->v[--s->n];
+            break;
+        }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Request threads held for long: following a run's events (lib/journal.c)
+ * or reading a request's body. One table for both, at most half of
+ * workers in all, so that the other half always answers health checks,
+ * downloads and the other users; counted by the key's owner, the user up
+ * to ':' (an on-behalf key's users, "svc:<id>", are all svc's). */
+static struct cx_user_slots held = CX_USER_SLOTS_INIT;
+
+static void
+owner_of(const char *user, char out[CX_USER_MAX + 1])
+{
+    size_t n = strcspn(user, ":");
+
+    snprintf(out, CX_USER_MAX + 1, "%.*s", (int)(n > CX_USER_MAX ? CX_USER_MAX : n), user);
+}
+
+enum cx_err
+cx_lane_hold(const struct cx_config *cfg, const char *user, unsigned per_user)
+{
+    char owner[CX_USER_MAX + 1];
+
+    owner_of(user, owner);
+    return cx_user_slots_enter(&held, owner, per_user, cfg->workers / 2 ? cfg->workers / 2 : 1);
+}
+
+void
+cx_lane_unhold(const char *user)
+{
+    char owner[CX_USER_MAX + 1];
+
+    owner_of(user, owner);
+    cx_user_slots_leave(&held, owner);
+}
+
+enum cx_err
+cx_lane_body_enter(const struct cx_config *cfg, const char *user, char *msg, size_t msglen)
+{
+    unsigned per_user = cfg->workers / 4 ? cfg->workers / 4 : 1;
+    enum cx_err rc = cx_lane_hold(cfg, user, per_user);
+
+    if (rc == CX_ERR_TOO_MANY_RUNS)
+        snprintf(msg, msglen,
+                 "this user already sends %u request bodies or follows runs, the most at once; "
+                 "retry shortly",
+                 per_user);
+    else if (rc)
+        snprintf(msg, msglen,
+                 "every thread for request bodies and event streams is busy; "
+                 "retry shortly");
+    return rc ? CX_ERR_BUSY : CX_OK;
+}
+
+void
+cx_lane_body_leave(const char *user)
+{
+    cx_lane_unhold(user);
+}

@@ -11,6 +11,7 @@
 #ifndef CX_LANE_H
 #define CX_LANE_H
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "config.h"
@@ -27,5 +28,32 @@ void cx_lane_limits(const struct cx_config *cfg, struct cx_lane_limits *out);
 
 /* Jobs queued or running now. */
 unsigned cx_lane_jobs(void);
+
+/* A shared resource's slots counted per user: at most per_user of one
+ * user's and max in all at once, in a table of max users made at the
+ * first enter (max the same at every call). */
+struct cx_user_slot;
+struct cx_user_slots {
+    pthread_mutex_t lock;
+    struct cx_user_slot *v;
+    unsigned n, cap;
+};
+#define CX_USER_SLOTS_INIT                                                                         \
+    {                                                                                              \
+        PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0                                                      \
+    }
+
+/* CX_OK (a slot taken: leave it), CX_ERR_TOO_MANY_RUNS (the user's are at
+ * per_user) or CX_ERR_BUSY (all max are taken, or no table). */
+enum cx_err cx_user_slots_enter(struct cx_user_slots *s, const char *user, unsigned per_user,
+                                unsigned max);
+void cx_user_slots_leave(struct cx_user_slots *s, const char *user);
+
+/* One of the request threads held for long (following a run's events,
+ * reading a body): per_user of the user's owner (up to ':'), half of
+ * workers in all (cx_user_slots_enter's answers). cx_lane_unhold() gives
+ * it back. */
+enum cx_err cx_lane_hold(const struct cx_config *cfg, const char *user, unsigned per_user);
+void cx_lane_unhold(const char *user);
 
 #endif

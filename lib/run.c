@@ -83,25 +83,29 @@ CX_SQL(q_run_insert, 6,
        " code_sha256, started_at, owner_pid, owner_started) VALUES ($1::uuid, $2, $3,"
        " nullif($4, '')::uuid, 'running', $5::int, $6, now(), " CX_SQL_OWNER ")");
 /* The run's end; its kept bytes (the answer and $8, its kept events') added
- * to its user's: their new sum. */
+ * to its user's, less what a sweep that took it for abandoned counted (o:
+ * the row before, in the statement's snapshot): their new sum. */
 CX_SQL(q_run_finish, 8,
-       "WITH f AS (UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
+       "WITH o AS (SELECT kept_bytes AS old FROM runs WHERE id = $1::uuid),"
+       " f AS (UPDATE runs SET status = $2, error_name = $3, truncated = $4::boolean,"
        " session_reset = $5::boolean, execution_ms = $6::int, finished_at = now(),"
        " answer = $7::text, kept_bytes = CASE WHEN $7::text IS NULL THEN 0"
        " ELSE $8::bigint + octet_length($7::text) END WHERE id = $1::uuid"
-       " RETURNING user_id, kept_bytes)"
-       " INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, kept_bytes FROM f"
-       " WHERE kept_bytes > 0 ON CONFLICT (user_id) DO UPDATE"
-       " SET bytes = user_kept_answers.bytes + EXCLUDED.bytes RETURNING bytes");
+       " RETURNING user_id, kept_bytes - coalesce((SELECT old FROM o), 0) AS delta)"
+       " INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, delta FROM f"
+       " WHERE delta <> 0 ON CONFLICT (user_id) DO UPDATE"
+       " SET bytes = greatest(user_kept_answers.bytes + EXCLUDED.bytes, 0) RETURNING bytes");
 /* The user's ($1) oldest kept answers but run $2's, $3 bytes of them at
- * least, forgotten early (a bounded batch: the next run's end goes on). */
+ * least, forgotten early (a bounded batch: the next run's end goes on).
+ * Only those are locked, skipping any another end is forgetting. */
 CX_SQL(q_evict_answers, 3,
        "WITH o AS (SELECT id, kept_bytes, sum(kept_bytes) OVER (ORDER BY finished_at, id) AS c"
        " FROM (SELECT id, kept_bytes, finished_at FROM runs WHERE user_id = $1"
-       " AND answer IS NOT NULL AND id <> $2::uuid ORDER BY finished_at LIMIT 1000"
-       " FOR UPDATE SKIP LOCKED) s),"
-       " f AS (UPDATE runs r SET answer = NULL, kept_bytes = 0 FROM o WHERE r.id = o.id"
-       " AND o.c - o.kept_bytes < $3::bigint RETURNING r.id, o.kept_bytes),"
+       " AND answer IS NOT NULL AND id <> $2::uuid ORDER BY finished_at LIMIT 1000) s),"
+       " l AS (SELECT r.id, r.kept_bytes FROM runs r WHERE r.id IN (SELECT id FROM o"
+       " WHERE c - kept_bytes < $3::bigint) AND r.answer IS NOT NULL FOR UPDATE SKIP LOCKED),"
+       " f AS (UPDATE runs r SET answer = NULL, kept_bytes = 0 FROM l WHERE r.id = l.id"
+       " RETURNING r.id, l.kept_bytes),"
        " e AS (DELETE FROM run_events WHERE run_id IN (SELECT id FROM f))"
        " UPDATE user_kept_answers SET bytes = greatest(bytes"
        " - (SELECT coalesce(sum(kept_bytes), 0) FROM f), 0) WHERE user_id = $1");
@@ -463,6 +467,17 @@ run_payload(struct run *r, json_t **out)
     return CX_OK;
 }
 
+CX_SQL(q_events_forget, 1, "DELETE FROM run_events WHERE run_id = $1::uuid");
+
+static void
+forget_events(struct cx_ctx *cx, const char *run_id)
+{
+    const char *p[1] = {run_id};
+
+    if (cx_db_exec(cx->db, &q_events_forget, p, NULL))
+        cx_log_warn(0, "run %s: its kept events could not be forgotten", run_id);
+}
+
 /* The user's kept answers past user_quota_answer_bytes (sum, from the
  * run's end): the oldest forgotten early, but this run's. */
 static void
@@ -512,12 +527,15 @@ run_end(struct run *r, json_t *payload, const char *failure)
         r->conn = NULL;
     }
     snprintf(ms, sizeof(ms), "%lld", (long long)r->ms);
+    /* (an event's row and index entries: about 64 bytes besides its text) */
     snprintf(events, sizeof(events), "%llu",
-             (unsigned long long)(r->journal ? r->journal->bytes : 0));
+             r->journal ? (unsigned long long)r->journal->bytes + 64ULL * r->journal->kept : 0ULL);
     /* one round trip and one COMMIT: the session's state, the run's end */
     cx_session_release_with(r->cx, &r->s, &finish);
     evict_answers(r, sum);
     PQclear(sum);
+    if (!answer && r->journal)
+        forget_events(r->cx, r->id); /* (no answer kept: nothing forgets them later) */
     free(answer);
     json_decref(failed);
     /* static label values only: ok, error (the code raised), timeout,
@@ -615,6 +633,8 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
         const char *p[2] = {run_id, "error"};
         if (cx_db_exec(cx->db, &q_run_status, p, NULL))
             cx_log_warn(0, "could not fail run %s", run_id);
+        if (kept)
+            forget_events(cx, run_id); /* (its record keeps no answer) */
     } else {
         rc = run_in_session(cx, who, req, &in, run_id, kept, sink, cancel, out, msg, msglen);
     }
@@ -872,11 +892,12 @@ CX_SQL(q_forget_answers, 1,
        " FOR UPDATE SKIP LOCKED),"
        " f AS (UPDATE runs r SET answer = NULL, kept_bytes = 0 FROM o WHERE r.id = o.id"
        " RETURNING r.id, o.user_id, o.kept_bytes),"
-       " e AS (DELETE FROM run_events WHERE run_id IN (SELECT id FROM f))"
-       " INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, -sum(kept_bytes)"
+       " e AS (DELETE FROM run_events WHERE run_id IN (SELECT id FROM f)),"
+       " k AS (INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, -sum(kept_bytes)"
        " FROM f GROUP BY user_id HAVING sum(kept_bytes) > 0 ORDER BY user_id"
        " ON CONFLICT (user_id) DO UPDATE"
-       " SET bytes = greatest(user_kept_answers.bytes + EXCLUDED.bytes, 0)");
+       " SET bytes = greatest(user_kept_answers.bytes + EXCLUDED.bytes, 0))"
+       " SELECT count(*) FROM f");
 /* A run whose connection is gone lost its process; one older than any run
  * can last too (its record from before owners were kept, or a connection
  * that lingers). A connection whose start another role may not see (NULL)
@@ -945,10 +966,34 @@ cx_run_cancel(struct cx_ctx *cx, const char *user, const char *run_id, json_t **
     return *out ? CX_OK : CX_ERR_NOMEM;
 }
 
-/* Idempotency-Keys past their day, a bounded batch per sweep. */
+/* Idempotency-Keys past their day, a bounded batch per sweep; their kept
+ * answers off their users' sums, the users' rows locked in order. */
 CX_SQL(q_forget_idem, 0,
-       "DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM idempotency_keys"
-       " WHERE created_at < now() - interval '24 hours' LIMIT 1000)");
+       "WITH d AS (DELETE FROM idempotency_keys WHERE ctid IN (SELECT ctid FROM idempotency_keys"
+       " WHERE created_at < now() - interval '24 hours' LIMIT 1000) RETURNING user_id, kept_bytes),"
+       " k AS (INSERT INTO user_kept_answers (user_id, bytes) SELECT user_id, -sum(kept_bytes)"
+       " FROM d GROUP BY user_id HAVING sum(kept_bytes) > 0 ORDER BY user_id"
+       " ON CONFLICT (user_id) DO UPDATE"
+       " SET bytes = greatest(user_kept_answers.bytes + EXCLUDED.bytes, 0))"
+       " SELECT count(*) FROM d");
+
+#define FORGET_BATCHES 20
+
+static enum cx_err
+forget_batches(struct cx_ctx *cx, struct cx_sql *q, const char *const *p)
+{
+    enum cx_err rc = CX_OK;
+    bool full = true;
+
+    for (int i = 0; rc == CX_OK && full && i < FORGET_BATCHES; i++) {
+        PGresult *r = NULL;
+
+        rc = cx_db_exec(cx->db, q, p, &r);
+        full = rc == CX_OK && strtol(PQgetvalue(r, 0, 0), NULL, 10) >= 1000;
+        PQclear(r);
+    }
+    return rc;
+}
 
 enum cx_err
 cx_run_expire(struct cx_ctx *cx, int *changed)
@@ -971,10 +1016,11 @@ cx_run_expire(struct cx_ctx *cx, int *changed)
         return rc;
     *changed += (int)strtol(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
-    /* answers past run_answer_ttl, a bounded batch per sweep */
+    /* answers past run_answer_ttl and Idempotency-Keys past their day, in
+     * batches of 1,000 while batches are full, at most FORGET_BATCHES */
     snprintf(secs, sizeof(secs), "%u", cx->cfg->run_answer_ttl);
-    rc = cx_db_exec(cx->db, &q_forget_answers, p, NULL);
+    rc = forget_batches(cx, &q_forget_answers, p);
     if (rc == CX_OK)
-        rc = cx_db_exec(cx->db, &q_forget_idem, NULL, NULL);
+        rc = forget_batches(cx, &q_forget_idem, NULL);
     return rc;
 }

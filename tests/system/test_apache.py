@@ -170,3 +170,52 @@ def test_mcp_through_apache(ctx):
         fcgi.send_signal(signal.SIGTERM)
         httpd.wait(timeout=20)
         fcgi.wait(timeout=20)
+
+
+def test_slow_request_bodies_hold_a_share_of_the_threads(ctx):
+    """Apache passes a request body to codexec as it arrives (nginx buffers
+    it first): uploads whose bodies come slowly hold request threads. One
+    user's hold at most a quarter of them (here 1 of 4) and all users' half:
+    codexec refuses the user's others at once (Apache tells their clients
+    once they have sent their bodies), and health checks and another user's
+    upload are answered meanwhile. Without the limit four slow uploads held
+    all four threads, and a health check got no answer."""
+    import socket
+    port, fcgi, httpd = start_apache(ctx)
+    socks = []
+    try:
+        key = ctx.key("u-apache-slow")
+        body = b"s" * 100000
+        before = ctx.log_text().count("POST artifacts_upload 503")
+        for i in range(4):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall((f"POST /v1/artifacts?conversation_id=slow&filename=f{i}.bin HTTP/1.1\r\n"
+                       f"Host: localhost\r\nAuthorization: Bearer {key}\r\n"
+                       f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"
+                       "\r\n").encode() + body[:10])
+            socks.append(s)
+        wait_until(lambda: ctx.log_text().count("POST artifacts_upload 503") - before == 3, 30,
+                   "codexec refusing three of the four slow uploads before their bodies")
+        r = ctx.request("GET", "/v1/health", port=port, timeout=30)
+        eq(r.status, 200, "a health check is answered while a slow body holds a thread")
+        r = ctx.request("POST", "/v1/artifacts?conversation_id=fast&filename=x.txt", body=b"quick",
+                        key=ctx.key("u-apache-fast"), port=port, timeout=30,
+                        headers={"Content-Type": "application/octet-stream"})
+        eq(r.status, 201, f"another user's upload is answered: {r!r}")
+        heads = []
+        for s in socks:
+            s.settimeout(60)
+            try:
+                s.sendall(body[10:])
+            except OSError:
+                pass  # (Apache may stop reading a refused one)
+            heads.append(s.recv(65536).split(b"\r\n", 1)[0])
+        eq(sorted(heads), [b"HTTP/1.1 201 Created"] + [b"HTTP/1.1 503 Service Unavailable"] * 3,
+           "the one upload with a thread stored once whole, the others refused")
+    finally:
+        for s in socks:
+            s.close()
+        httpd.send_signal(signal.SIGTERM)
+        fcgi.send_signal(signal.SIGTERM)
+        httpd.wait(timeout=20)
+        fcgi.wait(timeout=20)

@@ -32,11 +32,12 @@ def detach(ctx, user, code, cid=None, port=None, **extra):
     return out["run_id"]
 
 
-def post_at(ctx, sock, user, body):
+def post_at(ctx, sock, user, body, idem=None):
     """POST /v1/runs straight to a codexec-fcgi's socket: (status, answer)."""
-    status, _, out = fcgi_client.request(
-        sock, "POST", "/v1/runs", json.dumps(body).encode(),
-        {"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}", "CONTENT_TYPE": "application/json"})
+    params = {"HTTP_AUTHORIZATION": f"Bearer {ctx.key(user)}", "CONTENT_TYPE": "application/json"}
+    if idem:
+        params["HTTP_IDEMPOTENCY_KEY"] = idem
+    status, _, out = fcgi_client.request(sock, "POST", "/v1/runs", json.dumps(body).encode(), params)
     return status, json.loads(out)
 
 
@@ -241,16 +242,20 @@ def test_a_killed_process_leaves_no_run_running(ctx):
 
 
 def kept(ctx, user):
-    """(the user's kept bytes as counted, the sum over their runs' records)"""
+    """(the user's kept bytes as counted, the sum over their runs' records
+    and Idempotency-Keys)"""
     out = ctx.psql(f"SELECT (SELECT bytes FROM user_kept_answers WHERE user_id = '{user}'),"
-                   f" (SELECT sum(kept_bytes) FROM runs WHERE user_id = '{user}')")
-    return tuple(int(x) if x else 0 for x in out.split("|"))
+                   f" (SELECT sum(kept_bytes) FROM runs WHERE user_id = '{user}'),"
+                   f" (SELECT sum(kept_bytes) FROM idempotency_keys WHERE user_id = '{user}')")
+    counted, runs, keys = (int(x) if x else 0 for x in out.split("|"))
+    return counted, runs + keys
 
 
 def test_a_user_s_kept_answers_are_bounded(ctx):
     """user_quota_answer_bytes: past it, a user's oldest kept answers and
     events are forgotten early (the records stay); another user's are not;
-    run_answer_ttl's forgetting takes them off the count."""
+    run_answer_ttl's forgetting takes them off the count. An
+    Idempotency-Key's answer counts too."""
     user, other, cid = "det-kept", "det-kept-other", new_id()
     big = "print('y' * 300000, flush=True)"  # kept as events: ~300 KB a run
     sock, proc = ctx.spawn_fcgi("det-kept", {"user_quota_answer_bytes": "1M"})
@@ -260,14 +265,17 @@ def test_a_user_s_kept_answers_are_bounded(ctx):
         ended(ctx, other, theirs)
         for i in range(6):
             status, out = post_at(ctx, sock, user, {"conversation_id": cid, "wait": False,
-                                                    "code": big + f"\nprint({i})"})
+                                                    "code": big + f"\nprint({i})"},
+                                  idem=f"kept-{i}" if i == 5 else None)
             eq(status, 202, f"accepted: {out!r}")
             ids.append(out["run_id"])
             eq(ended(ctx, user, ids[-1])["status"], "ok", "it ran")
     finally:
         stop(proc)
     counted, summed = kept(ctx, user)
-    eq(counted, summed, "the user's count is the sum of their runs' kept bytes")
+    eq(counted, summed, "the user's count is the sum of their runs' and keys' kept bytes")
+    check(int(ctx.psql(f"SELECT kept_bytes FROM idempotency_keys WHERE user_id = '{user}'")) > 0,
+          "the key's answer is counted")
     check(900_000 < counted <= 1 << 20, f"within the quota: {counted} bytes")
     first, last = record(ctx, user, ids[0]), record(ctx, user, ids[-1])
     eq(first["status"], "ok", f"the oldest run's record stays: {first}")
@@ -283,7 +291,9 @@ def test_a_user_s_kept_answers_are_bounded(ctx):
     # run_answer_ttl's sweep takes what it forgets off the count
     sock, proc = ctx.spawn_fcgi("det-kept-ttl", {"run_answer_ttl": "1", "reaper_interval": "1"})
     try:
-        wait_until(lambda: kept(ctx, user) == (0, 0), 30, "the sweep forgets and counts down")
+        idem = int(ctx.psql(f"SELECT kept_bytes FROM idempotency_keys WHERE user_id = '{user}'"))
+        wait_until(lambda: kept(ctx, user) == (idem, idem), 30,
+                   "the sweep forgets the answers and counts down (the key stays a day)")
     finally:
         stop(proc)
     check("stdout_tail" not in record(ctx, user, ids[-1]), "the newest answer forgotten too")

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../lib/lane.h"
@@ -17,9 +18,9 @@
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    bool go;             /* the blocked jobs may end */
-    unsigned started;    /* jobs called */
-    unsigned answered;   /* jobs past cx_lane_answered() */
+    bool go;           /* the blocked jobs may end */
+    unsigned started;  /* jobs called */
+    unsigned answered; /* jobs past cx_lane_answered() */
     unsigned calls[JOBS_MAX];
 } st = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
@@ -68,6 +69,64 @@ submit(const char *user, struct arg *a, char *msg)
     return cx_lane_submit(user, job, a, msg, CX_MSG_MAX);
 }
 
+/* Slots per user (followers of run events, request bodies): per user, in
+ * all, and given back. */
+static void
+user_slots(const struct cx_config *cfg)
+{
+    struct cx_user_slots s = CX_USER_SLOTS_INIT;
+    char msg[CX_MSG_MAX];
+
+    is_int(cx_user_slots_enter(&s, "a", 2, 3), CX_OK, "a's first slot");
+    is_int(cx_user_slots_enter(&s, "a", 2, 3), CX_OK, "a's second");
+    is_int(cx_user_slots_enter(&s, "a", 2, 3), CX_ERR_TOO_MANY_RUNS, "a's third: past per_user");
+    is_int(cx_user_slots_enter(&s, "b", 2, 3), CX_OK, "b's first");
+    is_int(cx_user_slots_enter(&s, "c", 2, 3), CX_ERR_BUSY, "c's: all three are taken");
+    cx_user_slots_leave(&s, "a");
+    is_int(cx_user_slots_enter(&s, "c", 2, 3), CX_OK, "c's once one of a's is given back");
+    cx_user_slots_leave(&s, "x"); /* (none: nothing happens) */
+    is_int(cx_user_slots_enter(&s, "d", 2, 3), CX_ERR_BUSY, "d's: still all taken");
+    cx_user_slots_leave(&s, "a");
+    cx_user_slots_leave(&s, "b");
+    cx_user_slots_leave(&s, "c");
+    is_int(s.n, 0, "every user gone from the table");
+    is_int(cx_user_slots_enter(&s, "a", 2, 3), CX_OK, "and a slot to be had again");
+    cx_user_slots_leave(&s, "a");
+    free(s.v);
+
+    /* request bodies: a quarter of the 8 workers per user, half in all */
+    is_int(cx_lane_body_enter(cfg, "a", msg, sizeof(msg)), CX_OK, "a's first body");
+    is_int(cx_lane_body_enter(cfg, "a", msg, sizeof(msg)), CX_OK, "a's second body");
+    is_int(cx_lane_body_enter(cfg, "a", msg, sizeof(msg)), CX_ERR_BUSY, "a's third: refused");
+    ok(strstr(msg, "2 request bodies") != NULL, "the message says the user's limit: %s", msg);
+    is_int(cx_lane_body_enter(cfg, "b", msg, sizeof(msg)), CX_OK, "b's first body");
+    is_int(cx_lane_body_enter(cfg, "c", msg, sizeof(msg)), CX_OK, "c's first: the fourth");
+    is_int(cx_lane_body_enter(cfg, "d", msg, sizeof(msg)), CX_ERR_BUSY, "d's: half of 8 taken");
+    ok(strstr(msg, "busy") != NULL, "as busy: %s", msg);
+    cx_lane_body_leave("a");
+    cx_lane_body_leave("a");
+    cx_lane_body_leave("b");
+    cx_lane_body_leave("c");
+    is_int(cx_lane_body_enter(cfg, "d", msg, sizeof(msg)), CX_OK, "d's once they are done");
+    cx_lane_body_leave("d");
+    /* an on-behalf key's users are its owner's: their share together */
+    is_int(cx_lane_body_enter(cfg, "svc:x", msg, sizeof(msg)), CX_OK, "svc:x's body");
+    is_int(cx_lane_body_enter(cfg, "svc:y", msg, sizeof(msg)), CX_OK, "svc:y's body");
+    is_int(cx_lane_body_enter(cfg, "svc:z", msg, sizeof(msg)), CX_ERR_BUSY,
+           "svc:z's: svc's share is taken");
+    /* and a follower of a run's events holds one of the same threads */
+    is_int(cx_lane_hold(cfg, "e", 2), CX_OK, "e follows a run");
+    is_int(cx_lane_hold(cfg, "f", 2), CX_OK, "f follows a run: half of 8 held");
+    is_int(cx_lane_body_enter(cfg, "g", msg, sizeof(msg)), CX_ERR_BUSY,
+           "g's body: bodies and followers share the half");
+    cx_lane_unhold("e");
+    cx_lane_unhold("f");
+    cx_lane_body_leave("svc:y");
+    cx_lane_body_leave("svc:x");
+    is_int(cx_lane_body_enter(cfg, "g", msg, sizeof(msg)), CX_OK, "g's once they are done");
+    cx_lane_body_leave("g");
+}
+
 int
 main(void)
 {
@@ -78,6 +137,7 @@ main(void)
     unsigned n = 0, queued;
 
     cxtest_open(&t, "lane", "workers = 8\nrun_workers = 2\nmax_concurrent_runs_per_user = 2\n");
+    user_slots(&t.cfg);
     cx_lane_limits(&t.cfg, &lim);
     is_int(lim.threads, 2, "run_workers run threads");
     is_int(lim.queue, 64, "a queue of at least 64");
