@@ -393,12 +393,23 @@ cx_req_send_lib_error(struct cx_req *r, enum cx_err err, const char *msg)
 /* A request body that sends nothing for this long ends in an error. */
 #define BODY_STALL_S 30
 
+/* Whose share of request bodies: the key's own user (acting for an end
+ * user, the part before it). */
+static void
+owner_of(const struct cx_req *r, char out[CX_USER_MAX + 1])
+{
+    size_t n = r->who.owner_len ? r->who.owner_len : strlen(r->who.user);
+
+    snprintf(out, CX_USER_MAX + 1, "%.*s", (int)n, r->who.user);
+}
+
 enum cx_err
 cx_req_body_begin(struct cx_req *r, char *msg, size_t msglen)
 {
     enum cx_err rc;
 
     struct timeval tv = {.tv_sec = BODY_STALL_S};
+    char owner[CX_USER_MAX + 1];
 
     /* (a body that stops coming fails the read: its thread is not held
      * for as long as the web server would wait) */
@@ -406,7 +417,8 @@ cx_req_body_begin(struct cx_req *r, char *msg, size_t msglen)
         cx_log_warn(errno, "could not set a receive timeout on a request");
     if (r->deferred || r->body_slot)
         return CX_OK;
-    rc = cx_lane_body_enter(r->cx->cfg, r->who.user, msg, msglen);
+    owner_of(r, owner);
+    rc = cx_lane_body_enter(r->cx->cfg, owner, msg, msglen);
     r->body_slot = rc == CX_OK;
     return rc;
 }
@@ -414,8 +426,12 @@ cx_req_body_begin(struct cx_req *r, char *msg, size_t msglen)
 void
 cx_req_body_done(struct cx_req *r)
 {
-    if (r->body_slot)
-        cx_lane_body_leave(r->who.user);
+    char owner[CX_USER_MAX + 1];
+
+    if (r->body_slot) {
+        owner_of(r, owner);
+        cx_lane_body_leave(owner);
+    }
     r->body_slot = false;
 }
 
@@ -424,8 +440,10 @@ cx_req_read(void *ctx, void *buf, size_t n)
 {
     FCGX_Stream *in = ctx;
     int chunk = n > (1 << 30) ? (1 << 30) : (int)n;
+    int got = FCGX_GetStr(buf, chunk, in);
 
-    return FCGX_GetStr(buf, chunk, in);
+    /* (a read that failed, its stall timeout say, is not the body's end) */
+    return got < chunk && FCGX_GetError(in) ? -1 : got;
 }
 
 /* "application/json", any case, alone or with parameters. */

@@ -414,6 +414,7 @@ cx_auth_act_for(struct cx_principal *p, const char *header, char *msg, size_t ms
         return CX_ERR_INVALID;
     }
     /* (the principal keeps its key: links and revocation follow the key) */
+    p->owner_len = strlen(p->user);
     snprintf(p->user + strlen(p->user), sizeof(p->user) - strlen(p->user), ":%s", header);
     p->on_behalf = false; /* applied once */
     return CX_OK;

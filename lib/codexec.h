@@ -404,7 +404,8 @@ struct cx_principal {
     char user[CX_USER_MAX + 1];
     char key_id[37]; /* "" when authenticated by REMOTE_USER */
     bool require_approval;
-    bool on_behalf; /* the key may act for end users (On-Behalf-Of) */
+    bool on_behalf;   /* the key may act for end users (On-Behalf-Of) */
+    size_t owner_len; /* acting for an end user: user[0, owner_len) is the key's own */
 };
 
 /* cx_auth_key_create()'s flags. */
@@ -791,13 +792,13 @@ void cx_lane_answered(void);
  * server that passes bodies on as they arrive (Apache's mod_proxy_fcgi;
  * nginx buffers them first), a client that sends its body slowly holds
  * the thread as long, and an upload to an object store holds it while it
- * writes. At most a quarter of workers (at least 1) of one user's and
- * half of them (at least 1) in all at once; the others are left to health
- * checks, downloads and the other users. CX_OK or CX_ERR_BUSY (msg says
- * whose). */
-enum cx_err cx_lane_body_enter(const struct cx_config *cfg, const char *user, char *msg,
+ * writes. At most a quarter of workers (at least 1) of one owner's (a
+ * key's own user: an on-behalf key's end users are its); the others are
+ * left to the other keys, health checks and downloads. CX_OK or
+ * CX_ERR_BUSY (msg says whose). */
+enum cx_err cx_lane_body_enter(const struct cx_config *cfg, const char *owner, char *msg,
                                size_t msglen) CX_MUSTCHECK;
-void cx_lane_body_leave(const char *user);
+void cx_lane_body_leave(const char *owner);
 
 /* --- Artifacts (lib/artifact.c, upload.c, commit.c, fsck.c) ------------------ */
 

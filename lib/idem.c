@@ -25,11 +25,11 @@ CX_SQL(q_idem_claim, 3,
        " OR (idempotency_keys.status IS NULL AND idempotency_keys.run_id IS NULL"
        " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a"
        " WHERE a.pid = idempotency_keys.owner_pid AND (a.backend_start IS NULL"
-       " OR a.backend_start = idempotency_keys.owner_started))) RETURNING 1),"
+       " OR a.backend_start = idempotency_keys.owner_started))) RETURNING xmax <> 0 AS taken),"
        /* (a key taken over: its old answer off the user's sum) */
        " d AS (UPDATE user_kept_answers SET bytes = greatest(bytes - (SELECT kept_bytes"
        " FROM idempotency_keys WHERE user_id = $1 AND key = $2), 0) WHERE user_id = $1"
-       " AND EXISTS (SELECT 1 FROM c) AND (SELECT kept_bytes FROM idempotency_keys"
+       " AND EXISTS (SELECT 1 FROM c WHERE taken) AND (SELECT kept_bytes FROM idempotency_keys"
        " WHERE user_id = $1 AND key = $2) > 0)"
        " SELECT (SELECT count(*) FROM c), k.fingerprint, k.body_sha256, k.run_id, k.status,"
        " k.answer, (SELECT r.status FROM runs r WHERE r.id = k.run_id)"

@@ -65,9 +65,9 @@ cx_journal_open(struct cx_journal *j, struct cx_ctx *cx, const char *run_id,
 /* ------------------------------------------------------------------------ */
 /* Followers                                                                */
 
-/* Followers hold a request thread each for as long as their run: with the
- * request bodies being read, at most half the workers at once, and per
- * owner as many as a user may have runs in progress (lane.h, cx_lane_hold). */
+/* Followers hold a request thread each for as long as their run: at most
+ * half the workers at once, and per user as many as the user may have
+ * runs in progress (lane.h, cx_lane_follow). */
 static volatile int followers_stop;
 
 void
@@ -83,23 +83,19 @@ follower_enter(const struct cx_config *cfg, const char *user, char *msg, size_t 
     enum cx_err rc;
 
     cx_lane_limits(cfg, &lim);
-    rc = cx_lane_hold(cfg, user, lim.per_user);
+    rc = cx_lane_follow(cfg, user, lim.per_user);
     if (rc == CX_ERR_TOO_MANY_RUNS)
-        snprintf(msg, msglen,
-                 "this user already follows %u runs' events or sends request bodies, the most "
-                 "at once",
+        snprintf(msg, msglen, "this user already follows %u runs' events, the most at once",
                  lim.per_user);
     else if (rc)
-        snprintf(msg, msglen,
-                 "every thread for event streams and request bodies is busy; "
-                 "retry shortly");
+        snprintf(msg, msglen, "every thread for event streams is busy; retry shortly");
     return rc;
 }
 
 static void
 follower_leave(const char *user)
 {
-    cx_lane_unhold(user);
+    cx_lane_unfollow(user);
 }
 
 #define FOLLOW_BATCH   100

@@ -317,72 +317,59 @@ cx_user_slots_enter(struct cx_user_slots *s, const char *user, unsigned per_user
     return rc;
 }
 
-void
+bool
 cx_user_slots_leave(struct cx_user_slots *s, const char *user)
 {
+    bool found = false;
+
     pthread_mutex_lock(&s->lock);
-    for (unsigned i = 0; i < s->n; i++)
+    for (unsigned i = 0; i < s->n && !found; i++)
         if (!strcmp(s->v[i].user, user)) {
             if (--s->v[i].n == 0)
                 s->v[i] = s->v[--s->n];
-            break;
+            found = true;
         }
     pthread_mutex_unlock(&s->lock);
+    return found;
 }
 
-/* Request threads held for long: following a run's events (lib/journal.c)
- * or reading a request's body. One table for both, at most half of
- * workers in all, so that the other half always answers health checks,
- * downloads and the other users; counted by the key's owner, the user up
- * to ':' (an on-behalf key's users, "svc:<id>", are all svc's). */
-static struct cx_user_slots held = CX_USER_SLOTS_INIT;
-
-static void
-owner_of(const char *user, char out[CX_USER_MAX + 1])
-{
-    size_t n = strcspn(user, ":");
-
-    snprintf(out, CX_USER_MAX + 1, "%.*s", (int)(n > CX_USER_MAX ? CX_USER_MAX : n), user);
-}
+/* Request threads held for long: followers of a run's events
+ * (lib/journal.c), half of workers at most, per user as many as its runs;
+ * request bodies being read, per owner a quarter of workers (one key's
+ * slow bodies never take the threads of the others; many keys' together
+ * are the web server's to bound, docs/web-servers.md). */
+static struct cx_user_slots followers = CX_USER_SLOTS_INIT, bodies = CX_USER_SLOTS_INIT;
 
 enum cx_err
-cx_lane_hold(const struct cx_config *cfg, const char *user, unsigned per_user)
+cx_lane_follow(const struct cx_config *cfg, const char *user, unsigned per_user)
 {
-    char owner[CX_USER_MAX + 1];
-
-    owner_of(user, owner);
-    return cx_user_slots_enter(&held, owner, per_user, cfg->workers / 2 ? cfg->workers / 2 : 1);
+    return cx_user_slots_enter(&followers, user, per_user, cfg->workers / 2 ? cfg->workers / 2 : 1);
 }
 
 void
-cx_lane_unhold(const char *user)
+cx_lane_unfollow(const char *user)
 {
-    char owner[CX_USER_MAX + 1];
-
-    owner_of(user, owner);
-    cx_user_slots_leave(&held, owner);
+    cx_user_slots_leave(&followers, user);
 }
 
 enum cx_err
-cx_lane_body_enter(const struct cx_config *cfg, const char *user, char *msg, size_t msglen)
+cx_lane_body_enter(const struct cx_config *cfg, const char *owner, char *msg, size_t msglen)
 {
-    unsigned per_user = cfg->workers / 4 ? cfg->workers / 4 : 1;
-    enum cx_err rc = cx_lane_hold(cfg, user, per_user);
+    unsigned per_owner = cfg->workers / 4 ? cfg->workers / 4 : 1;
+    enum cx_err rc = cx_user_slots_enter(&bodies, owner, per_owner, cfg->workers);
 
     if (rc == CX_ERR_TOO_MANY_RUNS)
         snprintf(msg, msglen,
-                 "this user already sends %u request bodies or follows runs, the most at once; "
+                 "this key already sends %u request bodies, the most at once; "
                  "retry shortly",
-                 per_user);
+                 per_owner);
     else if (rc)
-        snprintf(msg, msglen,
-                 "every thread for request bodies and event streams is busy; "
-                 "retry shortly");
+        snprintf(msg, msglen, "every thread for request bodies is busy; retry shortly");
     return rc ? CX_ERR_BUSY : CX_OK;
 }
 
 void
-cx_lane_body_leave(const char *user)
+cx_lane_body_leave(const char *owner)
 {
-    cx_lane_unhold(user);
+    cx_user_slots_leave(&bodies, owner);
 }

@@ -47,13 +47,13 @@ struct cx_user_slots {
  * per_user) or CX_ERR_BUSY (all max are taken, or no table). */
 enum cx_err cx_user_slots_enter(struct cx_user_slots *s, const char *user, unsigned per_user,
                                 unsigned max);
-void cx_user_slots_leave(struct cx_user_slots *s, const char *user);
+/* Gives one of user's back; false when user held none. */
+bool cx_user_slots_leave(struct cx_user_slots *s, const char *user);
 
-/* One of the request threads held for long (following a run's events,
- * reading a body): per_user of the user's owner (up to ':'), half of
- * workers in all (cx_user_slots_enter's answers). cx_lane_unhold() gives
- * it back. */
-enum cx_err cx_lane_hold(const struct cx_config *cfg, const char *user, unsigned per_user);
-void cx_lane_unhold(const char *user);
+/* A request thread held by a follower of a run's events: per_user of the
+ * user's, half of workers in all; cx_user_slots_enter's answers.
+ * cx_lane_unfollow() gives it back. */
+enum cx_err cx_lane_follow(const struct cx_config *cfg, const char *user, unsigned per_user);
+void cx_lane_unfollow(const char *user);
 
 #endif

@@ -508,13 +508,14 @@ run_end(struct run *r, json_t *payload, const char *failure)
     json_t *failed = payload ? NULL : json_pack("{s:s}", "error", failure ? failure : "");
     char *answer = r->cx->cfg->run_answer_ttl ? answer_text(payload ? payload : failed) : NULL;
     char events[24];
-    const char *p[8] = {r->id,
-                        status,
-                        en ? en : (payload ? NULL : "RequestFailed"),
+    const char *p[8] = {r->id, status, en ? en : (payload ? NULL : "RequestFailed"),
                         cx_runexec_facts(r->st)->truncated ? "true" : "false",
-                        r->s.reset ? "true" : "false",
-                        ms,
-                        answer,
+                        r->s.reset ? "true" : "false", ms,
+                        /* (no answer kept, run_answer_ttl 0: an empty one, so
+                         * that the reaper forgets the kept events with it) */
+                        answer       ? answer
+                        : r->journal ? ""
+                                     : NULL,
                         events};
     PGresult *sum = NULL;
     struct cx_db_call finish = {&q_run_finish, p, &sum};
@@ -534,8 +535,6 @@ run_end(struct run *r, json_t *payload, const char *failure)
     cx_session_release_with(r->cx, &r->s, &finish);
     evict_answers(r, sum);
     PQclear(sum);
-    if (!answer && r->journal)
-        forget_events(r->cx, r->id); /* (no answer kept: nothing forgets them later) */
     free(answer);
     json_decref(failed);
     /* static label values only: ok, error (the code raised), timeout,
@@ -906,7 +905,7 @@ CX_SQL(q_abandon, 1,
        "WITH lost AS (UPDATE runs SET status = 'error', error_name = CASE WHEN cancel_requested"
        " THEN 'Cancelled' ELSE 'Abandoned' END, finished_at = now(),"
        " answer = '{\"error\":\"the run was lost with the process that ran it\"}',"
-       " kept_bytes = 64 + coalesce((SELECT sum(octet_length(e.event) + octet_length(e.data))"
+       " kept_bytes = 64 + coalesce((SELECT sum(octet_length(e.event) + octet_length(e.data) + 64)"
        " FROM run_events e WHERE e.run_id = runs.id), 0)"
        " WHERE status = 'running' AND (started_at < now() - make_interval(secs => $1::int)"
        " OR (owner_pid IS NOT NULL AND started_at < now() - interval '1 second'"

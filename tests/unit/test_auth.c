@@ -146,6 +146,7 @@ main(void)
                !strcmp(svc.user, "svc:alice@example.org"),
            "the end user: svc:alice@example.org");
         ok(cx_auth_act_for(&svc, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "applied once only");
+        is_int(svc.owner_len, 3, "the key's own user is named (svc, for its share of threads)");
         ok(cx_auth_act_for(&plain, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "a plain key: 403");
         ok(cx_auth_act_for(&web, "bob", m, sizeof(m)) == CX_ERR_FORBIDDEN, "REMOTE_USER: 403");
         struct cx_principal old = {.user = "svc:a", .key_id = "k", .on_behalf = true};

@@ -1208,6 +1208,7 @@ export interface paths {
                 404: components["responses"]["NotFound"];
                 413: components["responses"]["TooLarge"];
                 415: components["responses"]["UnsupportedMediaType"];
+                503: components["responses"]["Unavailable"];
             };
         };
         delete?: never;
