@@ -317,20 +317,17 @@ cx_user_slots_enter(struct cx_user_slots *s, const char *user, unsigned per_user
     return rc;
 }
 
-bool
+void
 cx_user_slots_leave(struct cx_user_slots *s, const char *user)
 {
-    bool found = false;
-
     pthread_mutex_lock(&s->lock);
-    for (unsigned i = 0; i < s->n && !found; i++)
+    for (unsigned i = 0; i < s->n; i++)
         if (!strcmp(s->v[i].user, user)) {
             if (--s->v[i].n == 0)
                 s->v[i] = s->v[--s->n];
-            found = true;
+            break;
         }
     pthread_mutex_unlock(&s->lock);
-    return found;
 }
 
 /* Request threads held for long: followers of a run's events

@@ -47,8 +47,8 @@ struct cx_user_slots {
  * per_user) or CX_ERR_BUSY (all max are taken, or no table). */
 enum cx_err cx_user_slots_enter(struct cx_user_slots *s, const char *user, unsigned per_user,
                                 unsigned max);
-/* Gives one of user's back; false when user held none. */
-bool cx_user_slots_leave(struct cx_user_slots *s, const char *user);
+/* Gives one of user's back (nothing when user held none). */
+void cx_user_slots_leave(struct cx_user_slots *s, const char *user);
 
 /* A request thread held by a follower of a run's events: per_user of the
  * user's, half of workers in all; cx_user_slots_enter's answers.
