@@ -471,7 +471,7 @@ def precompile(sources):
     if "epilogue" in sources:
         d = {"__name__": "__codexec__"}
         exec(sources["epilogue"], d)
-        sys._codexec_epi, sys._codexec_epi_v = d["epilogue"], version(sources["epilogue"])[:16]
+        setattr(sys, "_codexec_epi_" + version(sources["epilogue"])[:16], d["epilogue"])
     if "capture" in sources:
         sys._codexec_capture = (version(sources["capture"]),
                                 compile(sources["capture"], "<codexec-capture>", "exec"))

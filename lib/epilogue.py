@@ -1,18 +1,18 @@
 # codexec run epilogue: evaluated after the user's cell as the run's one
-# user expression, so it costs no execute of its own (IPython formats each
-# user expression's value through a dozen formatters, ~0.2 ms apiece: one
-# expression, not three). Embedded into libcodexec at build time; executed
-# once per kernel process into a private namespace, and the function kept
-# in sys (see lib/runexec.c, docs/internals/capture.md).
+# user expression, so it costs no execute of its own. Embedded into
+# libcodexec at build time; executed once per kernel process into a
+# private namespace, and the function kept in sys (see lib/runend.c,
+# lib/runexec.c, docs/internals/capture.md).
 #
 # epilogue(token, capture) returns an object whose repr (the expression's
-# text/plain) is the JSON {"known": bool, "done": <capture's done record>
-# or null}: "known" when this kernel process has run an epilogue with this
-# token (its kernel id) before; a kernel that says otherwise was started or
-# restarted since. Or {"need": true}, having done nothing, when the capture
-# helper is neither kept nor in the request: codexec sends its source only
-# to a kernel it just started (and the pool's warm-up), and again, in a
-# second request, when a kernel says it needs it.
+# text/plain, formatted straight from it: answer_formatting) is the JSON
+# {"known": bool, "done": <capture's done record> or null}: "known" when
+# this kernel process has run an epilogue with this token (its kernel id)
+# before; a kernel that says otherwise was started or restarted since. Or
+# {"need": true}, having done nothing, when the capture helper is neither
+# kept nor in the request: codexec sends its source only to a kernel it
+# just started (and the pool's warm-up), and again, in a second request,
+# when a kernel says it needs it.
 import os
 import sys
 import time
@@ -34,6 +34,14 @@ def reap():
     me, mine = os.getpid(), []
     if os.environ.get("CODEXEC_SANDBOX") != "1" or (os.getppid() != 1 and me != 1):
         return
+    if me == 1:
+        # The pid namespace's init: every other process in it descends from
+        # this one, so without a child (most runs) there is none to end,
+        # and /proc need not be read (a fifth of a millisecond a run).
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
     spare = {1, me}
     inner = getattr(getattr(sys.modules.get("__codexec_inner__"), "proc", None), "pid", None)
     if isinstance(inner, int):
@@ -95,7 +103,32 @@ class Answer:
         return self.text
 
 
+def answer_formatting(ip):
+    """An Answer's formatting straight to its text/plain, as IPython's
+    formatters would make it: they try a dozen formats (HTML, PNG, LaTeX,
+    ...) on each user expression's value, a quarter of a millisecond a run.
+    Installed on the shell by the epilogue's first call (the expression
+    that call answers is formatted as before); any other value is
+    IPython's to format."""
+    slow = ip._format_user_obj
+
+    def fast(obj):
+        if type(obj) is Answer:
+            return {"status": "ok", "data": {"text/plain": obj.text}, "metadata": {}}
+        return slow(obj)
+
+    fast.codexec_answer = Answer
+    ip._format_user_obj = fast
+
+
 def epilogue(token, want_capture):
+    from IPython import get_ipython
+    ip = get_ipython()
+    if ip is not None and getattr(ip.__dict__.get("_format_user_obj"), "codexec_answer", None) is not Answer:
+        try:
+            answer_formatting(ip)
+        except Exception:
+            pass  # formatted by IPython, as before
     code = None
     if want_capture:
         try:

@@ -9,20 +9,21 @@
 
 extern const char cx_epilogue_py[];
 
-/* The run's epilogue, one user expression: the first time a kernel process
- * meets this version of lib/epilogue.py, its source (in the request's
- * metadata, not in the expression: the kernel compiles the expression on
- * every evaluation, 0.16 ms with the source in it) is executed into a
- * private namespace and the function kept in sys; then it is called with
- * the token (the kernel id, as a JSON string, which is a Python literal)
- * and whether to capture. Without the function kept or its source, the
- * expression answers 'need' and does nothing. */
-#define EPILOGUE_FMT                                                                               \
-    "(lambda s, m: (getattr(s, '_codexec_epi', None) if getattr(s, '_codexec_epi_v', None) =="     \
-    " '%s' else None) or ('codexec_epilogue' in m and (lambda d: (exec(m['codexec_epilogue'], d)," \
-    " setattr(s, '_codexec_epi', d['epilogue']), setattr(s, '_codexec_epi_v', '%s'),"              \
-    " d['epilogue'])[3])({'__name__': '__codexec__'})) or (lambda *a: 'need'))(__import__('sys')," \
-    " __import__('IPython').get_ipython().kernel.get_parent('shell')['metadata'])(%s, %s)"
+/* The run's epilogue, one user expression: the function kept in sys under
+ * a name of this version of lib/epilogue.py, called with the token (the
+ * kernel id, as a JSON string, which is a Python literal) and whether to
+ * capture. The kernel compiles the expression on every evaluation, so it
+ * is short when the request carries no source (every run but a new
+ * kernel's first): without the function kept it answers 'need' and does
+ * nothing. With the source in the request's metadata (not in the
+ * expression: 0.16 ms to compile with it), a process without the function
+ * executes the source into a private namespace and keeps the function. */
+#define EPILOGUE_FMT "getattr(__import__('sys'), '_codexec_epi_%s', lambda *a: 'need')(%s, %s)"
+#define EPILOGUE_SOURCE_FMT                                                                        \
+    "(getattr(__import__('sys'), '_codexec_epi_%s', None) or (lambda s, m, d: (exec("              \
+    "m['codexec_epilogue'], d), setattr(s, '_codexec_epi_%s', d['epilogue']), d['epilogue'])[2])(" \
+    "__import__('sys'), __import__('IPython').get_ipython().kernel.get_parent('shell')"            \
+    "['metadata'], {'__name__': '__codexec__'}))(%s, %s)"
 
 /* The epilogue's version: its source's SHA-256, the first 16 digits. */
 static struct cx_sha256_kept epilogue_sha = CX_SHA256_KEPT_INIT;
@@ -39,15 +40,21 @@ cx_runend_expr(const char *token, bool capture, json_t *meta, bool with_source)
     json_t *t = json_string(token), *out = NULL;
     char *lit = t ? json_dumps(t, JSON_ENCODE_ANY) : NULL;
     const char *sha = cx_sha256_kept(&epilogue_sha, cx_epilogue_py);
+    const char *cap = capture ? "True" : "False";
     char expr[2048], version[17];
+    int len = -1;
 
+    if (with_source && !cx_runend_add_source(meta))
+        goto out;
     if (sha)
         snprintf(version, sizeof(version), "%.16s", sha);
-    if (lit && sha &&
-        (size_t)snprintf(expr, sizeof(expr), EPILOGUE_FMT, version, version, lit,
-                         capture ? "True" : "False") < sizeof(expr) &&
-        (!with_source || cx_runend_add_source(meta)))
+    if (lit && sha && json_object_get(meta, "codexec_epilogue"))
+        len = snprintf(expr, sizeof(expr), EPILOGUE_SOURCE_FMT, version, version, lit, cap);
+    else if (lit && sha)
+        len = snprintf(expr, sizeof(expr), EPILOGUE_FMT, version, lit, cap);
+    if (len > 0 && (size_t)len < sizeof(expr))
         out = json_pack("{s:s}", "cx", expr);
+out:
     free(lit);
     json_decref(t);
     return out;

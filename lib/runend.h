@@ -11,10 +11,11 @@
 struct cx_exec;
 
 /* The epilogue for a kernel (token: its id), with or without the capture:
- * the user expressions of a request (new reference); with_source, the
- * request's metadata meta gets the epilogue's source (a kernel keeps the
- * epilogue once it has had it, and answers "need" when it has not). NULL
- * when out of memory. */
+ * the user expressions of a request whose metadata is meta (new
+ * reference); with_source, meta gets the epilogue's source first. A kernel
+ * keeps the epilogue once it has had it, and answers "need" when it has
+ * not and meta carries no source (the expression is then a short one the
+ * kernel compiles faster). NULL when out of memory. */
 json_t *cx_runend_expr(const char *token, bool capture, json_t *meta, bool with_source);
 
 /* The epilogue's source into a request's metadata, for a kernel that has

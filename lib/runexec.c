@@ -619,10 +619,12 @@ run_metadata(struct cx_runexec *st, struct cx_session *s, const struct cx_run_re
  * then a separate silent request carries them, with the sources: one more
  * round trip, for those runs only. */
 /* The run's requests: the user's cell, the main() call, and the epilogue,
- * whose expressions (uexpr) ride on last, the run's last cell. */
+ * whose expressions (uexpr) ride on last, the run's last cell; the
+ * epilogue's own request, with its sources (epimeta), has its own
+ * (epiexpr). */
 static void
 prepare_requests(struct cx_runexec *st, const struct cx_run_request *req, int last, json_t *uexpr,
-                 json_t *meta, json_t *epimeta)
+                 json_t *meta, json_t *epiexpr, json_t *epimeta)
 {
     struct cx_exec *reqs = st->reqs;
 
@@ -638,7 +640,7 @@ prepare_requests(struct cx_runexec *st, const struct cx_run_request *req, int la
     reqs[CX_REQ_EPILOGUE] = (struct cx_exec){.code = "",
                                              .role = CX_EXEC_OWN,
                                              .silent = true,
-                                             .user_expressions = uexpr,
+                                             .user_expressions = epiexpr,
                                              .metadata = epimeta,
                                              .ends_run = true};
     st->carrier = last;
@@ -763,7 +765,7 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_kernel_conn *conn, struct cx
 {
     int last = req->arguments ? CX_REQ_CALL : CX_REQ_USER;
     int64_t deadline = cx_now_us() + (int64_t)(req->timeout * 1e6);
-    json_t *uexpr = NULL, *meta = json_object(), *epimeta = json_object();
+    json_t *uexpr = NULL, *epiexpr = NULL, *meta = json_object(), *epimeta = json_object();
     enum cx_err rc = CX_ERR_NOMEM;
 
     st->conn = conn;
@@ -771,10 +773,13 @@ cx_runexec_execute(struct cx_runexec *st, struct cx_kernel_conn *conn, struct cx
     st->gw = s->gw;
     if (!meta || !epimeta || run_metadata(st, s, req, meta, epimeta))
         goto out;
-    uexpr = cx_runend_expr(s->kernel_id, st->cap != NULL, meta, false); /* (sources above) */
-    if (!uexpr || (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
+    /* (the sources are in the metadata already, when they go) */
+    uexpr = cx_runend_expr(s->kernel_id, st->cap != NULL, meta, false);
+    epiexpr = cx_runend_expr(s->kernel_id, st->cap != NULL, epimeta, false);
+    if (!uexpr || !epiexpr ||
+        (req->arguments && json_object_set(meta, "codexec_arguments", req->arguments)))
         goto out;
-    prepare_requests(st, req, last, uexpr, meta, epimeta);
+    prepare_requests(st, req, last, uexpr, meta, epiexpr, epimeta);
     rc = send_run(st, s, in, last, deadline, msg, msglen);
     if (rc == CX_OK)
         rc = wait_all(st, s, deadline, msg, msglen);
@@ -788,6 +793,7 @@ out:
     for (int i = 0; i < CX_REQ_MAX; i++)
         st->reqs[i].user_expressions = st->reqs[i].metadata = NULL;
     json_decref(uexpr);
+    json_decref(epiexpr);
     json_decref(meta);
     json_decref(epimeta);
     st->conn = NULL;

@@ -9,7 +9,9 @@
  * token, reaping, capture), as a run's cell does: the kernel-side floor of
  * a run.
  * EPILOGUE=empty pipelines an empty silent execute after each one, and
- * EPILOGUE=code:SRC a silent SRC (to weigh a second request). WARM=1 first
+ * EPILOGUE=code:SRC a silent SRC (to weigh a second request);
+ * EPILOGUE=expr:EXPR carries EXPR as a user expression, EPILOGUE=meta the
+ * capture's metadata alone (to weigh the epilogue's parts). WARM=1 first
  * runs an untimed empty silent execute, as the kernel pool does.
  *
  * tuned re-arms TCP_QUICKACK after every read (codexec's client); plain
@@ -55,7 +57,8 @@ main(int argc, char **argv)
     const char *epi = getenv("EPILOGUE");
     struct cx_config cfg;
     json_t *meta = NULL, *uexpr = NULL, *wmeta = NULL, *wexpr = NULL;
-    int nreq = epi && strcmp(epi, "capture") ? 2 : 1;
+    int nreq =
+        epi && strcmp(epi, "capture") && strncmp(epi, "expr:", 5) && strcmp(epi, "meta") ? 2 : 1;
 
     if (cx_config_defaults(&cfg))
         return 1;
@@ -67,6 +70,10 @@ main(int argc, char **argv)
         wexpr = wmeta ? cx_runend_expr(argv[3], true, wmeta, true) : NULL;
         if (!uexpr || !wexpr)
             return 1;
+    } else if (epi && !strncmp(epi, "expr:", 5)) {
+        uexpr = json_pack("{s:s}", "cx", epi + 5);
+    } else if (epi && !strcmp(epi, "meta")) {
+        meta = cx_capture_metadata(&cfg, argv[3], NULL, false, false);
     }
     if (getenv("WARM") || wexpr) { /* as the kernel pool warms a kernel: untimed */
         struct cx_exec w = {
