@@ -9,6 +9,7 @@ of its own."""
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -56,6 +57,16 @@ def fcgi_run(sock, key, cid, code, timeout=60):
     except ValueError:
         pass
     return status, headers, out
+
+
+def fcgi_kernels_bytes(sock, url):
+    """The kernels' memory on a gateway as a codexec-fcgi's last probe
+    has it (its /metrics, from the loopback address)."""
+    status, _, body = fcgi_client.request(sock, "GET", "/metrics", params={"REMOTE_ADDR": "127.0.0.1"})
+    eq(status, 200, f"/metrics: {body[:120]!r}")
+    m = re.search(rf'^codexec_gateway_memory_bytes\{{gateway="{re.escape(url)}",of="kernels"\}} (\d+)$',
+                  body.decode(), re.M)
+    return int(m.group(1)) if m else -1
 
 
 def session_gateway(ctx, user, cid):
@@ -279,9 +290,14 @@ def test_memory_budget(ctx):
                    sock, keys[6], "c", "import time\ntime.sleep(20)")[0]))]
         for t in ths:
             t.start()
-        wait_until(lambda: gateway_memory(ctx, url_c)["kernels_bytes"] >= base + hold, 30,
+        # the array is measured: the kernels hold more than the budget, on
+        # the gateway and in codexec-fcgi's last probe (every 2 s; a fixed
+        # wait was once too short in CI, and a threshold of base + hold was
+        # met before the array was made)
+        wait_until(lambda: gateway_memory(ctx, url_c)["kernels_bytes"] > budget, 30,
                    "the array is measured")
-        time.sleep(4)  # the probe of codexec-fcgi has it too
+        wait_until(lambda: fcgi_kernels_bytes(sock, url_c) > budget, 30,
+                   "codexec-fcgi measured the array")
         kernels = len(jupyter_kernels(ctx, url_c))
         status, headers, r = fcgi_run(sock, ctx.key("mem-new"), "c", "1")
         eq(status, 503, f"no memory left for a third kernel ({kernels} on the gateway): {r}")
