@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+WALL = 0x40000000  # <linux/wait.h> __WALL
+
 
 def reap():
     """Every process of the sandbox but its init (pid 1) and the kernel ends
@@ -38,8 +40,10 @@ def reap():
         # The pid namespace's init: every other process in it descends from
         # this one, so without a child (most runs) there is none to end,
         # and /proc need not be read (a fifth of a millisecond a run).
+        # __WALL: a child whose exit signal is not SIGCHLD (a raw clone)
+        # counts too.
         try:
-            os.waitpid(-1, os.WNOHANG)
+            os.waitpid(-1, os.WNOHANG | WALL)
         except ChildProcessError:
             return
     spare = {1, me}
@@ -109,15 +113,18 @@ def answer_formatting(ip):
     ...) on each user expression's value, a quarter of a millisecond a run.
     Installed on the shell by the epilogue's first call (the expression
     that call answers is formatted as before); any other value is
-    IPython's to format."""
-    slow = ip._format_user_obj
+    IPython's to format. Another version's epilogue (two codexecs sharing
+    a kernel during an upgrade) puts its own in place of this one, each
+    over IPython's own formatting, never over the other's: no chain grows
+    as they take turns."""
+    slow = getattr(ip._format_user_obj, "codexec_slow", ip._format_user_obj)
 
     def fast(obj):
         if type(obj) is Answer:
             return {"status": "ok", "data": {"text/plain": obj.text}, "metadata": {}}
         return slow(obj)
 
-    fast.codexec_answer = Answer
+    fast.codexec_answer, fast.codexec_slow = Answer, slow
     ip._format_user_obj = fast
 
 

@@ -339,6 +339,44 @@ def test_a_pooled_kernel_of_its_own_has_the_sources_from_its_warm_cell(ctx):
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+TAKING_TURNS = r"""
+import sys, types
+ip = get_ipython()
+f = [getattr(sys, a) for a in dir(sys) if a.startswith("_codexec_epi_")][0]
+g = f.__globals__
+g2 = dict(g)  # another version of the epilogue: its own namespace and Answer class
+g2["Answer"] = type("Answer", (), {k: v for k, v in vars(g["Answer"]).items()
+                                    if k not in ("__dict__", "__weakref__")})
+for name in ("answer_formatting", "epilogue"):
+    g2[name] = types.FunctionType(g[name].__code__, g2, name)
+token = sys._codexec_kernel
+for i in range(1500):
+    (f if i % 2 else g2["epilogue"])(token, False)  # each puts its formatter in place
+out = ip.user_expressions({"x": "[1, 2]", "a": "g2['Answer']('{}')"})
+fmt, depth = ip._format_user_obj, 0
+while getattr(fmt, "codexec_answer", None) is not None:  # codexec's formatters over IPython's
+    depth += 1
+    fmt = dict(zip(fmt.__code__.co_freevars, (c.cell_contents for c in fmt.__closure__)))["slow"]
+print(out["x"].get("data", out["x"]), out["a"].get("data", out["a"]), depth)
+"""
+
+
+def test_epilogue_versions_taking_turns_keep_ipython_s_formatting(ctx):
+    """The epilogue formats its own answer itself (lib/epilogue.py,
+    answer_formatting). Two versions of it on one kernel (two codexecs
+    sharing a Jupyter server during an upgrade) each put their formatter
+    in place as they take turns: over IPython's own, never over the other's
+    (a chain grew by one a turn: 1,501 formatters after 1,500 turns, seen
+    so before the fix; past the recursion limit every other value failed
+    to format, RecursionError)."""
+    run(ctx, "u-turns", "c", "x = 0")
+    r = run(ctx, "u-turns", "c", TAKING_TURNS)
+    eq(r["stdout_tail"], "{'text/plain': '[1, 2]'} {'text/plain': '{}'} 1\n",
+       f"a value and the other version's answer formatted, one formatter over IPython's: {r}")
+    r = run(ctx, "u-turns", "c", "print(1)")
+    eq((r["stdout_tail"], r["session"]["reset"]), ("1\n", False), "and the next run's epilogue answers")
+
+
 def test_concurrent_runs_in_one_conversation_are_serialised(ctx):
     run(ctx, "u-serial", "c1", "import time\nlog = []")
     results = []
