@@ -24,6 +24,9 @@ CX_SQL(q_lock_timeout, 0, "SELECT current_setting('lock_timeout')");
 CX_SQL(q_hold, 0, "SELECT pg_advisory_lock(42)");
 CX_SQL(q_wait, 0, "SELECT set_config('lock_timeout', '100ms', false), pg_advisory_lock(42)");
 CX_SQL(q_divide, 0, "SELECT 1 / (SELECT count(*) FROM pg_database WHERE false)");
+CX_SQL(q_runs_key_fks, 0,
+       "SELECT count(*) FROM pg_constraint WHERE conrelid = 'runs'::regclass"
+       " AND confrelid = 'api_keys'::regclass AND contype = 'f'");
 
 /* A handle on conninfo whose connections start with these server
  * options, or NULL. */
@@ -193,6 +196,11 @@ main(void)
                  "SELECT 1 FROM api_keys, sessions, runs, artifacts, artifact_versions LIMIT 0") ==
            CX_OK,
        "the spec's tables exist");
+    /* 015: a run's insert locks no key row (its FOREIGN KEY's check did) */
+    ok(cx_db_exec_row(db, &q_runs_key_fks, NULL, &r) == CX_OK && !strcmp(PQgetvalue(r, 0, 0), "0"),
+       "runs.api_key_id has no foreign key to api_keys");
+    PQclear(r);
+    r = NULL;
     ok(cx_db_run(db, "CREATE TABLE t (k text PRIMARY KEY, v text)") == CX_OK, "create table");
     {
         const char *p[2] = {"a", "it's; DROP TABLE t; --"};
