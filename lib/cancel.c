@@ -14,6 +14,9 @@ cx_cancel_register(struct cx_cancel *c, const char *run_id)
     c->requested = 0;
     pthread_mutex_lock(&lock);
     c->next = runs;
+    c->pprev = &runs;
+    if (runs)
+        runs->pprev = &c->next;
     runs = c;
     pthread_mutex_unlock(&lock);
 }
@@ -21,14 +24,16 @@ cx_cancel_register(struct cx_cancel *c, const char *run_id)
 void
 cx_cancel_unregister(struct cx_cancel *c)
 {
+    /* (in one step, not a walk of every run in flight: one ends each run) */
     pthread_mutex_lock(&lock);
-    for (struct cx_cancel **p = &runs; *p; p = &(*p)->next)
-        if (*p == c) {
-            *p = c->next;
-            break;
-        }
+    if (c->pprev) {
+        *c->pprev = c->next;
+        if (c->next)
+            c->next->pprev = c->pprev;
+    }
     pthread_mutex_unlock(&lock);
     c->next = NULL;
+    c->pprev = NULL;
 }
 
 bool

@@ -13,8 +13,8 @@
 
 struct cx_cancel {
     char run_id[37];
-    int requested; /* set by any thread (__atomic) */
-    struct cx_cancel *next;
+    int requested;                   /* set by any thread (__atomic) */
+    struct cx_cancel *next, **pprev; /* pprev: NULL when not registered */
 };
 
 /* c (the caller's, until unregistered) for run_id. */

@@ -25,7 +25,7 @@ struct cx_capture {
     bool receiving;
     long n;
     struct cx_captured cur;
-    unsigned char head[MAGIC_BYTES];
+    unsigned char *head; /* the file's first bytes, MAGIC_BYTES, made on first use */
     size_t head_len;
     unsigned char *chunk; /* base64 decode buffer, CHUNK bytes, made on first use */
     /* results */
@@ -185,6 +185,7 @@ cx_capture_free(struct cx_capture *c)
         pthread_mutex_unlock(&ledger_lock);
     }
     free(c->files);
+    free(c->head);
     free(c->chunk);
     json_decref(c->skipped);
     free(c);
@@ -380,6 +381,11 @@ on_file(struct cx_capture *c, json_t *msg, json_int_t n)
     }
     if (!room_for_file(c)) {
         cx_capture_skip(c, path, "too_many_files");
+        return;
+    }
+    /* (most runs make no file: no 64 KiB zeroed and freed each run) */
+    if (!c->head && !(c->head = malloc(MAGIC_BYTES))) {
+        cx_capture_skip(c, path, "internal_error");
         return;
     }
     memset(&c->cur, 0, sizeof(c->cur));
