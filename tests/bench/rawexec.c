@@ -14,6 +14,10 @@
  * capture's metadata alone (to weigh the epilogue's parts). WARM=1 first
  * runs an untimed empty silent execute, as the kernel pool does.
  *
+ * STAMPS=1 prints each execute's end too, in seconds of CLOCK_MONOTONIC
+ * after its milliseconds (the bench counts the executes that end in one
+ * window common to every client).
+ *
  * tuned re-arms TCP_QUICKACK after every read (codexec's client); plain
  * leaves delayed ACKs on, as most WebSocket clients do. */
 #include <curl/curl.h>
@@ -55,6 +59,7 @@ main(int argc, char **argv)
         return 1;
     }
     const char *epi = getenv("EPILOGUE");
+    bool stamps = getenv("STAMPS") != NULL;
     struct cx_config cfg;
     json_t *meta = NULL, *uexpr = NULL, *wmeta = NULL, *wexpr = NULL;
     int nreq =
@@ -101,7 +106,12 @@ main(int argc, char **argv)
             fprintf(stderr, "rawexec: execute failed\n");
             return 1;
         }
-        printf("%.3f\n", (double)(cx_now_us() - t0) / 1000.0);
+        int64_t t1 = cx_now_us();
+
+        if (stamps)
+            printf("%.3f %.6f\n", (double)(t1 - t0) / 1000.0, (double)t1 / 1e6);
+        else
+            printf("%.3f\n", (double)(t1 - t0) / 1000.0);
         fflush(stdout);
         e[0].metadata = e[0].user_expressions = NULL;
         cx_exec_cleanup(e, nreq);
