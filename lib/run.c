@@ -561,11 +561,34 @@ quota_left(void *ctx, const char *user, uint64_t *left)
     return rc;
 }
 
+/* The run's record: inserted before the run when anyone may be told its id
+ * before its answer (a stream, a detached run, an Idempotency-Key's row, an
+ * approved run's own), else in the round trip that takes its
+ * conversation's lock (not while it waits for the lock: no one could ask
+ * for it then), or on its own before the run's failure is recorded. */
+struct record {
+    struct cx_db_call insert;
+    bool done;
+};
+
+/* The record inserted, if it is not yet: the run's end makes it durable. */
+static enum cx_err
+record_run(struct cx_ctx *cx, struct record *rec)
+{
+    enum cx_err rc = rec->done ? CX_OK : cx_db_exec_all(cx->db, &rec->insert, 1, false);
+
+    if (rc == CX_OK)
+        rec->done = true;
+    else
+        cx_log_warn(0, "a run's record could not be made");
+    return rc;
+}
+
 static enum cx_err
 run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-               const struct cx_inputs *in, const char *run_id, const struct cx_journal *journal,
-               const struct cx_run_sink *sink, const struct cx_cancel *cancel, json_t **out,
-               char *msg, size_t msglen)
+               const struct cx_inputs *in, const char *run_id, struct record *rec,
+               const struct cx_journal *journal, const struct cx_run_sink *sink,
+               const struct cx_cancel *cancel, json_t **out, char *msg, size_t msglen)
 {
     struct run r = {.cx = cx,
                     .who = who,
@@ -582,9 +605,18 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
         cx_capture_set_owner(cx_runexec_capture(r.st), who->user, quota_left, cx);
     if (rc == CX_OK) {
         cx_runexec_cancel_by(r.st, cancel);
+        bool inserted = false;
+
         cx_runexec_status(r.st, "queued"); /* for the conversation and its kernel */
-        rc = cx_session_acquire(cx, who->user, req->conversation_id, req->ttl, req->lang, &r.s, msg,
-                                msglen);
+        rc = cx_session_acquire_with(cx, who->user, req->conversation_id, req->ttl, req->lang,
+                                     rec->done ? NULL : &rec->insert, &inserted, &r.s, msg, msglen);
+        rec->done = rec->done || inserted;
+    }
+    if (!rec->done) {
+        /* (not with the lock: refused, failed, or the lock taken another way) */
+        enum cx_err rec_rc = record_run(cx, rec);
+
+        rc = rc ? rc : rec_rc;
     }
     if (rc == CX_OK && cx_cancel_requested(cancel))
         cx_runexec_note(r.st, CX_OUTCOME_CANCELLED); /* cancelled while it waited */
@@ -607,8 +639,8 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
  * listener, or detached, keeps its events (lib/journal.h). */
 static enum cx_err
 run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_request *req,
-                const char *run_id, const struct cx_run_sink *sink, const struct cx_cancel *cancel,
-                json_t **out, char *msg, size_t msglen)
+                const char *run_id, struct record *rec, const struct cx_run_sink *sink,
+                const struct cx_cancel *cancel, json_t **out, char *msg, size_t msglen)
 {
     struct cx_journal journal, *kept = NULL;
     struct cx_inputs in;
@@ -630,12 +662,12 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
 
     if (rc) {
         const char *p[2] = {run_id, "error"};
-        if (cx_db_exec(cx->db, &q_run_status, p, NULL))
+        if (record_run(cx, rec) == CX_OK && cx_db_exec(cx->db, &q_run_status, p, NULL))
             cx_log_warn(0, "could not fail run %s", run_id);
         if (kept)
             forget_events(cx, run_id); /* (its record keeps no answer) */
     } else {
-        rc = run_in_session(cx, who, req, &in, run_id, kept, sink, cancel, out, msg, msglen);
+        rc = run_in_session(cx, who, req, &in, run_id, rec, kept, sink, cancel, out, msg, msglen);
     }
     cx_stage_cleanup(&in);
     return rc;
@@ -722,15 +754,19 @@ cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct c
     }
     /* A cancel that finds the record finds the run here. */
     struct cx_cancel cancel;
+    struct record rec = {{&q_run_insert, p, NULL}, false};
     cx_cancel_register(&cancel, run_id);
     /* Made durable by the run's end (its durable COMMIT flushes the WAL
      * written before it), so this one does not wait for the disk; unless
      * its id is told before the end (a stream, a detached run): a client
-     * that heard of it finds it after a crash. */
-    rc = cx_db_exec_all(cx->db, &(struct cx_db_call){&q_run_insert, p, NULL}, 1,
-                        (sink && !sink->unkept) || req->detach);
+     * that heard of it finds it after a crash. A run whose id no one hears
+     * of before its answer is recorded with its conversation's lock (one
+     * round trip less). */
+    if (sink || req->detach)
+        rc = cx_db_exec_all(cx->db, &rec.insert, 1, (sink && !sink->unkept) || req->detach);
+    rec.done = sink || req->detach;
     if (rc == CX_OK)
-        rc = run_with_inputs(cx, who, req, run_id, sink, &cancel, out, msg, msglen);
+        rc = run_with_inputs(cx, who, req, run_id, &rec, sink, &cancel, out, msg, msglen);
     cx_cancel_unregister(&cancel);
     return rc;
 }
@@ -855,8 +891,10 @@ cx_run_approve_stream(struct cx_ctx *cx, const struct cx_principal *who, const c
     }
     json_decref(request);
     if (rc == CX_OK) {
+        struct record rec = {.done = true}; /* (its record's since it was submitted) */
+
         req.detach = false; /* the approver waits for it, as it always has */
-        rc = run_with_inputs(cx, who, &req, run_id, sink, &cancel, out, msg, msglen);
+        rc = run_with_inputs(cx, who, &req, run_id, &rec, sink, &cancel, out, msg, msglen);
         cx_run_request_cleanup(&req);
     }
     cx_cancel_unregister(&cancel);

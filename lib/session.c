@@ -154,27 +154,34 @@ lock_conversation(struct cx_ctx *cx, const char *user, const char *cid, bool *go
 }
 
 /* The conversation's lock and its session row touched (*r: the row, or no
- * row), in one round trip when runs wait for the lock. *got: the lock is
- * held (also when the touch then failed). */
+ * row), in one round trip when runs wait for the lock; also (or NULL) after
+ * them in that round trip (*also_done). *got: the lock is held (also when
+ * the touch then failed). */
 static enum cx_err
-lock_and_touch(struct cx_ctx *cx, struct cx_session *s, const char *ttl, bool *got, PGresult **r)
+lock_and_touch(struct cx_ctx *cx, struct cx_session *s, const char *ttl,
+               const struct cx_db_call *also, bool *also_done, bool *got, PGresult **r)
 {
     char wait[32];
     const char *pl[3] = {s->user, s->conversation_id, wait};
     const char *pt[3] = {s->user, s->conversation_id, ttl};
-    struct cx_db_call calls[2] = {{&q_lock_wait, pl, NULL}, {&q_touch, pt, r}};
+    struct cx_db_call calls[3] = {{&q_lock_wait, pl, NULL}, {&q_touch, pt, r}};
+    size_t n = 2;
     enum cx_err rc;
 
     *got = false;
+    *also_done = false;
     *r = NULL;
     if (cx->cfg->busy_wait == 0) {
         rc = try_lock(cx, s->user, s->conversation_id, got);
         return rc || !*got ? rc : cx_db_exec(cx->db, &q_touch, pt, r);
     }
+    if (also)
+        calls[n++] = *also;
     snprintf(wait, sizeof(wait), "%us", cx->cfg->busy_wait);
-    rc = cx_db_exec_all(cx->db, calls, 2, false); /* the run's end makes it durable */
+    rc = cx_db_exec_all(cx->db, calls, n, false); /* the run's end makes it durable */
     if (rc == CX_OK) {
         *got = true;
+        *also_done = also != NULL;
         cx_db_pin(cx->db); /* the lock lives on this connection */
         return CX_OK;
     }
@@ -733,7 +740,8 @@ cx_session_move_kernel(struct cx_ctx *cx, struct cx_session *s, char *msg, size_
 
 static enum cx_err
 acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl, enum cx_lang lang,
-        bool create, struct cx_session *s, char *msg, size_t msglen)
+        bool create, const struct cx_db_call *also, bool *also_done, struct cx_session *s,
+        char *msg, size_t msglen)
 {
     char ttl_s[16];
     PGresult *r = NULL;
@@ -745,7 +753,7 @@ acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl, enum
     snprintf(s->conversation_id, sizeof(s->conversation_id), "%s", cid);
     s->lang = lang == CX_LANG_ANY ? CX_LANG_PYTHON : lang;
     snprintf(ttl_s, sizeof(ttl_s), "%u", ttl);
-    rc = lock_and_touch(cx, s, ttl_s, &got, &r);
+    rc = lock_and_touch(cx, s, ttl_s, also, also_done, &got, &r);
     s->locked = got;
     if (rc)
         goto fail;
@@ -800,14 +808,26 @@ enum cx_err
 cx_session_acquire(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
                    enum cx_lang lang, struct cx_session *s, char *msg, size_t msglen)
 {
-    return acquire(cx, user, cid, ttl, lang, true, s, msg, msglen);
+    bool done;
+
+    return acquire(cx, user, cid, ttl, lang, true, NULL, &done, s, msg, msglen);
+}
+
+enum cx_err
+cx_session_acquire_with(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
+                        enum cx_lang lang, const struct cx_db_call *also, bool *also_done,
+                        struct cx_session *s, char *msg, size_t msglen)
+{
+    return acquire(cx, user, cid, ttl, lang, true, also, also_done, s, msg, msglen);
 }
 
 enum cx_err
 cx_session_attach(struct cx_ctx *cx, const char *user, const char *cid, unsigned ttl,
                   enum cx_lang lang, struct cx_session *s, char *msg, size_t msglen)
 {
-    return acquire(cx, user, cid, ttl, lang, false, s, msg, msglen);
+    bool done;
+
+    return acquire(cx, user, cid, ttl, lang, false, NULL, &done, s, msg, msglen);
 }
 
 void

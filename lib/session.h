@@ -14,6 +14,8 @@
 #include "codexec.h"
 #include "util.h"
 
+struct cx_db_call; /* db.h */
+
 struct cx_kernel_conn;
 
 /* A session's workspace directory on the gateway: "w-<session id>", the
@@ -58,6 +60,15 @@ struct cx_session {
 enum cx_err cx_session_acquire(struct cx_ctx *cx, const char *user, const char *conversation_id,
                                unsigned ttl, enum cx_lang lang, struct cx_session *s, char *msg,
                                size_t msglen) CX_MUSTCHECK;
+
+/* cx_session_acquire(), with also (a statement of the caller's) sent in
+ * the same round trip as the conversation's lock and touch, once the lock
+ * is held, when the acquire takes that way: *also_done says whether it ran
+ * (its implicit transaction committed asynchronously, as the touch's). */
+enum cx_err cx_session_acquire_with(struct cx_ctx *cx, const char *user,
+                                    const char *conversation_id, unsigned ttl, enum cx_lang lang,
+                                    const struct cx_db_call *also, bool *also_done,
+                                    struct cx_session *s, char *msg, size_t msglen) CX_MUSTCHECK;
 
 /* cx_session_acquire() of a session that exists: CX_ERR_NOT_FOUND (and
  * nothing held) when the conversation has none. */

@@ -410,8 +410,14 @@ def test_busy_conversation_is_409(ctx):
     time.sleep(1.5)
     r = ctx.post("/v1/runs", {"conversation_id": "c1", "code": "1"}, key=ctx.key("u-busy"))
     expect_error(r, 409, "conversation_busy")
+    # a plain run is recorded with its conversation's lock (lib/run.c); one
+    # refused the lock is recorded on its own, and ended as an error
+    eq(ctx.psql("SELECT status FROM runs WHERE user_id = 'u-busy' AND conversation_id = 'c1'"
+                " AND code_length = 1"), "error", "the refused run has its record")
     t.join()
     eq(first["r"]["status"], "ok", "the long run finished")
+    eq(ctx.psql("SELECT count(*) FROM runs WHERE user_id = 'u-busy' AND conversation_id = 'c1'"
+                " AND status = 'ok' AND started_at IS NOT NULL"), "2", "the others' records ended ok")
 
 
 def test_sixteen_conversations_at_once(ctx):
