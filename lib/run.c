@@ -571,11 +571,12 @@ struct record {
     bool done;
 };
 
-/* The record inserted, if it is not yet: the run's end makes it durable. */
+/* The record inserted, if it is not yet: durable, or made so by the run's
+ * end (its durable COMMIT flushes the WAL written before it). */
 static enum cx_err
-record_run(struct cx_ctx *cx, struct record *rec)
+record_run(struct cx_ctx *cx, struct record *rec, bool durable)
 {
-    enum cx_err rc = rec->done ? CX_OK : cx_db_exec_all(cx->db, &rec->insert, 1, false);
+    enum cx_err rc = rec->done ? CX_OK : cx_db_exec_all(cx->db, &rec->insert, 1, durable);
 
     if (rc == CX_OK)
         rec->done = true;
@@ -614,7 +615,7 @@ run_in_session(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run_
     }
     if (!rec->done) {
         /* (not with the lock: refused, failed, or the lock taken another way) */
-        enum cx_err rec_rc = record_run(cx, rec);
+        enum cx_err rec_rc = record_run(cx, rec, false);
 
         rc = rc ? rc : rec_rc;
     }
@@ -662,7 +663,7 @@ run_with_inputs(struct cx_ctx *cx, const struct cx_principal *who, struct cx_run
 
     if (rc) {
         const char *p[2] = {run_id, "error"};
-        if (record_run(cx, rec) == CX_OK && cx_db_exec(cx->db, &q_run_status, p, NULL))
+        if (record_run(cx, rec, false) == CX_OK && cx_db_exec(cx->db, &q_run_status, p, NULL))
             cx_log_warn(0, "could not fail run %s", run_id);
         if (kept)
             forget_events(cx, run_id); /* (its record keeps no answer) */
@@ -756,15 +757,11 @@ cx_run_submit_stream(struct cx_ctx *cx, const struct cx_principal *who, struct c
     struct cx_cancel cancel;
     struct record rec = {{&q_run_insert, p, NULL}, false};
     cx_cancel_register(&cancel, run_id);
-    /* Made durable by the run's end (its durable COMMIT flushes the WAL
-     * written before it), so this one does not wait for the disk; unless
-     * its id is told before the end (a stream, a detached run): a client
-     * that heard of it finds it after a crash. A run whose id no one hears
-     * of before its answer is recorded with its conversation's lock (one
-     * round trip less). */
-    if (sink || req->detach)
-        rc = cx_db_exec_all(cx->db, &rec.insert, 1, (sink && !sink->unkept) || req->detach);
-    rec.done = sink || req->detach;
+    /* Not waiting for the disk, unless its id is told before the end (a
+     * stream, a detached run): a client that heard of it finds it after a
+     * crash. A run whose id no one hears of before its answer is recorded
+     * with its conversation's lock (one round trip less). */
+    rc = sink || req->detach ? record_run(cx, &rec, (sink && !sink->unkept) || req->detach) : CX_OK;
     if (rc == CX_OK)
         rc = run_with_inputs(cx, who, req, run_id, &rec, sink, &cancel, out, msg, msglen);
     cx_cancel_unregister(&cancel);
