@@ -117,6 +117,24 @@ class Bench:
             t = r.read()
             return json.loads(t) if t else None
 
+    def crun(self, cid, n, code="x=1", stamps=False):
+        """n runs (or "Ss": as many as fit in S seconds) of code in
+        conversation cid, one after another on one kept-alive connection,
+        by tests/bench/runload: a client in C, as rawexec is for the raw
+        executes, whose own CPU and time stay out of the run's (Python's
+        http.client and json add 1-2 ms a run on this machine). Each run's
+        ms, or (ms, its end in CLOCK_MONOTONIC seconds) with stamps."""
+        p = self.crun_start(cid, n, code)
+        out = [tuple(float(x) for x in line.split()) for line in p.communicate()[0].splitlines()]
+        if p.returncode:
+            raise RuntimeError(f"runload failed in {cid}")
+        return out if stamps else [ms for ms, _ in out]
+
+    def crun_start(self, cid, n, code="x=1"):
+        return subprocess.Popen([os.path.join(self.build, "tests", "bench", "runload"),
+                                 str(self.st.http_port), self.key, cid, str(n), code],
+                                stdout=subprocess.PIPE, text=True)
+
     def raw(self, kernel, n, mode):
         p = subprocess.run([os.path.join(self.build, "tests", "bench", "rawexec"), self.st.gateway_url,
                             self.st.gateway_token, kernel, str(n), mode],
@@ -150,7 +168,8 @@ def run_overhead(b, n_runs):
     """Runs of x=1 against the tuned raw execute on a kernel of the same
     gateway, measured in alternating blocks of ten (this machine's speed
     drifts within a minute: a floor measured once, first, is no floor for
-    runs measured a minute later)."""
+    runs measured a minute later). The runs by a client in C, as the raw
+    executes (Bench.crun); the trivial run by Python's http.client too."""
     ws = "w-bench-raw"
     os.makedirs(os.path.join(b.st.workspaces, ws), exist_ok=True)
     b.st.chown_kernel(os.path.join(b.st.workspaces, ws))
@@ -166,19 +185,24 @@ def run_overhead(b, n_runs):
         b.run(cid, "x = 0")
         b.settle()
         trips0 = [b.metric(n) for n in ("gateway_round_trips", "gateway_rest_requests", "gateway_ws_connects")]
-        lat, tuned = [], []
+        lat, tuned, py = [], [], []
         for _ in range(max(1, n_runs // 10)):
             tuned += b.raw(k, 10, "tuned")
-            for _ in range(10):
+            lat += b.crun(cid, 10)
+            for _ in range(10 if files == 0 else 0):
                 t0 = time.perf_counter()
                 b.run(cid, "x=1")
-                lat.append((time.perf_counter() - t0) * 1000)
+                py.append((time.perf_counter() - t0) * 1000)
         tuned_all += tuned
         trips = [b.metric(n) for n in ("gateway_round_trips", "gateway_rest_requests", "gateway_ws_connects")]
-        per = [(a - c) / len(lat) for a, c in zip(trips, trips0)]
+        per = [(a - c) / (len(lat) + len(py)) for a, c in zip(trips, trips0)]
         row("run", f"POST /v1/runs x=1, {files} files of 64 KiB (median)", statistics.median(lat),
             statistics.median(tuned), "ms",
             f"p95 {pct(lat, 95):.1f} ms; per run: {per[0]:.0f} round trip, {per[1]:.0f} REST, {per[2]:.0f} WS opens")
+        if py:
+            row("run", f"POST /v1/runs x=1, {files} files, Python's http.client (median)",
+                statistics.median(py), statistics.median(tuned), "ms",
+                "the same runs from a Python client: its own time is in each figure")
     row("run", "raw execute x=1, tuned client (median, all blocks)", statistics.median(tuned_all), None, "ms")
     b.gateway("DELETE", f"/api/kernels/{k}")
 
@@ -477,37 +501,24 @@ def concurrency(b, seconds):
     Runs and raw executes are counted alike: those that end in a window of
     `seconds` that every client's first and last seconds are outside of
     (64 clients start and stop over a moment: counted over their whole
-    time, the rate would mix in fewer clients at once)."""
+    time, the rate would mix in fewer clients at once). Both by clients in
+    C, one process a conversation (runload, rawexec): on two cores a
+    client's CPU is taken from what it measures, and 64 Python threads
+    took ~0.5 ms of CPU a run more than rawexec, and a GIL."""
     margin = 1.5
     for n in (1, 4, 16, 64):
         for i in range(n):
             b.run(f"conc-{n}-{i}", "x = 0", timeout=300)
         b.settle()
-        ends, errors = [], []
         rss = [b.rss()]
-
-        def worker(i, stop, timed):
-            while time.monotonic() < stop:
-                t0 = time.perf_counter()
-                try:
-                    b.run(f"conc-{n}-{i}", "x=1")
-                    if timed:
-                        ends.append((time.monotonic(), (time.perf_counter() - t0) * 1000))
-                except Exception as e:  # counted, not fatal
-                    if timed:
-                        errors.append(str(e)[:80])
-            if timed:
-                rss.append(b.rss())
-
         for timed in (False, True):
-            stop = time.monotonic() + seconds + 2 * margin
-            threads = [threading.Thread(target=worker, args=(i, stop, timed)) for i in range(n)]
-            for t in threads:
-                t.start()
+            procs = [b.crun_start(f"conc-{n}-{i}", f"{seconds + 2 * margin:g}s") for i in range(n)]
             start = time.monotonic()
-            for t in threads:
-                t.join()
-        lat = [ms for t, ms in ends if start + margin <= t < start + margin + seconds]
+            outs = [p.communicate()[0] for p in procs]
+            rss.append(b.rss())
+        errors = sum(1 for p in procs if p.returncode)
+        lat = [ms for out in outs for ms, t in (map(float, line.split()) for line in out.splitlines())
+               if start + margin <= t < start + margin + seconds]
         # the floor: tuned raw clients executing on the same kernels at once
         kernels = b.psql(f"SELECT kernel_id FROM sessions WHERE conversation_id LIKE 'conc-{n}-%'").split()
         env = dict(os.environ, STAMPS="1")
@@ -525,16 +536,15 @@ def concurrency(b, seconds):
         row("concurrency", f"{n} conversations at once: raw executes/s", raw_rate, None, "exec/s",
             f"p99 {pct(raw, 99) if raw else 0:.1f} ms; tuned raw clients on the same kernels")
         row("concurrency", f"{n} conversations at once: runs/s", len(lat) / seconds, raw_rate, "runs/s",
-            f"p99 {pct(lat, 99) if lat else 0:.1f} ms; {len(errors)} errors; RSS {max(rss) / 1024:.0f} MiB")
+            f"p99 {pct(lat, 99) if lat else 0:.1f} ms; {errors} clients failed; RSS {max(rss) / 1024:.0f} MiB")
 
 
 def first_and_next(b, cid):
-    """A conversation's first run and the next one right after, in ms."""
-    times = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        b.run(cid, "x=1")
-        times.append((time.perf_counter() - t0) * 1000)
+    """A conversation's first run and the next one right after, in ms (by
+    the C client, as every run the cold rows compare)."""
+    times = b.crun(cid, 2)
+    if len(times) != 2:
+        raise RuntimeError(f"runs failed in {cid}")
     return times
 
 
@@ -561,9 +571,7 @@ def cold_start(b, n):
         for i in range(n):
             if pooled:
                 b.settle()
-                t0 = time.perf_counter()
-                b.run("cold-idle", "x=1")
-                idle.append((time.perf_counter() - t0) * 1000)
+                idle += b.crun("cold-idle", 1)
                 time.sleep(1)
             first, after = first_and_next(b, f"cold-{int(pooled)}-{i}")
             cold.append(first)
@@ -733,7 +741,9 @@ def write_doc(path, machine):
              "nothing around it, once with a tuned client (TCP_QUICKACK re-armed after every",
              "read, as codexec's own) and once with a plain one (delayed ACKs on); nginx",
              "serving the same bytes as a static file; and a warm run for the cold start.",
-             "Medians unless said otherwise.", "", f"Machine: {machine}", "",
+             "Runs are made by `tests/bench/runload`, a client in C as the floor's is",
+             "(the trivial run by Python's http.client too). Medians unless said otherwise.",
+             "", f"Machine: {machine}", "",
              "| section | what | value | baseline | ratio | note |", "|---|---|---|---|---|---|"]
     for s, w, v, bl, u, r, note in rows:
         lines.append(f"| {s} | {w} | {v:.2f} {u} | {'' if bl is None else f'{bl:.2f} {u}'} | {r} | {note} |")

@@ -14,6 +14,10 @@
  * capture's metadata alone (to weigh the epilogue's parts). WARM=1 first
  * runs an untimed empty silent execute, as the kernel pool does.
  *
+ * RUN_END=1 gives each execute a run's end id (CX_RELAY_RUN_END): the
+ * launcher ends the sandbox's other processes before its reply passes, as
+ * after a run.
+ *
  * STAMPS=1 prints each execute's end too, in seconds of CLOCK_MONOTONIC
  * after its milliseconds (the bench counts the executes that end in one
  * window common to every client).
@@ -59,7 +63,7 @@ main(int argc, char **argv)
         return 1;
     }
     const char *epi = getenv("EPILOGUE");
-    bool stamps = getenv("STAMPS") != NULL;
+    bool stamps = getenv("STAMPS") != NULL, run_end = getenv("RUN_END") != NULL;
     struct cx_config cfg;
     json_t *meta = NULL, *uexpr = NULL, *wmeta = NULL, *wexpr = NULL;
     int nreq =
@@ -94,7 +98,8 @@ main(int argc, char **argv)
             {.code = argc > 6 ? argv[6] : "x=1",
              .store_history = true,
              .user_expressions = uexpr,
-             .metadata = meta},
+             .metadata = meta,
+             .ends_run = run_end},
             {.code = epi && !strncmp(epi, "code:", 5) ? epi + 5 : "", .silent = true},
         };
         int64_t t0 = cx_now_us();
