@@ -12,10 +12,12 @@ from harness import check, eq, metric, new_id, wait_until
 from test_runs import gateway, run, session_kernel
 
 # What a kernel shows its first run: the names it holds, its history, its
-# working directory. A pooled kernel must show exactly what a cold one does.
+# working directory. A pooled kernel must show exactly what a cold one does
+# (its rehearsals, stored cells, taken out of its history: lib/prestart.c).
 PROBE = ("import os\n"
          "print(sorted(globals()), get_ipython().execution_count,"
-         " len(get_ipython().history_manager.input_hist_raw), sorted(os.listdir('.')))\n")
+         " len(get_ipython().history_manager.input_hist_raw), In, Out, _i, _ii, _iii,"
+         " sorted(os.listdir('.')))\n")
 cold_probe = {}
 
 
