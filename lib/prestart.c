@@ -297,25 +297,38 @@ run_cells(struct cx_kernel_conn *c, struct cx_exec *cells, int n, int64_t deadli
 #define REHEARSALS 8
 
 /* Takes the rehearsals out of a Python kernel's history again: its
- * counter back to 1, In and Out empty, no _i, _ii, _iii or _iN: the first
- * run finds what a cold kernel shows it (test_pool compares the two). Run
- * silent, so that it is not in the history itself, before any tenant
- * code; the function's name goes with it. */
+ * counter back to 1, In and Out empty, no _i, _ii, _iii or _iN, the
+ * history's caches empty and the rows a saving thread wrote of them gone
+ * (a kernel with a history file; the sandbox's is in memory, where none is
+ * written): the first run finds what a cold kernel shows it (test_pool
+ * compares the two). Run silent, so that it is not in the history itself,
+ * before any tenant code; the function's name and its own cell's source
+ * go with it. */
 static const char unrehearse_cell[] =
     "def __codexec_unrehearse(ip=get_ipython()):\n"
+    "    import linecache, sys\n"
     "    hm = ip.history_manager\n"
+    "    with hm.db_input_cache_lock, hm.db_output_cache_lock:\n"
+    "        del hm.db_input_cache[:], hm.db_output_cache[:]\n"
+    "        try:\n"
+    "            with hm.db:\n"
+    "                for t in ('history', 'output_history'):\n"
+    "                    hm.db.execute('DELETE FROM %s WHERE session = ?' % t,\n"
+    "                                  (hm.session_number,))\n"
+    "        except Exception:\n"
+    "            pass\n"
     "    del hm.input_hist_parsed[1:], hm.input_hist_raw[1:]\n"
     "    hm.output_hist.clear()\n"
     "    hm.output_hist_reprs.clear()\n"
-    "    with hm.db_input_cache_lock:\n"
-    "        del hm.db_input_cache[:]\n"
-    "    with hm.db_output_cache_lock:\n"
-    "        del hm.db_output_cache[:]\n"
     "    hm._i00 = hm._i = hm._ii = hm._iii = ''\n"
     "    for n in ['_i', '_ii', '_iii'] + ['_i%d' % k for k in range(1, ip.execution_count + 1)]:\n"
     "        ip.user_ns.pop(n, None)\n"
     "        ip.user_ns_hidden.pop(n, None)\n"
     "    ip.execution_count = 1\n"
+    "    name = sys._getframe().f_code.co_filename\n"
+    "    for c in (linecache.cache, getattr(linecache, '_ipython_cache', {}),\n"
+    "              getattr(ip.compile, '_filename_map', {})):\n"
+    "        c.pop(name, None)\n"
     "__codexec_unrehearse()\n"
     "del __codexec_unrehearse\n";
 

@@ -125,15 +125,17 @@ class Bench:
         http.client and json add 1-2 ms a run on this machine). Each run's
         ms, or (ms, its end in CLOCK_MONOTONIC seconds) with stamps."""
         p = self.crun_start(cid, n, code)
-        out = [tuple(float(x) for x in line.split()) for line in p.communicate()[0].splitlines()]
+        out, err = p.communicate()
         if p.returncode:
-            raise RuntimeError(f"runload failed in {cid}")
+            raise RuntimeError(f"runload failed in {cid}: {err.strip()[:200]}")
+        out = [tuple(float(x) for x in line.split()) for line in out.splitlines()]
         return out if stamps else [ms for ms, _ in out]
 
     def crun_start(self, cid, n, code="x=1"):
+        """runload started: its stdout the runs, its stderr the failed ones."""
         return subprocess.Popen([os.path.join(self.build, "tests", "bench", "runload"),
                                  str(self.st.http_port), self.key, cid, str(n), code],
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def raw(self, kernel, n, mode):
         p = subprocess.run([os.path.join(self.build, "tests", "bench", "rawexec"), self.st.gateway_url,
@@ -514,10 +516,22 @@ def concurrency(b, seconds):
         for timed in (False, True):
             procs = [b.crun_start(f"conc-{n}-{i}", f"{seconds + 2 * margin:g}s") for i in range(n)]
             start = time.monotonic()
-            outs = [p.communicate()[0] for p in procs]
-            rss.append(b.rss())
-        errors = sum(1 for p in procs if p.returncode)
-        lat = [ms for out in outs for ms, t in (map(float, line.split()) for line in out.splitlines())
+            done = threading.Event()
+
+            def sample():
+                while not done.wait(0.5):
+                    rss.append(b.rss())
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            outs = [p.communicate() for p in procs]
+            done.set()
+            sampler.join()
+        # failed runs (runload says how many), or a client that could not go on
+        errors = sum(int(m.group(1)) for _, err in outs
+                     for m in [re.search(r"(\d+) failed runs", err)] if m)
+        errors += sum(1 for p, (_, err) in zip(procs, outs) if p.returncode and "failed runs" not in err)
+        lat = [ms for out, _ in outs for ms, t in (map(float, line.split()) for line in out.splitlines())
                if start + margin <= t < start + margin + seconds]
         # the floor: tuned raw clients executing on the same kernels at once
         kernels = b.psql(f"SELECT kernel_id FROM sessions WHERE conversation_id LIKE 'conc-{n}-%'").split()
@@ -536,7 +550,7 @@ def concurrency(b, seconds):
         row("concurrency", f"{n} conversations at once: raw executes/s", raw_rate, None, "exec/s",
             f"p99 {pct(raw, 99) if raw else 0:.1f} ms; tuned raw clients on the same kernels")
         row("concurrency", f"{n} conversations at once: runs/s", len(lat) / seconds, raw_rate, "runs/s",
-            f"p99 {pct(lat, 99) if lat else 0:.1f} ms; {errors} clients failed; RSS {max(rss) / 1024:.0f} MiB")
+            f"p99 {pct(lat, 99) if lat else 0:.1f} ms; {errors} errors; RSS {max(rss) / 1024:.0f} MiB")
 
 
 def first_and_next(b, cid):
@@ -741,8 +755,9 @@ def write_doc(path, machine):
              "nothing around it, once with a tuned client (TCP_QUICKACK re-armed after every",
              "read, as codexec's own) and once with a plain one (delayed ACKs on); nginx",
              "serving the same bytes as a static file; and a warm run for the cold start.",
-             "Runs are made by `tests/bench/runload`, a client in C as the floor's is",
-             "(the trivial run by Python's http.client too). Medians unless said otherwise.",
+             "The run, cold start and concurrency rows' runs are made by `tests/bench/runload`,",
+             "a client in C as the floor's is (the trivial run by Python's http.client too).",
+             "Medians unless said otherwise.",
              "", f"Machine: {machine}", "",
              "| section | what | value | baseline | ratio | note |", "|---|---|---|---|---|---|"]
     for s, w, v, bl, u, r, note in rows:

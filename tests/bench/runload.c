@@ -8,8 +8,11 @@
  *
  *   runload PORT KEY CONVERSATION_ID N|Ss [CODE]
  *
- * A run answered otherwise than 200 is counted on stderr and not printed;
- * the connection is opened again when the server closes it. */
+ * A run answered otherwise than 200 (or without a Content-Length) is not
+ * printed; their count goes to stderr ("runload: N failed runs") and the
+ * exit status is 3. The connection is opened again when the server closes
+ * it; a server silent for 600 s fails the run. CODE and CONVERSATION_ID go
+ * into the JSON as they are: no quote, backslash or control character. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -21,6 +24,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,11 +45,15 @@ connect_to(int port)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
+    struct timeval t = {.tv_sec = 600};
+
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd < 0)
         return -1;
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) ||
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one))) {
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) ||
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t)) ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof(t))) {
         close(fd);
         return -1;
     }
@@ -56,7 +64,7 @@ static int
 send_all(int fd, const char *p, size_t n)
 {
     while (n) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -114,8 +122,15 @@ main(int argc, char **argv)
         return 2;
     }
     port = atoi(argv[1]);
+    for (int i = 3; i <= 5 && i < argc; i += 2)
+        for (const char *c = argv[i]; *c; c++)
+            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) {
+                fprintf(stderr, "runload: no quote, backslash or control character in %s\n",
+                        i == 3 ? "CONVERSATION_ID" : "CODE");
+                return 2;
+            }
     count = strtol(argv[4], &end, 10);
-    until = *end == 's' ? now_s() + (double)count : 0;
+    until = *end == 's' || *end == '.' ? now_s() + strtod(argv[4], NULL) : 0;
     n = snprintf(body, sizeof(body), "{\"conversation_id\": \"%s\", \"code\": \"%s\"}", argv[3],
                  argc > 5 ? argv[5] : "x=1");
     if (n < 0 || (size_t)n >= sizeof(body))
@@ -153,5 +168,5 @@ main(int argc, char **argv)
     }
     if (failed)
         fprintf(stderr, "runload: %d failed runs\n", failed);
-    return 0;
+    return failed ? 3 : 0;
 }
