@@ -96,8 +96,10 @@ read_answer(int fd, char *buf, bool *keep)
                 return -1;
             *keep = !strcasestr(buf, "\r\nconnection: close");
         }
-        if (head && have >= head + body)
-            return atoi(buf + 9);
+        if (head && have >= head + body) {
+            long status = strtol(buf + 9, &end, 10);
+            return end == buf + 12 && *end == ' ' ? (int)status : -1;
+        }
         r = read(fd, buf + have, ANSWER_MAX - have);
         if (r < 0 && errno == EINTR)
             continue;
@@ -121,7 +123,12 @@ main(int argc, char **argv)
         fprintf(stderr, "usage: runload PORT KEY CONVERSATION_ID N|Ss [CODE]\n");
         return 2;
     }
-    port = atoi(argv[1]);
+    errno = 0;
+    port = (int)strtol(argv[1], &end, 10);
+    if (errno || *end || port < 1 || port > 65535) {
+        fprintf(stderr, "runload: a port of 1 to 65535, not %s\n", argv[1]);
+        return 2;
+    }
     for (int i = 3; i <= 5 && i < argc; i += 2)
         for (const char *c = argv[i]; *c; c++)
             if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) {
@@ -129,8 +136,21 @@ main(int argc, char **argv)
                         i == 3 ? "CONVERSATION_ID" : "CODE");
                 return 2;
             }
+    errno = 0;
     count = strtol(argv[4], &end, 10);
-    until = *end == 's' || *end == '.' ? now_s() + strtod(argv[4], NULL) : 0;
+    if (*end == 's' || *end == '.') {
+        double secs = strtod(argv[4], &end);
+        if (errno || strcmp(end, "s") || !(secs > 0)) {
+            fprintf(stderr, "runload: seconds as 5s or 2.5s, not %s\n", argv[4]);
+            return 2;
+        }
+        until = now_s() + secs;
+    } else if (errno || *end || count < 1) {
+        fprintf(stderr, "runload: a count of runs (N) or seconds (Ss), not %s\n", argv[4]);
+        return 2;
+    } else {
+        until = 0;
+    }
     n = snprintf(body, sizeof(body), "{\"conversation_id\": \"%s\", \"code\": \"%s\"}", argv[3],
                  argc > 5 ? argv[5] : "x=1");
     if (n < 0 || (size_t)n >= sizeof(body))
