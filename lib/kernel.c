@@ -34,6 +34,7 @@ struct cx_kernel_conn {
     char gateway_url[512];
     char session[37]; /* the Jupyter client session id */
     struct cx_ws *ws;
+    bool v1; /* the server's v1 WebSocket protocol (CX_KERNEL_WS_V1) */
     struct cx_buf msg;
     int64_t last_used_us;
     int64_t drained_us; /* the ticker's last drain of it */
@@ -137,11 +138,11 @@ cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kerne
         return CX_OK;
     }
     cx_kernel_conn_free(c);
-    return cx_kernel_conn_open(gateway_url, token, kernel_id, true, out, msg, msglen);
+    return cx_kernel_conn_open(gateway_url, token, kernel_id, 0, out, msg, msglen);
 }
 
 enum cx_err
-cx_kernel_conn_buffered(const void *frames, size_t len, struct cx_kernel_conn **out)
+cx_kernel_conn_buffered(const void *frames, size_t len, bool v1, struct cx_kernel_conn **out)
 {
     struct cx_kernel_conn *c = calloc(1, sizeof(*c));
     enum cx_err rc = c ? cx_ws_buffered(frames, len, MAX_WS_MESSAGE, &c->ws) : CX_ERR_NOMEM;
@@ -152,6 +153,7 @@ cx_kernel_conn_buffered(const void *frames, size_t len, struct cx_kernel_conn **
         return rc;
     }
     snprintf(c->kernel_id, sizeof(c->kernel_id), "buffered");
+    c->v1 = v1;
     cx_uuid_generate(c->session);
     cx_buf_init(&c->msg, MAX_WS_MESSAGE);
     *out = c;
@@ -160,7 +162,7 @@ cx_kernel_conn_buffered(const void *frames, size_t len, struct cx_kernel_conn **
 
 enum cx_err
 cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kernel_id,
-                    bool quickack, struct cx_kernel_conn **out, char *msg, size_t msglen)
+                    unsigned flags, struct cx_kernel_conn **out, char *msg, size_t msglen)
 {
     struct cx_ws_options opt = {0};
     struct cx_kernel_conn *c;
@@ -198,7 +200,11 @@ cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kern
      * kernel first): a cold kernel on a busy machine takes seconds. */
     opt.connect_timeout_ms = 90000;
     opt.max_message = MAX_WS_MESSAGE;
-    opt.no_quickack = !quickack;
+    opt.no_quickack = (flags & CX_KERNEL_PLAIN) != 0;
+    /* the server passes v1's messages through as the kernel's frames,
+     * without parsing and re-encoding each one (a server that does not
+     * select it speaks the JSON protocol) */
+    opt.protocol = flags & CX_KERNEL_LEGACY ? NULL : CX_KERNEL_WS_V1;
     cx_metrics_count(CX_COUNT_GATEWAY_WS_CONNECT);
     rc = cx_ws_connect(&opt, &c->ws, msg, msglen);
     memset(auth, 0, sizeof(auth));
@@ -206,6 +212,7 @@ cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kern
         cx_kernel_conn_free(c);
         return rc;
     }
+    c->v1 = cx_ws_protocol_selected(c->ws);
     *out = c;
     return CX_OK;
 }
@@ -418,20 +425,6 @@ iso_now(char out[64])
              tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
 }
 
-static enum cx_err
-send_message(struct cx_kernel_conn *c, json_t *m)
-{
-    char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
-    enum cx_err rc;
-
-    json_decref(m);
-    if (!text)
-        return CX_ERR_NOMEM;
-    rc = cx_ws_send(c->ws, CX_WS_TEXT, text, strlen(text));
-    free(text);
-    return rc;
-}
-
 static void
 put_be32(unsigned char *p, uint32_t v)
 {
@@ -441,18 +434,29 @@ put_be32(unsigned char *p, uint32_t v)
     p[3] = (unsigned char)v;
 }
 
-/* A message with one binary buffer, in the Jupyter Server's binary frame:
- * the part count (2), the offsets of the JSON and of the buffer, then
- * both. */
-static enum cx_err
-send_binary(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
+static void
+put_le64(unsigned char *p, uint64_t v)
 {
-    char *text = m ? json_dumps(m, JSON_COMPACT) : NULL;
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* m in the JSON protocol: a text frame, or with a buffer the server's
+ * binary frame (the part count 2, the offsets of the JSON and of the
+ * buffer, then both). */
+static enum cx_err
+send_json(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
+{
+    char *text = json_dumps(m, JSON_COMPACT);
     size_t tlen = text ? strlen(text) : 0;
     unsigned char *head = NULL;
     enum cx_err rc = CX_ERR_NOMEM;
 
-    json_decref(m);
+    if (text && !buf) {
+        rc = cx_ws_send(c->ws, CX_WS_TEXT, text, tlen);
+        free(text);
+        return rc;
+    }
     if (text && len <= CX_KERNEL_MAX_MESSAGE && tlen <= CX_KERNEL_MAX_MESSAGE)
         head = malloc(12 + tlen);
     if (head) {
@@ -468,6 +472,69 @@ send_binary(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
     return rc;
 }
 
+/* m in the v1 protocol: one binary frame of the offsets (a count, then
+ * where the channel, each of the four JSON parts and the buffer start, and
+ * where the last ends; 64-bit little-endian), the channel's name, the
+ * parts, the buffer sent from where it is. */
+static enum cx_err
+send_v1(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
+{
+    static const char *const names[4] = {"header", "parent_header", "metadata", "content"};
+    const char *channel = json_string_value(json_object_get(m, "channel"));
+    char *part[4] = {NULL};
+    size_t plen[4], noff = buf ? 7 : 6, at = 8 * (noff + 1), total;
+    unsigned char *head = NULL;
+    enum cx_err rc = CX_ERR_NOMEM;
+    int i;
+
+    for (i = 0; i < 4 && channel; i++) {
+        part[i] = json_dumps(json_object_get(m, names[i]), JSON_COMPACT);
+        if (!part[i])
+            break;
+        plen[i] = strlen(part[i]);
+    }
+    total = at + (channel ? strlen(channel) : 0);
+    for (int k = 0; k < i; k++)
+        total += plen[k];
+    if (i == 4 && len <= CX_KERNEL_MAX_MESSAGE && total <= CX_KERNEL_MAX_MESSAGE)
+        head = malloc(total);
+    if (head) {
+        size_t off = at, clen = strlen(channel);
+
+        put_le64(head, noff);
+        put_le64(head + 8, off);
+        memcpy(head + off, channel, clen);
+        off += clen;
+        put_le64(head + 16, off);
+        for (int k = 0; k < 4; k++) {
+            memcpy(head + off, part[k], plen[k]);
+            off += plen[k];
+            put_le64(head + 24 + 8 * k, off);
+        }
+        if (buf)
+            put_le64(head + 56, off + len);
+        rc = cx_ws_send2(c->ws, CX_WS_BINARY, head, total, buf, buf ? len : 0);
+    }
+    free(head);
+    for (int k = 0; k < 4; k++)
+        free(part[k]);
+    return rc;
+}
+
+/* Sends the message m (taken) on c, with one binary buffer or none
+ * (buf NULL), in the protocol the server selected. */
+static enum cx_err
+send_message(struct cx_kernel_conn *c, json_t *m, const void *buf, size_t len)
+{
+    enum cx_err rc;
+
+    if (!m)
+        return CX_ERR_NOMEM;
+    rc = c->v1 ? send_v1(c, m, buf, len) : send_json(c, m, buf, len);
+    json_decref(m);
+    return rc;
+}
+
 /* A kernel_info_request on channel ("shell" or "control"); msg_id
  * receives its id. */
 static enum cx_err
@@ -477,21 +544,194 @@ send_kernel_info(struct cx_kernel_conn *c, const char *channel, char msg_id[40])
 
     cx_uuid_generate(msg_id);
     iso_now(date);
-    return send_message(c, json_pack("{s:{s:s,s:s,s:s,s:s,s:s,s:s},s:{},s:{},s:{},s:s,s:[]}",
-                                     "header", "msg_id", msg_id, "username", "codexec", "session",
-                                     c->session, "date", date, "msg_type", "kernel_info_request",
-                                     "version", "5.3", "parent_header", "metadata", "content",
-                                     "channel", channel, "buffers"));
+    return send_message(c,
+                        json_pack("{s:{s:s,s:s,s:s,s:s,s:s,s:s},s:{},s:{},s:{},s:s,s:[]}", "header",
+                                  "msg_id", msg_id, "username", "codexec", "session", c->session,
+                                  "date", date, "msg_type", "kernel_info_request", "version", "5.3",
+                                  "parent_header", "metadata", "content", "channel", channel,
+                                  "buffers"),
+                        NULL, 0);
 }
 
-/* A kernel's message, unless it would cost too much to build (then NULL,
- * as for text that is not JSON). */
-static json_t *
-load_message(const char *json, size_t len)
+static uint32_t
+be32(const unsigned char *p)
 {
-    if (cx_json_cost(json, len) > CX_JSON_COST_MAX)
-        return NULL;
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+enum cx_err
+cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json, size_t *json_len,
+                       struct cx_kernel_buffers *bufs)
+{
+    uint32_t parts, off[CX_KERNEL_MAX_BUFFERS + 2];
+
+    /* n, then n offsets: the JSON's (just past them) and each buffer's; a
+     * part ends where the next begins, the last at the frame's end. */
+    if (len < 8 || len > UINT32_MAX)
+        return CX_ERR_PROTOCOL;
+    parts = be32(frame);
+    if (parts < 1 || parts > CX_KERNEL_MAX_BUFFERS + 1 || len < 4 * ((size_t)parts + 1))
+        return CX_ERR_PROTOCOL;
+    for (uint32_t i = 0; i < parts; i++)
+        off[i] = be32(frame + 4 * (i + 1));
+    off[parts] = (uint32_t)len;
+    if (off[0] != 4 * (parts + 1))
+        return CX_ERR_PROTOCOL;
+    for (uint32_t i = 0; i < parts; i++)
+        if (off[i + 1] < off[i])
+            return CX_ERR_PROTOCOL;
+    if (off[1] == off[0])
+        return CX_ERR_PROTOCOL; /* no JSON */
+    *json = (const char *)frame + off[0];
+    *json_len = off[1] - off[0];
+    bufs->n = parts - 1;
+    for (uint32_t i = 1; i < parts; i++) {
+        bufs->data[i - 1] = frame + off[i];
+        bufs->len[i - 1] = off[i + 1] - off[i];
+    }
+    return CX_OK;
+}
+
+static uint64_t
+le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+enum cx_err
+cx_kernel_split_v1(const unsigned char *frame, size_t len, struct cx_kernel_v1 *out)
+{
+    uint64_t n, off[CX_KERNEL_MAX_BUFFERS + 6];
+
+    /* n, then n offsets: the channel's start (just past them), the start
+     * of each part after it, and the end of the last part */
+    if (len < 8)
+        return CX_ERR_PROTOCOL;
+    n = le64(frame);
+    if (n < 6 || n > CX_KERNEL_MAX_BUFFERS + 6 || len < 8 * (n + 1))
+        return CX_ERR_PROTOCOL;
+    for (uint64_t i = 0; i < n; i++)
+        off[i] = le64(frame + 8 * (i + 1));
+    if (off[0] != 8 * (n + 1) || off[n - 1] > len)
+        return CX_ERR_PROTOCOL;
+    for (uint64_t i = 0; i + 1 < n; i++)
+        if (off[i + 1] < off[i])
+            return CX_ERR_PROTOCOL;
+    out->channel = (const char *)frame + off[0];
+    out->channel_len = off[1] - off[0];
+    for (int i = 0; i < 4; i++) {
+        out->part[i] = (const char *)frame + off[i + 1];
+        out->part_len[i] = off[i + 2] - off[i + 1];
+    }
+    out->bufs.n = n - 6;
+    for (uint64_t i = 0; i < n - 6; i++) {
+        out->bufs.data[i] = frame + off[i + 5];
+        out->bufs.len[i] = off[i + 6] - off[i + 5];
+    }
+    return CX_OK;
+}
+
+/* A message of the kernel's, as far as codexec reads it: the JSON
+ * protocol's whole message (the parts borrowed from it) or v1's parts
+ * (each its own; the metadata is not read). */
+struct kmsg {
+    json_t *whole, *header, *parent, *content;
+    char channel[16];
+    struct cx_kernel_buffers bufs; /* borrowed from c->msg */
+};
+
+static void
+kmsg_cleanup(struct kmsg *k)
+{
+    if (k->whole) {
+        json_decref(k->whole);
+    } else {
+        json_decref(k->header);
+        json_decref(k->parent);
+        json_decref(k->content);
+    }
+    memset(k, 0, sizeof(*k));
+}
+
+static json_t *
+load_json(const char *json, size_t len)
+{
     return json_loadb(json, len, JSON_ALLOW_NUL, NULL);
+}
+
+/* Reads the message c->msg holds (op: its frame's type) into k:
+ * CX_OK, CX_ERR_TOO_LARGE when it would cost too much to build
+ * (cx_json_cost(): it can only be output), CX_ERR_PROTOCOL when it is not
+ * a message (not JSON, a frame of the other protocol, no channel, header
+ * or content object). */
+static enum cx_err
+kmsg_read(const struct cx_kernel_conn *c, enum cx_ws_opcode op, struct kmsg *k)
+{
+    const unsigned char *frame = (const unsigned char *)c->msg.data;
+    const char *channel;
+    size_t clen;
+
+    memset(k, 0, sizeof(*k));
+    if (c->v1) {
+        struct cx_kernel_v1 v;
+
+        if (op != CX_WS_BINARY || cx_kernel_split_v1(frame, c->msg.len, &v))
+            return CX_ERR_PROTOCOL;
+        if (cx_json_cost(v.part[0], v.part_len[0]) + cx_json_cost(v.part[1], v.part_len[1]) +
+                cx_json_cost(v.part[3], v.part_len[3]) >
+            CX_JSON_COST_MAX)
+            return CX_ERR_TOO_LARGE;
+        k->header = load_json(v.part[0], v.part_len[0]);
+        k->parent = load_json(v.part[1], v.part_len[1]);
+        k->content = load_json(v.part[3], v.part_len[3]);
+        k->bufs = v.bufs;
+        channel = v.channel;
+        clen = v.channel_len;
+    } else {
+        const char *json = c->msg.data;
+        size_t json_len = c->msg.len;
+
+        if (op == CX_WS_BINARY &&
+            cx_kernel_split_binary(frame, c->msg.len, &json, &json_len, &k->bufs))
+            return CX_ERR_PROTOCOL;
+        if (cx_json_cost(json, json_len) > CX_JSON_COST_MAX)
+            return CX_ERR_TOO_LARGE;
+        k->whole = load_json(json, json_len);
+        k->header = json_object_get(k->whole, "header");
+        k->parent = json_object_get(k->whole, "parent_header");
+        k->content = json_object_get(k->whole, "content");
+        channel = json_string_value(json_object_get(k->whole, "channel"));
+        clen = channel ? strlen(channel) : 0;
+    }
+    if (!channel || clen >= sizeof(k->channel) || memchr(channel, '\0', clen) ||
+        !json_is_object(k->header) || !json_is_object(k->content)) {
+        kmsg_cleanup(k);
+        return CX_ERR_PROTOCOL;
+    }
+    memcpy(k->channel, channel, clen);
+    return CX_OK;
+}
+
+static const char *
+kmsg_type(const struct kmsg *k)
+{
+    return json_string_value(json_object_get(k->header, "msg_type"));
+}
+
+static const char *
+kmsg_parent_id(const struct kmsg *k)
+{
+    return json_string_value(json_object_get(k->parent, "msg_id"));
+}
+
+static const char *
+kmsg_state(const struct kmsg *k)
+{
+    return json_string_value(json_object_get(k->content, "execution_state"));
 }
 
 /* The server's notice that the kernel process went away (its restarter is
@@ -503,23 +743,21 @@ is_notice(const char *parent, const char *state)
     return !parent && state && (!strcmp(state, "dead") || !strcmp(state, "restarting"));
 }
 
-/* Whether msg is that notice: only a short text holding "execution_state"
- * is parsed to tell. */
+/* Whether c->msg is that notice: only a short message holding
+ * "execution_state" is parsed to tell. */
 #define NOTICE_MAX 4096
 
 static bool
-server_notice(const struct cx_buf *msg)
+server_notice(const struct cx_kernel_conn *c, enum cx_ws_opcode op)
 {
-    json_t *m;
+    struct kmsg k;
     bool notice;
 
-    if (msg->len > NOTICE_MAX || !memmem(msg->data, msg->len, "execution_state", 15))
+    if (c->msg.len > NOTICE_MAX || !memmem(c->msg.data, c->msg.len, "execution_state", 15) ||
+        kmsg_read(c, op, &k))
         return false;
-    m = load_message(msg->data, msg->len);
-    notice = is_notice(
-        json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id")),
-        json_string_value(json_object_get(json_object_get(m, "content"), "execution_state")));
-    json_decref(m);
+    notice = is_notice(kmsg_parent_id(&k), kmsg_state(&k));
+    kmsg_cleanup(&k);
     return notice;
 }
 
@@ -527,11 +765,19 @@ server_notice(const struct cx_buf *msg)
  * server's notice of the kernel's end, what the connection's output
  * channel was subscribed to is gone: cx_kernel_confirm() must see it live
  * again before the connection is trusted with output. */
+/* The frame of a message without buffers: the server's notices, the
+ * kernel_info replies. */
+static enum cx_ws_opcode
+plain_op(const struct cx_kernel_conn *c)
+{
+    return c->v1 ? CX_WS_BINARY : CX_WS_TEXT;
+}
+
 static void
 heard(struct cx_kernel_conn *c, enum cx_err rc, enum cx_ws_opcode op)
 {
     c->messages++;
-    if (rc == CX_OK && op == CX_WS_TEXT && server_notice(&c->msg)) {
+    if (rc == CX_OK && op == plain_op(c) && server_notice(c, op)) {
         c->restarted = true;
         c->live = false;
     }
@@ -546,25 +792,25 @@ heard(struct cx_kernel_conn *c, enum cx_err rc, enum cx_ws_opcode op)
  * by another connection, whose run reported it, reaches this one late: it
  * is no reason to replace the kernel and lose its workspace.) */
 static enum cx_err
-ready_answer(struct cx_kernel_conn *c, char ids[][40], int n)
+ready_answer(struct cx_kernel_conn *c, enum cx_ws_opcode op, char ids[][40], int n)
 {
-    json_t *m = load_message(c->msg.data, c->msg.len);
-    const char *channel = json_string_value(json_object_get(m, "channel"));
-    const char *parent =
-        json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
-    const char *state =
-        json_string_value(json_object_get(json_object_get(m, "content"), "execution_state"));
+    struct kmsg k;
+    const char *parent, *state;
     enum cx_err rc = CX_ERR_TIMEOUT;
 
+    if (op != plain_op(c) || kmsg_read(c, op, &k))
+        return rc;
+    parent = kmsg_parent_id(&k);
+    state = kmsg_state(&k);
     if (is_notice(parent, state)) {
         c->restarted = true;
         if (!strcmp(state, "dead"))
             rc = CX_ERR_KERNEL_DIED;
     }
-    for (int i = 0; channel && parent && !strcmp(channel, "iopub") && i < n && rc; i++)
+    for (int i = 0; parent && !strcmp(k.channel, "iopub") && i < n && rc; i++)
         if (!strcmp(parent, ids[i]))
             rc = CX_OK;
-    json_decref(m);
+    kmsg_cleanup(&k);
     return rc;
 }
 
@@ -587,7 +833,7 @@ cx_kernel_ready(struct cx_kernel_conn *c, int64_t deadline_us)
         while ((rc = cx_ws_recv(c->ws, window < deadline_us ? window : deadline_us, &c->msg,
                                 &op)) == CX_OK) {
             c->messages++;
-            rc = op == CX_WS_TEXT ? ready_answer(c, ids, n) : CX_ERR_TIMEOUT;
+            rc = ready_answer(c, op, ids, n);
             if (rc == CX_OK) {
                 c->restarted = false; /* live again: the new process answered */
                 c->live = true;
@@ -616,6 +862,12 @@ cx_kernel_confirm(struct cx_kernel_conn *c, bool fresh, int64_t deadline_us)
     if (rc == CX_OK)
         (void)cx_kernel_drain(c, 0); /* the handshake's stragglers */
     return rc;
+}
+
+bool
+cx_kernel_conn_v1(const struct cx_kernel_conn *c)
+{
+    return c->v1;
 }
 
 bool
@@ -670,7 +922,7 @@ cx_kernel_execute(struct cx_kernel_conn *c, struct cx_exec *e)
         json_decref(m);
         return CX_ERR_NOMEM;
     }
-    rc = e->buffer ? send_binary(c, m, e->buffer, e->buffer_len) : send_message(c, m);
+    rc = send_message(c, m, e->buffer, e->buffer_len);
     if (rc == CX_OK)
         e->sent = true;
     return rc;
@@ -741,45 +993,6 @@ all_done(struct cx_exec *reqs, int n)
     return true;
 }
 
-static uint32_t
-be32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-enum cx_err
-cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json, size_t *json_len,
-                       struct cx_kernel_buffers *bufs)
-{
-    uint32_t parts, off[CX_KERNEL_MAX_BUFFERS + 2];
-
-    /* n, then n offsets: the JSON's (just past them) and each buffer's; a
-     * part ends where the next begins, the last at the frame's end. */
-    if (len < 8 || len > UINT32_MAX)
-        return CX_ERR_PROTOCOL;
-    parts = be32(frame);
-    if (parts < 1 || parts > CX_KERNEL_MAX_BUFFERS + 1 || len < 4 * ((size_t)parts + 1))
-        return CX_ERR_PROTOCOL;
-    for (uint32_t i = 0; i < parts; i++)
-        off[i] = be32(frame + 4 * (i + 1));
-    off[parts] = (uint32_t)len;
-    if (off[0] != 4 * (parts + 1))
-        return CX_ERR_PROTOCOL;
-    for (uint32_t i = 0; i < parts; i++)
-        if (off[i + 1] < off[i])
-            return CX_ERR_PROTOCOL;
-    if (off[1] == off[0])
-        return CX_ERR_PROTOCOL; /* no JSON */
-    *json = (const char *)frame + off[0];
-    *json_len = off[1] - off[0];
-    bufs->n = parts - 1;
-    for (uint32_t i = 1; i < parts; i++) {
-        bufs->data[i - 1] = frame + off[i];
-        bufs->len[i - 1] = off[i + 1] - off[i];
-    }
-    return CX_OK;
-}
-
 /* One message of the kernel's (its JSON text and binary buffers): the
  * request it answers gets its reply or idle status, and fn hears it.
  * Another client's, an earlier run's and a malformed message are skipped
@@ -792,23 +1005,17 @@ cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json
  * CX_ERR_KERNEL_DIED (they went with the old process); else what fn
  * returned. */
 static enum cx_err
-dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json, size_t json_len,
-         const struct cx_kernel_buffers *bufs, cx_exec_fn fn, void *ctx)
+dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const struct kmsg *k, cx_exec_fn fn,
+         void *ctx)
 {
-    json_t *m = json_loadb(json, json_len, JSON_ALLOW_NUL, NULL), *content;
-    const char *type, *channel, *parent_id, *state;
+    const char *type = kmsg_type(k), *channel = k->channel, *parent_id = kmsg_parent_id(k);
+    const char *state = kmsg_state(k);
+    json_t *content = k->content;
     enum cx_err rc = CX_OK;
     int i;
 
-    if (!m)
+    if (!type)
         return CX_OK;
-    type = json_string_value(json_object_get(json_object_get(m, "header"), "msg_type"));
-    channel = json_string_value(json_object_get(m, "channel"));
-    parent_id = json_string_value(json_object_get(json_object_get(m, "parent_header"), "msg_id"));
-    content = json_object_get(m, "content");
-    if (!type || !channel || !json_is_object(content))
-        goto out;
-    state = json_string_value(json_object_get(content, "execution_state"));
     if (!strcmp(type, "status") && is_notice(parent_id, state)) {
         c->restarted = true; /* its output channel to be confirmed again */
         c->live = false;
@@ -849,9 +1056,8 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const char *json
         reqs[i].got_busy = reqs[i].got_busy || !strcmp(state, "busy");
         reqs[i].got_idle = reqs[i].got_idle || !strcmp(state, "idle");
     }
-    rc = fn ? fn(ctx, i, type, content, bufs) : CX_OK;
+    rc = fn ? fn(ctx, i, type, content, &k->bufs) : CX_OK;
 out:
-    json_decref(m);
     return rc;
 }
 
@@ -863,9 +1069,7 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
     enum cx_err rc;
 
     while (!all_done(reqs, need)) {
-        struct cx_kernel_buffers bufs;
-        const char *json;
-        size_t json_len;
+        struct kmsg k;
         int64_t until = deadline_us;
 
         if (c->awaiting && !c->reached) {
@@ -891,20 +1095,19 @@ cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, int need, 
         if (rc && rc != CX_ERR_TOO_LARGE)
             return rc;
         c->messages++;
-        json = c->msg.data;
-        json_len = c->msg.len;
-        bufs.n = 0;
-        if (rc == CX_OK && op == CX_WS_BINARY &&
-            cx_kernel_split_binary((const unsigned char *)c->msg.data, c->msg.len, &json, &json_len,
-                                   &bufs))
+        if (rc == CX_OK)
+            rc = kmsg_read(c, op, &k);
+        if (rc == CX_ERR_PROTOCOL)
             continue; /* not a message */
         /* A message too large to keep was skipped (a huge stream chunk), or
          * holds too many values to build: it can only be output, so it is
          * reported as such. */
-        if (rc == CX_ERR_TOO_LARGE || cx_json_cost(json, json_len) > CX_JSON_COST_MAX)
+        if (rc == CX_ERR_TOO_LARGE) {
             rc = fn ? fn(ctx, -1, "oversized", NULL, NULL) : CX_OK;
-        else
-            rc = dispatch(c, reqs, n, json, json_len, &bufs, fn, ctx);
+        } else {
+            rc = dispatch(c, reqs, n, &k, fn, ctx);
+            kmsg_cleanup(&k);
+        }
         if (rc == CX_ERR_KERNEL_DIED)
             c->live = false;
         if (rc)

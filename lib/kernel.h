@@ -85,16 +85,47 @@ typedef enum cx_err (*cx_exec_fn)(void *ctx, int index, const char *msg_type, js
 enum cx_err cx_kernel_split_binary(const unsigned char *frame, size_t len, const char **json,
                                    size_t *json_len, struct cx_kernel_buffers *bufs) CX_MUSTCHECK;
 
+/* The Jupyter Server's v1 WebSocket protocol (jupyter_server >= 1.18):
+ * the server relays the kernel's frames without parsing and re-encoding
+ * them. A message is one binary frame: a count n, n 64-bit little-endian
+ * offsets (where the channel's name starts, where each part after it
+ * starts, where the last ends), the channel's name, the header, parent
+ * header, metadata and content (JSON each), then the buffers. */
+#define CX_KERNEL_WS_V1 "v1.kernel.websocket.jupyter.org"
+
+struct cx_kernel_v1 {
+    const char *channel;
+    size_t channel_len;
+    const char *part[4]; /* header, parent header, metadata, content */
+    size_t part_len[4];
+    struct cx_kernel_buffers bufs;
+};
+
+/* Splits a v1 frame (all borrowed from frame). CX_ERR_PROTOCOL for one
+ * that is not (fewer than the four parts, offsets outside it or out of
+ * order) or has more than CX_KERNEL_MAX_BUFFERS buffers. */
+enum cx_err cx_kernel_split_v1(const unsigned char *frame, size_t len,
+                               struct cx_kernel_v1 *out) CX_MUSTCHECK;
+
 /* A connection to the kernel: a pooled one if available, else a new one.
  * CX_ERR_NOT_FOUND when the gateway does not know the kernel. */
 enum cx_err cx_kernel_conn_get(const char *gateway_url, const char *token, const char *kernel_id,
                                struct cx_kernel_conn **out, char *msg, size_t msglen) CX_MUSTCHECK;
 
-/* A new connection, never pooled unless put back. quickack = false leaves
- * delayed ACKs on: only for measuring what a plain client pays. */
+/* cx_kernel_conn_open()'s flags: CX_KERNEL_PLAIN leaves delayed ACKs on
+ * (only for measuring what a plain client pays), CX_KERNEL_LEGACY does not
+ * offer the v1 protocol (the JSON protocol every server speaks). */
+#define CX_KERNEL_PLAIN  1u
+#define CX_KERNEL_LEGACY 2u
+
+/* A new connection, never pooled unless put back. It speaks v1 when the
+ * server selects it. */
 enum cx_err cx_kernel_conn_open(const char *gateway_url, const char *token, const char *kernel_id,
-                                bool quickack, struct cx_kernel_conn **out, char *msg,
+                                unsigned flags, struct cx_kernel_conn **out, char *msg,
                                 size_t msglen) CX_MUSTCHECK;
+
+/* Whether c speaks the v1 protocol (the server selected it). */
+bool cx_kernel_conn_v1(const struct cx_kernel_conn *c);
 
 /* Returns a connection to the pool (or frees it when it is broken). */
 void cx_kernel_conn_put(struct cx_kernel_conn *c);
@@ -169,8 +200,9 @@ enum cx_err cx_kernel_wait(struct cx_kernel_conn *c, struct cx_exec *reqs, int n
                            int64_t deadline_us, cx_exec_fn fn, void *ctx) CX_MUSTCHECK;
 
 /* A connection whose kernel already sent the WebSocket frames in frames
- * and went away: what it sent can be waited for. For fuzzing and tests. */
-enum cx_err cx_kernel_conn_buffered(const void *frames, size_t len,
+ * (in the v1 protocol, or the JSON one) and went away: what it sent can
+ * be waited for. For fuzzing and tests. */
+enum cx_err cx_kernel_conn_buffered(const void *frames, size_t len, bool v1,
                                     struct cx_kernel_conn **out) CX_MUSTCHECK;
 
 /* Whether every request of reqs sent has its reply. */

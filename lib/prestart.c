@@ -464,7 +464,7 @@ start_one(struct cx_ctx *cx, enum cx_lang lang)
         discard(cx, kid);
         return rc;
     }
-    rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, true, &c, msg,
+    rc = cx_kernel_conn_open(cx_gateway_url(cx->gw), cx_gateway_token(cx->gw), kid, 0, &c, msg,
                              sizeof(msg));
     if (rc == CX_OK) {
         rc = warm(cx, c, kid, lang);

@@ -31,6 +31,7 @@ struct cx_ws {
     bool alive;
     bool close_sent;
     bool quickack;
+    bool protocol; /* the server selected the subprotocol offered */
     size_t max_message;
     /* received bytes not yet parsed: data[off .. len) */
     struct cx_buf in;
@@ -186,16 +187,51 @@ find_header(const char *head, const char *name, char *out, size_t outlen)
     return false;
 }
 
+/* The server's answer to the handshake (its head in ws->in, NUL-ended):
+ * 101, the key's Sec-WebSocket-Accept and no subprotocol but the one
+ * offered. */
+static enum cx_err
+check_answer(struct cx_ws *ws, const struct cx_ws_options *opt, const char *key, char *msg,
+             size_t msglen)
+{
+    char expect[64], got[128];
+    int status = 0;
+
+    if (sscanf(ws->in.data, "HTTP/1.%*d %d", &status) != 1)
+        status = 0;
+    if (status != 101) {
+        snprintf(msg, msglen, "WebSocket handshake: server answered %d", status);
+        return status == 404                      ? CX_ERR_NOT_FOUND
+               : (status == 401 || status == 403) ? CX_ERR_UNAUTHORIZED
+                                                  : CX_ERR_GATEWAY;
+    }
+    accept_value(key, expect);
+    if (!find_header(ws->in.data, "Sec-WebSocket-Accept", got, sizeof(got)) ||
+        strcmp(got, expect) != 0) {
+        snprintf(msg, msglen, "WebSocket handshake: wrong Sec-WebSocket-Accept");
+        return CX_ERR_PROTOCOL;
+    }
+    /* a subprotocol selected must be the one offered (RFC 6455, 4.1);
+     * none selected is the server's default protocol */
+    if (find_header(ws->in.data, "Sec-WebSocket-Protocol", got, sizeof(got))) {
+        if (!opt->protocol || strcmp(got, opt->protocol) != 0) {
+            snprintf(msg, msglen, "WebSocket handshake: a subprotocol not offered");
+            return CX_ERR_PROTOCOL;
+        }
+        ws->protocol = true;
+    }
+    return CX_OK;
+}
+
 static enum cx_err
 handshake(struct cx_ws *ws, const struct cx_ws_options *opt, const char *host_port,
           const char *target, char *msg, size_t msglen)
 {
     unsigned char nonce[16];
-    char key[32], expect[64], got[128], *end;
+    char key[32], *end;
     struct cx_buf req;
     int64_t deadline = cx_now_us() + opt->connect_timeout_ms * 1000LL;
     enum cx_err rc;
-    int status = 0;
 
     randombytes_buf(nonce, sizeof(nonce));
     sodium_bin2base64(key, sizeof(key), nonce, sizeof(nonce), sodium_base64_VARIANT_ORIGINAL);
@@ -204,6 +240,8 @@ handshake(struct cx_ws *ws, const struct cx_ws_options *opt, const char *host_po
                 "GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n",
                 target, host_port, key);
+    if (opt->protocol)
+        cx_buf_addf(&req, "Sec-WebSocket-Protocol: %s\r\n", opt->protocol);
     if (opt->extra_header)
         cx_buf_addf(&req, "%s\r\n", opt->extra_header);
     cx_buf_adds(&req, "\r\n");
@@ -227,20 +265,9 @@ handshake(struct cx_ws *ws, const struct cx_ws_options *opt, const char *host_po
         }
     }
     end[2] = '\0'; /* head ends with one CRLF now; frames start at end + 4 */
-    if (sscanf(ws->in.data, "HTTP/1.%*d %d", &status) != 1)
-        status = 0;
-    if (status != 101) {
-        snprintf(msg, msglen, "WebSocket handshake: server answered %d", status);
-        return status == 404                      ? CX_ERR_NOT_FOUND
-               : (status == 401 || status == 403) ? CX_ERR_UNAUTHORIZED
-                                                  : CX_ERR_GATEWAY;
-    }
-    accept_value(key, expect);
-    if (!find_header(ws->in.data, "Sec-WebSocket-Accept", got, sizeof(got)) ||
-        strcmp(got, expect) != 0) {
-        snprintf(msg, msglen, "WebSocket handshake: wrong Sec-WebSocket-Accept");
-        return CX_ERR_PROTOCOL;
-    }
+    rc = check_answer(ws, opt, key, msg, msglen);
+    if (rc)
+        return rc;
     ws->off = (size_t)(end + 4 - ws->in.data);
     return CX_OK;
 }
@@ -651,6 +678,12 @@ bool
 cx_ws_alive(const struct cx_ws *ws)
 {
     return ws && ws->alive;
+}
+
+bool
+cx_ws_protocol_selected(const struct cx_ws *ws)
+{
+    return ws->protocol;
 }
 
 uint64_t

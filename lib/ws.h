@@ -31,6 +31,7 @@ enum cx_ws_opcode {
 struct cx_ws_options {
     const char *url;          /* ws://host:port/path?query or wss:// */
     const char *extra_header; /* one "Name: value" line, or NULL (e.g. Authorization) */
+    const char *protocol;     /* a subprotocol offered (Sec-WebSocket-Protocol), or NULL */
     long connect_timeout_ms;  /* connect + handshake */
     size_t max_message;       /* larger messages fail with CX_ERR_TOO_LARGE */
     bool no_quickack;         /* for measurements only: leave delayed ACKs on */
@@ -67,6 +68,9 @@ enum cx_err cx_ws_recv(struct cx_ws *ws, int64_t deadline_us, struct cx_buf *out
                        enum cx_ws_opcode *op) CX_MUSTCHECK;
 
 bool cx_ws_alive(const struct cx_ws *ws);
+
+/* Whether the server selected the subprotocol cx_ws_options offered. */
+bool cx_ws_protocol_selected(const struct cx_ws *ws);
 
 /* Sends a close frame (best effort) and frees. NULL is a no-op. */
 void cx_ws_free(struct cx_ws *ws);

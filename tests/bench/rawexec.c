@@ -22,6 +22,8 @@
  * after its milliseconds (the bench counts the executes that end in one
  * window common to every client).
  *
+ * LEGACY=1 speaks the server's JSON protocol, not v1 (docs/internals/ws.md).
+ *
  * tuned re-arms TCP_QUICKACK after every read (codexec's client); plain
  * leaves delayed ACKs on, as most WebSocket clients do. */
 #include <curl/curl.h>
@@ -57,8 +59,10 @@ main(int argc, char **argv)
     }
     if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) || cx_log_open(NULL, CX_LOG_ERR))
         return 1;
-    if (cx_kernel_conn_open(argv[1], argv[2], argv[3], strcmp(argv[5], "plain") != 0, &c, msg,
-                            sizeof(msg))) {
+    if (cx_kernel_conn_open(argv[1], argv[2], argv[3],
+                            (strcmp(argv[5], "plain") ? 0u : CX_KERNEL_PLAIN) |
+                                (getenv("LEGACY") ? CX_KERNEL_LEGACY : 0u),
+                            &c, msg, sizeof(msg))) {
         fprintf(stderr, "rawexec: %s\n", msg);
         return 1;
     }

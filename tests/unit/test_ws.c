@@ -37,7 +37,9 @@ struct peer {
     int in_frames;
     int in_opcodes[16];
     int all_masked;
-    int read_client; /* how many client frames to read before closing */
+    int read_client;             /* how many client frames to read before closing */
+    const char *answer_protocol; /* the subprotocol the 101 names, or NULL */
+    char offered[128];           /* the subprotocol the client offered */
     pthread_t thread;
 };
 
@@ -112,6 +114,9 @@ peer_main(void *arg)
         char *k = strcasestr(req, "Sec-WebSocket-Key:");
         if (k)
             sscanf(k + 18, " %63s", key);
+        k = strcasestr(req, "Sec-WebSocket-Protocol:");
+        if (k)
+            sscanf(k + 23, " %127s", p->offered);
     }
     snprintf(resp, sizeof(resp), "%s258EAFA5-E914-47DA-95CA-C5AB0DC85B11", key);
     EVP_Digest(resp, strlen(resp), digest, &dlen, EVP_sha1(), NULL);
@@ -125,8 +130,9 @@ peer_main(void *arg)
     else
         snprintf(resp, sizeof(resp),
                  "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                 "Connection: Upgrade\r\nsec-websocket-accept:   %s  \r\n\r\n",
-                 accept_b64);
+                 "Connection: Upgrade\r\nsec-websocket-accept:   %s  \r\n%s%s%s\r\n",
+                 accept_b64, p->answer_protocol ? "Sec-WebSocket-Protocol: " : "",
+                 p->answer_protocol ? p->answer_protocol : "", p->answer_protocol ? "\r\n" : "");
     if (write(fd, resp, strlen(resp)) < 0)
         goto out;
     if (p->trickle_ms > 0) {
@@ -211,17 +217,62 @@ peer_end(struct peer *p)
 }
 
 static enum cx_err
-client(struct peer *p, struct cx_ws **ws, size_t max_message)
+client_offering(struct peer *p, struct cx_ws **ws, size_t max_message, const char *protocol)
 {
     char url[128], msg[256];
     struct cx_ws_options o = {.url = url,
                               .connect_timeout_ms = 5000,
                               .max_message = max_message,
-                              .extra_header = "Authorization: token secret"};
+                              .extra_header = "Authorization: token secret",
+                              .protocol = protocol};
 
     snprintf(url, sizeof(url), "ws://127.0.0.1:%d/api/kernels/x/channels?session_id=s", p->port);
     peer_go(p);
     return cx_ws_connect(&o, ws, msg, sizeof(msg));
+}
+
+static enum cx_err
+client(struct peer *p, struct cx_ws **ws, size_t max_message)
+{
+    return client_offering(p, ws, max_message, NULL);
+}
+
+/* A subprotocol offered and selected, offered and not, or selected
+ * unoffered. */
+static void
+subprotocols(void)
+{
+    static const struct {
+        const char *offer, *answer;
+        enum cx_err want;
+        bool selected;
+        const char *what;
+    } cases[] = {
+        {"v1.kernel.websocket.jupyter.org", "v1.kernel.websocket.jupyter.org", CX_OK, true,
+         "offered and selected"},
+        {"v1.kernel.websocket.jupyter.org", NULL, CX_OK, false, "offered, none selected"},
+        {"v1.kernel.websocket.jupyter.org", "v2.other", CX_ERR_PROTOCOL, false,
+         "another one selected: refused"},
+        {NULL, "v1.kernel.websocket.jupyter.org", CX_ERR_PROTOCOL, false,
+         "one selected, none offered: refused"},
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct peer *p = peer_start(HS_OK);
+        struct cx_ws *ws = NULL;
+        enum cx_err rc;
+
+        p->answer_protocol = cases[i].answer;
+        rc = client_offering(p, &ws, 0, cases[i].offer);
+        is_int(rc, cases[i].want, "subprotocol %s", cases[i].what);
+        if (rc == CX_OK)
+            ok(cx_ws_protocol_selected(ws) == cases[i].selected, "  selected: %s",
+               cases[i].selected ? "yes" : "no");
+        /* (the peer read the request before it answered) */
+        is_str(p->offered, cases[i].offer ? cases[i].offer : "", "  the offer sent");
+        cx_ws_free(ws);
+        peer_end(p);
+    }
 }
 
 static enum cx_err
@@ -246,6 +297,7 @@ main(void)
     for (size_t i = 0; i < sizeof(big); i++)
         big[i] = (unsigned char)('a' + i % 26);
 
+    subprotocols();
     p = peer_start(HS_WRONG_ACCEPT);
     is_int(client(p, &ws, 0), CX_ERR_PROTOCOL, "a wrong Sec-WebSocket-Accept is refused");
     peer_end(p);
