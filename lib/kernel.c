@@ -34,7 +34,8 @@ struct cx_kernel_conn {
     char gateway_url[512];
     char session[37]; /* the Jupyter client session id */
     struct cx_ws *ws;
-    bool v1; /* the server's v1 WebSocket protocol (CX_KERNEL_WS_V1) */
+    bool v1;        /* the server's v1 WebSocket protocol (CX_KERNEL_WS_V1) */
+    bool v1_unsaid; /* a v1 frame came on a JSON connection (said once) */
     struct cx_buf msg;
     int64_t last_used_us;
     int64_t drained_us; /* the ticker's last drain of it */
@@ -669,7 +670,7 @@ load_json(const char *json, size_t len)
  * a message (not JSON, a frame of the other protocol, no channel, header
  * or content object). */
 static enum cx_err
-kmsg_read(const struct cx_kernel_conn *c, enum cx_ws_opcode op, struct kmsg *k)
+kmsg_read(struct cx_kernel_conn *c, enum cx_ws_opcode op, struct kmsg *k)
 {
     const unsigned char *frame = (const unsigned char *)c->msg.data;
     const char *channel;
@@ -696,8 +697,20 @@ kmsg_read(const struct cx_kernel_conn *c, enum cx_ws_opcode op, struct kmsg *k)
         size_t json_len = c->msg.len;
 
         if (op == CX_WS_BINARY &&
-            cx_kernel_split_binary(frame, c->msg.len, &json, &json_len, &k->bufs))
+            cx_kernel_split_binary(frame, c->msg.len, &json, &json_len, &k->bufs)) {
+            struct cx_kernel_v1 v;
+
+            /* the server selected v1, and something between said it did
+             * not: every message is lost */
+            if (!c->v1_unsaid && cx_kernel_split_v1(frame, c->msg.len, &v) == CX_OK) {
+                c->v1_unsaid = true;
+                cx_log_warn(0,
+                            "kernel %s: the gateway sends v1 frames on a connection that did "
+                            "not select v1 (a proxy dropped Sec-WebSocket-Protocol?)",
+                            c->kernel_id);
+            }
             return CX_ERR_PROTOCOL;
+        }
         if (cx_json_cost(json, json_len) > CX_JSON_COST_MAX)
             return CX_ERR_TOO_LARGE;
         k->whole = load_json(json, json_len);
@@ -748,7 +761,7 @@ is_notice(const char *parent, const char *state)
 #define NOTICE_MAX 4096
 
 static bool
-server_notice(const struct cx_kernel_conn *c, enum cx_ws_opcode op)
+server_notice(struct cx_kernel_conn *c, enum cx_ws_opcode op)
 {
     struct kmsg k;
     bool notice;

@@ -262,6 +262,21 @@ v1(void)
     }
     cx_exec_cleanup(&e, 1);
     cx_kernel_conn_free(c);
+    c = NULL;
+    /* the same frames on a connection that did not select v1 (a proxy that
+     * dropped the server's answer): none is taken for a message */
+    memset(&e, 0, sizeof(e));
+    e.sent = true;
+    snprintf(e.msg_id, sizeof(e.msg_id), "req-1");
+    memset(&s, 0, sizeof(s));
+    if (cx_kernel_conn_buffered(frames.data, frames.len, false, &c) == CX_OK)
+        ok(cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 2000000, on_msg, &s) != CX_OK &&
+               !e.got_reply && !s.text[0],
+           "v1 frames on a JSON connection: not messages");
+    else
+        ok(false, "v1 frames on a JSON connection: the connection");
+    cx_exec_cleanup(&e, 1);
+    cx_kernel_conn_free(c);
     cx_buf_cleanup(&frames);
     cx_buf_cleanup(&ok_frame);
 }
