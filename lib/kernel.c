@@ -34,8 +34,8 @@ struct cx_kernel_conn {
     char gateway_url[512];
     char session[37]; /* the Jupyter client session id */
     struct cx_ws *ws;
-    bool v1;        /* the server's v1 WebSocket protocol (CX_KERNEL_WS_V1) */
-    bool v1_unsaid; /* a v1 frame came on a JSON connection (said once) */
+    bool v1;      /* the server's v1 WebSocket protocol (CX_KERNEL_WS_V1) */
+    bool v1_said; /* a v1 frame came on a JSON connection: said in the log */
     struct cx_buf msg;
     int64_t last_used_us;
     int64_t drained_us; /* the ticker's last drain of it */
@@ -617,7 +617,7 @@ cx_kernel_split_v1(const unsigned char *frame, size_t len, struct cx_kernel_v1 *
         return CX_ERR_PROTOCOL;
     for (uint64_t i = 0; i < n; i++)
         off[i] = le64(frame + 8 * (i + 1));
-    if (off[0] != 8 * (n + 1) || off[n - 1] > len)
+    if (off[0] != 8 * (n + 1) || off[n - 1] != len)
         return CX_ERR_PROTOCOL;
     for (uint64_t i = 0; i + 1 < n; i++)
         if (off[i + 1] < off[i])
@@ -664,6 +664,93 @@ load_json(const char *json, size_t len)
     return json_loadb(json, len, JSON_ALLOW_NUL, NULL);
 }
 
+/* A v1 part: its JSON, or NULL. ipykernel passes on the bytes a cell
+ * printed as they are, invalid UTF-8 included, which jansson refuses (the
+ * JSON protocol's server decoded them with Python's "replace"): such a
+ * part is read with them replaced by U+FFFD. *too_large: that copy would
+ * be over CX_KERNEL_MAX_MESSAGE. */
+static json_t *
+load_part(const char *json, size_t len, bool *too_large)
+{
+    json_t *j = load_json(json, len);
+    size_t flen = 0;
+    char *fixed;
+
+    if (j || cx_utf8_valid(json, len))
+        return j;
+    fixed = cx_utf8_fix(json, len, CX_KERNEL_MAX_MESSAGE, &flen);
+    *too_large = *too_large || !fixed;
+    j = fixed ? load_json(fixed, flen) : NULL;
+    free(fixed);
+    return j;
+}
+
+/* kmsg_read() of a v1 frame: its parts built (not the metadata), and its
+ * channel's name (*channel, *clen). */
+static enum cx_err
+read_v1(struct cx_kernel_conn *c, enum cx_ws_opcode op, struct kmsg *k, const char **channel,
+        size_t *clen)
+{
+    struct cx_kernel_v1 v;
+    bool too_large = false;
+
+    if (op != CX_WS_BINARY ||
+        cx_kernel_split_v1((const unsigned char *)c->msg.data, c->msg.len, &v))
+        return CX_ERR_PROTOCOL;
+    if (cx_json_cost(v.part[0], v.part_len[0]) + cx_json_cost(v.part[1], v.part_len[1]) +
+            cx_json_cost(v.part[3], v.part_len[3]) >
+        CX_JSON_COST_MAX)
+        return CX_ERR_TOO_LARGE;
+    /* (a part that is not JSON drops the message, as the JSON protocol's
+     * server dropped it) */
+    k->header = load_part(v.part[0], v.part_len[0], &too_large);
+    k->parent = k->header ? load_part(v.part[1], v.part_len[1], &too_large) : NULL;
+    k->content = k->parent ? load_part(v.part[3], v.part_len[3], &too_large) : NULL;
+    k->bufs = v.bufs;
+    if (too_large || !json_is_object(k->parent)) {
+        kmsg_cleanup(k);
+        return too_large ? CX_ERR_TOO_LARGE : CX_ERR_PROTOCOL;
+    }
+    *channel = v.channel;
+    *clen = v.channel_len;
+    return CX_OK;
+}
+
+/* kmsg_read() of a JSON protocol's frame: the message built whole. */
+static enum cx_err
+read_json(struct cx_kernel_conn *c, enum cx_ws_opcode op, struct kmsg *k, const char **channel,
+          size_t *clen)
+{
+    const unsigned char *frame = (const unsigned char *)c->msg.data;
+    const char *json = c->msg.data;
+    size_t json_len = c->msg.len;
+    struct cx_kernel_v1 v;
+
+    if (op == CX_WS_BINARY &&
+        cx_kernel_split_binary(frame, c->msg.len, &json, &json_len, &k->bufs)) {
+        /* the server selected v1, and something between said it did not:
+         * no message is read (and the server drops the connection at our
+         * first text frame) */
+        if (!c->v1_said && cx_kernel_split_v1(frame, c->msg.len, &v) == CX_OK) {
+            c->v1_said = true;
+            cx_log_warn(0,
+                        "kernel %s: the gateway sends v1 frames on a connection that did not "
+                        "select v1 (a proxy dropped Sec-WebSocket-Protocol?)",
+                        c->kernel_id);
+        }
+        return CX_ERR_PROTOCOL;
+    }
+    if (cx_json_cost(json, json_len) > CX_JSON_COST_MAX)
+        return CX_ERR_TOO_LARGE;
+    k->whole = load_json(json, json_len);
+    k->header = json_object_get(k->whole, "header");
+    k->parent = json_object_get(k->whole, "parent_header");
+    k->content = json_object_get(k->whole, "content");
+    *channel = json_string_value(json_object_get(k->whole, "channel"));
+    *clen = *channel ? strlen(*channel) : 0;
+    return CX_OK;
+}
+
 /* Reads the message c->msg holds (op: its frame's type) into k:
  * CX_OK, CX_ERR_TOO_LARGE when it would cost too much to build
  * (cx_json_cost(): it can only be output), CX_ERR_PROTOCOL when it is not
@@ -672,54 +759,14 @@ load_json(const char *json, size_t len)
 static enum cx_err
 kmsg_read(struct cx_kernel_conn *c, enum cx_ws_opcode op, struct kmsg *k)
 {
-    const unsigned char *frame = (const unsigned char *)c->msg.data;
-    const char *channel;
-    size_t clen;
+    const char *channel = NULL;
+    size_t clen = 0;
+    enum cx_err rc;
 
     memset(k, 0, sizeof(*k));
-    if (c->v1) {
-        struct cx_kernel_v1 v;
-
-        if (op != CX_WS_BINARY || cx_kernel_split_v1(frame, c->msg.len, &v))
-            return CX_ERR_PROTOCOL;
-        if (cx_json_cost(v.part[0], v.part_len[0]) + cx_json_cost(v.part[1], v.part_len[1]) +
-                cx_json_cost(v.part[3], v.part_len[3]) >
-            CX_JSON_COST_MAX)
-            return CX_ERR_TOO_LARGE;
-        k->header = load_json(v.part[0], v.part_len[0]);
-        k->parent = load_json(v.part[1], v.part_len[1]);
-        k->content = load_json(v.part[3], v.part_len[3]);
-        k->bufs = v.bufs;
-        channel = v.channel;
-        clen = v.channel_len;
-    } else {
-        const char *json = c->msg.data;
-        size_t json_len = c->msg.len;
-
-        if (op == CX_WS_BINARY &&
-            cx_kernel_split_binary(frame, c->msg.len, &json, &json_len, &k->bufs)) {
-            struct cx_kernel_v1 v;
-
-            /* the server selected v1, and something between said it did
-             * not: every message is lost */
-            if (!c->v1_unsaid && cx_kernel_split_v1(frame, c->msg.len, &v) == CX_OK) {
-                c->v1_unsaid = true;
-                cx_log_warn(0,
-                            "kernel %s: the gateway sends v1 frames on a connection that did "
-                            "not select v1 (a proxy dropped Sec-WebSocket-Protocol?)",
-                            c->kernel_id);
-            }
-            return CX_ERR_PROTOCOL;
-        }
-        if (cx_json_cost(json, json_len) > CX_JSON_COST_MAX)
-            return CX_ERR_TOO_LARGE;
-        k->whole = load_json(json, json_len);
-        k->header = json_object_get(k->whole, "header");
-        k->parent = json_object_get(k->whole, "parent_header");
-        k->content = json_object_get(k->whole, "content");
-        channel = json_string_value(json_object_get(k->whole, "channel"));
-        clen = channel ? strlen(channel) : 0;
-    }
+    rc = c->v1 ? read_v1(c, op, k, &channel, &clen) : read_json(c, op, k, &channel, &clen);
+    if (rc)
+        return rc;
     if (!channel || clen >= sizeof(k->channel) || memchr(channel, '\0', clen) ||
         !json_is_object(k->header) || !json_is_object(k->content)) {
         kmsg_cleanup(k);
@@ -811,7 +858,7 @@ ready_answer(struct cx_kernel_conn *c, enum cx_ws_opcode op, char ids[][40], int
     const char *parent, *state;
     enum cx_err rc = CX_ERR_TIMEOUT;
 
-    if (op != plain_op(c) || kmsg_read(c, op, &k))
+    if (kmsg_read(c, op, &k))
         return rc;
     parent = kmsg_parent_id(&k);
     state = kmsg_state(&k);

@@ -12,44 +12,88 @@
 #include "buf.h"
 #include "util.h"
 
+/* The length of the valid UTF-8 sequence at s (1 to 4), or 0. */
+static size_t
+utf8_seq(const unsigned char *s, const unsigned char *end)
+{
+    unsigned char c = *s;
+    size_t n;
+    uint32_t cp;
+
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 1;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 2;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 3;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if ((size_t)(end - s) <= n)
+        return 0;
+    for (size_t i = 1; i <= n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n + 1;
+}
+
 bool
 cx_utf8_valid(const char *str, size_t len)
 {
     const unsigned char *s = (const unsigned char *)str, *end = s + len;
 
     while (s < end) {
-        unsigned char c = *s;
-        size_t n;
-        uint32_t cp;
+        size_t n = utf8_seq(s, end);
 
-        if (c < 0x80) {
-            s++;
-            continue;
-        } else if (c >= 0xc2 && c <= 0xdf) {
-            n = 1;
-            cp = c & 0x1f;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            n = 2;
-            cp = c & 0x0f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            n = 3;
-            cp = c & 0x07;
-        } else {
+        if (!n)
             return false;
-        }
-        if ((size_t)(end - s) <= n)
-            return false;
-        for (size_t i = 1; i <= n; i++) {
-            if ((s[i] & 0xc0) != 0x80)
-                return false;
-            cp = (cp << 6) | (s[i] & 0x3f);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        s += n + 1;
+        s += n;
     }
     return true;
+}
+
+char *
+cx_utf8_fix(const char *str, size_t len, size_t max, size_t *out_len)
+{
+    const unsigned char *s = (const unsigned char *)str, *end = s + len;
+    size_t n = 0;
+    char *out;
+
+    for (const unsigned char *p = s; p < end;) {
+        size_t k = utf8_seq(p, end);
+
+        n += k ? k : 3;
+        p += k ? k : 1;
+    }
+    if (n > max || !(out = malloc(n + 1)))
+        return NULL;
+    n = 0;
+    while (s < end) {
+        size_t k = utf8_seq(s, end);
+
+        if (k) {
+            memcpy(out + n, s, k);
+            n += k;
+            s += k;
+        } else {
+            memcpy(out + n, "\xef\xbf\xbd", 3);
+            n += 3;
+            s++;
+        }
+    }
+    out[n] = '\0';
+    *out_len = n;
+    return out;
 }
 
 bool

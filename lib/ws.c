@@ -214,8 +214,11 @@ check_answer(struct cx_ws *ws, const struct cx_ws_options *opt, const char *key,
     /* a subprotocol selected must be the one offered (RFC 6455, 4.1);
      * none selected is the server's default protocol */
     if (find_header(ws->in.data, "Sec-WebSocket-Protocol", got, sizeof(got))) {
-        if (!opt->protocol || strcmp(got, opt->protocol) != 0) {
-            snprintf(msg, msglen, "WebSocket handshake: a subprotocol not offered");
+        const char *first = strcasestr(ws->in.data, "\r\nSec-WebSocket-Protocol:");
+
+        if (!opt->protocol || strcmp(got, opt->protocol) != 0 || !first ||
+            strcasestr(first + 2, "\r\nSec-WebSocket-Protocol:")) {
+            snprintf(msg, msglen, "WebSocket handshake: a subprotocol not offered, or two");
             return CX_ERR_PROTOCOL;
         }
         ws->protocol = true;

@@ -220,6 +220,10 @@ v1(void)
     {
         unsigned char *f = (unsigned char *)ok_frame.data;
         size_t len = ok_frame.len;
+        cx_buf_add(&ok_frame, "x", 1); /* (len stays the frame's) */
+        f = (unsigned char *)ok_frame.data;
+        is_int(cx_kernel_split_v1(f, len + 1, &v), CX_ERR_PROTOCOL,
+               "v1: bytes after the last part");
         ok(cx_kernel_split_v1(f, len, &v) == CX_OK && v.channel_len == 5 &&
                !memcmp(v.channel, "iopub", 5) && v.part_len[3] == 2 && v.bufs.n == 1 &&
                v.bufs.len[0] == 2 && !memcmp(v.bufs.data[0], "ab", 2),
@@ -245,6 +249,8 @@ v1(void)
     v1_message(&frames, "iopub", "stream", "{\"name\":\"stdout\",\"text\":\"v1 out\"}", NULL, 0,
                true);
     v1_message(&frames, "iopub", "display_data", "{\"data\":{}}", "\0\1bin", 5, true);
+    v1_message(&frames, "iopub", "stream", "{\"name\":\"stdout\",\"text\":\"\xff!\"}", NULL, 0,
+               true);
     v1_message(&frames, "shell", "execute_reply", "{\"status\":\"ok\"}", NULL, 0, true);
     v1_message(&frames, "iopub", "status", "{\"execution_state\":\"idle\"}", NULL, 0, true);
     snprintf(e.msg_id, sizeof(e.msg_id), "req-1");
@@ -254,7 +260,7 @@ v1(void)
     if (rc == CX_OK) {
         is_int(cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 5000000, on_msg, &s), CX_OK,
                "v1: the run ends");
-        is_str(s.text, "v1 out", "v1: its output read");
+        is_str(s.text, "v1 out\xef\xbf\xbd!", "v1: its output read, invalid UTF-8 replaced");
         ok(s.nbufs == 1 && s.buflen[0] == 5, "v1: the buffer read");
         ok(e.got_reply && e.got_idle &&
                !strcmp(json_string_value(json_object_get(e.reply, "status")), "ok"),
@@ -404,6 +410,26 @@ basics(struct cx_kernel_conn *c, const char *proto)
                !memcmp(s.bufsha[1], want[1], sizeof(want[1])),
            "with their bytes");
     }
+    cx_exec_cleanup(&e, 1);
+
+    /* bytes that are not UTF-8 (a file name's, through surrogateescape)
+     * go out as they are: read with U+FFFD in their place, output and
+     * error alike, and the reply still comes */
+    memset(&s, 0, sizeof(s));
+    ok(exec1(c,
+             "n = b'a\\xffb'.decode('utf-8', 'surrogateescape')\n"
+             "print(n)\n"
+             "raise ValueError(n)",
+             cx_now_us() + 10000000, &s, &e) == CX_OK,
+       "%s: output and an error that are not UTF-8", proto);
+    is_str(s.text,
+           "a\xef\xbf\xbd"
+           "b\n",
+           "%s: its output read, U+FFFD in place", proto);
+    ok(e.got_reply && s.errors == 1 &&
+           !strcmp(json_string_value(json_object_get(e.reply, "evalue")), "a\xef\xbf\xbd"
+                                                                          "b"),
+       "%s: its error and reply read", proto);
     cx_exec_cleanup(&e, 1);
 
     /* a buffer sent with a request reaches the kernel byte for byte (the

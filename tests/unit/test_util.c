@@ -125,7 +125,8 @@ sha256(void)
     {
         static struct cx_sha256_kept k = CX_SHA256_KEPT_INIT;
         const char *a = cx_sha256_kept(&k, "abc"), *b = cx_sha256_kept(&k, "abc");
-        ok(a && a == b && !strcmp(a, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+        ok(a && a == b &&
+               !strcmp(a, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
            "sha256: a kept digest, computed once");
     }
     {
@@ -244,6 +245,23 @@ main(void)
     for (size_t i = 0; i < sizeof(utf8_cases) / sizeof(utf8_cases[0]); i++)
         is_int(cx_utf8_valid(utf8_cases[i].s, utf8_cases[i].len), utf8_cases[i].valid, "utf8: %s",
                utf8_cases[i].what);
+    for (size_t i = 0; i < sizeof(utf8_cases) / sizeof(utf8_cases[0]); i++) {
+        size_t n = 0;
+        char *f = cx_utf8_fix(utf8_cases[i].s, utf8_cases[i].len, 1024, &n);
+        ok(f && cx_utf8_valid(f, n) &&
+               (!utf8_cases[i].valid || (n == utf8_cases[i].len && !memcmp(f, utf8_cases[i].s, n))),
+           "utf8 fixed: %s", utf8_cases[i].what);
+        free(f);
+    }
+    {
+        size_t n = 0;
+        char *f = cx_utf8_fix("a\xff\xc3\xa9\xed\xa0\x80z", 8, 64, &n);
+        ok(f && n == 16 &&
+               !memcmp(f, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdz", 16),
+           "utf8 fixed: each invalid byte one U+FFFD, the valid kept");
+        free(f);
+        ok(cx_utf8_fix("\xff\xff", 2, 5, &n) == NULL, "utf8 fixed: over its maximum, none");
+    }
     ok(cx_uuid_valid("123e4567-e89b-12d3-a456-426614174000"), "uuid: valid");
     ok(cx_uuid_valid("123E4567-E89B-12D3-A456-426614174000"), "uuid: upper case");
     ok(!cx_uuid_valid("123e4567e89b12d3a456426614174000"), "uuid: no dashes");

@@ -255,6 +255,10 @@ subprotocols(void)
          "another one selected: refused"},
         {NULL, "v1.kernel.websocket.jupyter.org", CX_ERR_PROTOCOL, false,
          "one selected, none offered: refused"},
+        {"v1.kernel.websocket.jupyter.org",
+         "v1.kernel.websocket.jupyter.org\r\nSec-WebSocket-Protocol: "
+         "v1.kernel.websocket.jupyter.org",
+         CX_ERR_PROTOCOL, false, "named twice: refused"},
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
