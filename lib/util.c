@@ -62,6 +62,39 @@ cx_utf8_valid(const char *str, size_t len)
     return true;
 }
 
+/* The bytes at s (not a valid sequence) that one U+FFFD replaces: a lead
+ * byte and what follows it of a sequence cut short (Unicode's "maximal
+ * subpart", as Python's "replace" decodes), else the one byte. */
+static size_t
+utf8_bad(const unsigned char *s, const unsigned char *end)
+{
+    unsigned char c = *s, lo = 0x80, hi = 0xbf;
+    size_t need, k = 1;
+
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 1;
+    else if (c >= 0xe0 && c <= 0xef)
+        need = 2;
+    else if (c >= 0xf0 && c <= 0xf4)
+        need = 3;
+    else
+        return 1;
+    if (c == 0xe0)
+        lo = 0xa0;
+    else if (c == 0xed)
+        hi = 0x9f;
+    else if (c == 0xf0)
+        lo = 0x90;
+    else if (c == 0xf4)
+        hi = 0x8f;
+    while (k <= need && s + k < end && s[k] >= lo && s[k] <= hi) {
+        k++;
+        lo = 0x80;
+        hi = 0xbf;
+    }
+    return k > need ? need : k; /* (a whole one would have been valid) */
+}
+
 char *
 cx_utf8_fix(const char *str, size_t len, size_t max, size_t *out_len)
 {
@@ -69,11 +102,11 @@ cx_utf8_fix(const char *str, size_t len, size_t max, size_t *out_len)
     size_t n = 0;
     char *out;
 
-    for (const unsigned char *p = s; p < end;) {
+    for (const unsigned char *p = s; p < end && n <= max;) {
         size_t k = utf8_seq(p, end);
 
         n += k ? k : 3;
-        p += k ? k : 1;
+        p += k ? k : utf8_bad(p, end);
     }
     if (n > max || !(out = malloc(n + 1)))
         return NULL;
@@ -88,7 +121,7 @@ cx_utf8_fix(const char *str, size_t len, size_t max, size_t *out_len)
         } else {
             memcpy(out + n, "\xef\xbf\xbd", 3);
             n += 3;
-            s++;
+            s += utf8_bad(s, end);
         }
     }
     out[n] = '\0';

@@ -10,9 +10,10 @@
 
 /* Strict UTF-8 (RFC 3629): no overlongs, no surrogates, nothing past U+10FFFF. */
 bool cx_utf8_valid(const char *s, size_t len);
-/* A copy of s (NUL-ended, *out_len bytes) with each byte that is not part
- * of a valid sequence replaced by U+FFFD, as Python's "replace" decodes;
- * NULL over max bytes or without memory. Free with free(). */
+/* A copy of s (NUL-ended, *out_len bytes) with what is not valid UTF-8
+ * replaced by U+FFFD as Python's "replace" decodes (one for a sequence cut
+ * short, one for each other byte); NULL over max bytes or without
+ * memory. Free with free(). */
 char *cx_utf8_fix(const char *s, size_t len, size_t max, size_t *out_len);
 
 /* 8-4-4-4-12 hex, any case. */

@@ -169,14 +169,15 @@ put_le64(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* A v1 message (the channel, the four JSON parts and a buffer or none)
- * into b: the frame's bytes alone, or (framed) as a binary frame. */
+/* A v1 message (the channel, the four JSON parts, parent the parent
+ * header's, and a buffer or none) into b: the frame's bytes alone, or
+ * (framed) as a binary frame. */
 static void
-v1_message(struct cx_buf *b, const char *channel, const char *type, const char *content,
-           const char *buf, size_t buf_len, bool framed)
+v1_message_to(struct cx_buf *b, const char *parent, const char *channel, const char *type,
+              const char *content, const char *buf, size_t buf_len, bool framed)
 {
     char header[128];
-    const char *part[6] = {channel, header, "{\"msg_id\":\"req-1\"}", "{}", content, buf};
+    const char *part[6] = {channel, header, parent, "{}", content, buf};
     size_t len[6], n = buf ? 6 : 5, total = 8 * (n + 2);
     unsigned char *f;
 
@@ -199,6 +200,13 @@ v1_message(struct cx_buf *b, const char *channel, const char *type, const char *
     else
         cx_buf_add(b, f, total);
     free(f);
+}
+
+static void
+v1_message(struct cx_buf *b, const char *channel, const char *type, const char *content,
+           const char *buf, size_t buf_len, bool framed)
+{
+    v1_message_to(b, "{\"msg_id\":\"req-1\"}", channel, type, content, buf, buf_len, framed);
 }
 
 /* v1 frames: the split's checks, then a run's messages read as a run does
@@ -246,6 +254,10 @@ v1(void)
         is_int(cx_kernel_split_v1(f, len, &v), CX_ERR_PROTOCOL, "v1: offsets out of order");
     }
     frame(&frames, "{\"channel\":\"iopub\"}", 20);
+    /* a server's notice has an empty parent; one whose parent header is
+     * not an object is not a message at all */
+    v1_message_to(&frames, "[]", "iopub", "status", "{\"execution_state\":\"restarting\"}", NULL, 0,
+                  true);
     v1_message(&frames, "iopub", "stream", "{\"name\":\"stdout\",\"text\":\"v1 out\"}", NULL, 0,
                true);
     v1_message(&frames, "iopub", "display_data", "{\"data\":{}}", "\0\1bin", 5, true);
@@ -261,6 +273,7 @@ v1(void)
         is_int(cx_kernel_wait(c, &e, 1, 1, cx_now_us() + 5000000, on_msg, &s), CX_OK,
                "v1: the run ends");
         is_str(s.text, "v1 out\xef\xbf\xbd!", "v1: its output read, invalid UTF-8 replaced");
+        is_int((long)cx_kernel_conn_notices(c), 0, "v1: a parent header not an object: no notice");
         ok(s.nbufs == 1 && s.buflen[0] == 5, "v1: the buffer read");
         ok(e.got_reply && e.got_idle &&
                !strcmp(json_string_value(json_object_get(e.reply, "status")), "ok"),
@@ -417,18 +430,21 @@ basics(struct cx_kernel_conn *c, const char *proto)
      * error alike, and the reply still comes */
     memset(&s, 0, sizeof(s));
     ok(exec1(c,
-             "n = b'a\\xffb'.decode('utf-8', 'surrogateescape')\n"
+             "n = b'a\\xff\\xe2\\x82b'.decode('utf-8', 'surrogateescape')\n"
              "print(n)\n"
              "raise ValueError(n)",
              cx_now_us() + 10000000, &s, &e) == CX_OK,
        "%s: output and an error that are not UTF-8", proto);
+    /* (one U+FFFD for the byte, one for the sequence cut short: Python's
+     * "replace", which the JSON protocol's server decodes with) */
     is_str(s.text,
-           "a\xef\xbf\xbd"
+           "a\xef\xbf\xbd\xef\xbf\xbd"
            "b\n",
            "%s: its output read, U+FFFD in place", proto);
     ok(e.got_reply && s.errors == 1 &&
-           !strcmp(json_string_value(json_object_get(e.reply, "evalue")), "a\xef\xbf\xbd"
-                                                                          "b"),
+           !strcmp(json_string_value(json_object_get(e.reply, "evalue")),
+                   "a\xef\xbf\xbd\xef\xbf\xbd"
+                   "b"),
        "%s: its error and reply read", proto);
     cx_exec_cleanup(&e, 1);
 

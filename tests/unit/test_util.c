@@ -254,11 +254,38 @@ main(void)
         free(f);
     }
     {
+        /* what Python's bytes.decode('utf-8', 'replace') gives */
+        static const struct {
+            const char *in, *out;
+            size_t in_len, out_len;
+            const char *what;
+        } fix[] = {
+            {"\x61\xff\xc3\xa9\xed\xa0\x80\x7a",
+             "\x61\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\x7a", 8, 16,
+             "one byte, a surrogate's three, the valid kept"},
+            {"\x61\xe2\x82\x62", "\x61\xef\xbf\xbd\x62", 4, 5, "a sequence cut short"},
+            {"\xf0\x9f\x98", "\xef\xbf\xbd", 3, 3, "cut short at the end"},
+            {"\xf0\x9f\x98\x7a", "\xef\xbf\xbd\x7a", 4, 4, "four bytes cut short"},
+            {"\xe0\xa0", "\xef\xbf\xbd", 2, 3, "E0's second byte"},
+            {"\xe0\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 3, 9,
+             "an overlong: each byte"},
+            {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 4, 12,
+             "past U+10FFFF: each byte"},
+            {"\xc3", "\xef\xbf\xbd", 1, 3, "a lone lead byte"},
+            {"\xf0\x9f\x41\xe2\x82\xac", "\xef\xbf\xbd\x41\xe2\x82\xac", 6, 7,
+             "cut short before a valid one"},
+        };
         size_t n = 0;
-        char *f = cx_utf8_fix("a\xff\xc3\xa9\xed\xa0\x80z", 8, 64, &n);
-        ok(f && n == 16 &&
-               !memcmp(f, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdz", 16),
-           "utf8 fixed: each invalid byte one U+FFFD, the valid kept");
+        char *f;
+
+        for (size_t i = 0; i < sizeof(fix) / sizeof(fix[0]); i++) {
+            f = cx_utf8_fix(fix[i].in, fix[i].in_len, 64, &n);
+            ok(f && n == fix[i].out_len && !memcmp(f, fix[i].out, n), "utf8 fixed: %s",
+               fix[i].what);
+            free(f);
+        }
+        f = cx_utf8_fix("\xff\xff", 2, 6, &n);
+        ok(f && n == 6, "utf8 fixed: at its maximum");
         free(f);
         ok(cx_utf8_fix("\xff\xff", 2, 5, &n) == NULL, "utf8 fixed: over its maximum, none");
     }

@@ -259,6 +259,9 @@ subprotocols(void)
          "v1.kernel.websocket.jupyter.org\r\nSec-WebSocket-Protocol: "
          "v1.kernel.websocket.jupyter.org",
          CX_ERR_PROTOCOL, false, "named twice: refused"},
+        {"v1.kernel.websocket.jupyter.org",
+         "v1.kernel.websocket.jupyter.org\r\nX-Sec-WebSocket-Protocol: other", CX_OK, true,
+         "selected, another header like it beside"},
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
