@@ -1,9 +1,9 @@
 /* Jupyter messages as a kernel (a tenant's code) could make them: each
  * line of the input is one frame (text, or binary with buffers); they are
  * waited for as replies to three requests, the way a run waits, and every
- * message is handed to a callback that reads it as a run does. The first
- * byte's low bit picks the protocol the connection speaks: v1 (binary
- * frames of offsets and parts) or the JSON one. */
+ * message is handed to a callback that reads it as a run does. An input
+ * whose first line is "v1" is read by a connection that speaks v1 (binary
+ * frames of offsets and parts), any other by one speaking JSON. */
 #include "../../lib/kernel.h"
 #include "../../lib/util.h"
 #include "fuzz.h"
@@ -71,7 +71,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     f = frames(data, size, &len);
     if (!f)
         return 0;
-    if (cx_kernel_conn_buffered(f, len, size > 0 && (data[0] & 1), &c) == CX_OK) {
+    if (cx_kernel_conn_buffered(f, len, size >= 3 && !memcmp(data, "v1\n", 3), &c) == CX_OK) {
         memset(reqs, 0, sizeof(reqs));
         for (int i = 0; i < 3; i++) {
             snprintf(reqs[i].msg_id, sizeof(reqs[i].msg_id), "m%d", i);
