@@ -1088,7 +1088,7 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const struct kms
             c->awaiting = false;
             rc = CX_ERR_KERNEL_DIED;
         }
-        goto out; /* (restarting again before the new process was heard) */
+        return rc; /* (restarting again before the new process was heard) */
     }
     if (c->awaiting && parent_id && !strcmp(type, "kernel_info_reply") && is_nudge(c, parent_id)) {
         if (!strcmp(channel, "control")) {
@@ -1098,12 +1098,12 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const struct kms
             if (!replied(reqs, n, true))
                 rc = CX_ERR_KERNEL_DIED; /* they went with the old process */
         }
-        goto out;
+        return rc;
     }
     i = parent_id ? find_request(reqs, n, parent_id) : -1;
     cx_log_debug("kernel message %s/%s for request %d", channel, type, i);
     if (i < 0)
-        goto out; /* another client's or an earlier run's message */
+        return CX_OK; /* another client's or an earlier run's message */
     reqs[i].heard = true;
     c->reached = c->reached || (c->awaiting && reqs[i].queued);
     if (!strcmp(channel, "shell") && !strcmp(type, "execute_reply")) {
@@ -1116,9 +1116,7 @@ dispatch(struct cx_kernel_conn *c, struct cx_exec *reqs, int n, const struct kms
         reqs[i].got_busy = reqs[i].got_busy || !strcmp(state, "busy");
         reqs[i].got_idle = reqs[i].got_idle || !strcmp(state, "idle");
     }
-    rc = fn ? fn(ctx, i, type, content, &k->bufs) : CX_OK;
-out:
-    return rc;
+    return fn ? fn(ctx, i, type, content, &k->bufs) : CX_OK;
 }
 
 enum cx_err

@@ -99,34 +99,23 @@ char *
 cx_utf8_fix(const char *str, size_t len, size_t max, size_t *out_len)
 {
     const unsigned char *s = (const unsigned char *)str, *end = s + len;
-    size_t n = 0;
-    char *out;
+    struct cx_buf b;
 
-    for (const unsigned char *p = s; p < end && n <= max;) {
-        size_t k = utf8_seq(p, end);
-
-        n += k ? k : 3;
-        p += k ? k : utf8_bad(p, end);
-    }
-    if (n > max || !(out = malloc(n + 1)))
-        return NULL;
-    n = 0;
-    while (s < end) {
+    cx_buf_init(&b, max);
+    while (s < end && !cx_buf_err(&b)) {
         size_t k = utf8_seq(s, end);
 
-        if (k) {
-            memcpy(out + n, s, k);
-            n += k;
-            s += k;
-        } else {
-            memcpy(out + n, "\xef\xbf\xbd", 3);
-            n += 3;
-            s += utf8_bad(s, end);
-        }
+        if (k)
+            cx_buf_add(&b, s, k);
+        else
+            cx_buf_add(&b, "\xef\xbf\xbd", 3);
+        s += k ? k : utf8_bad(s, end);
     }
-    out[n] = '\0';
-    *out_len = n;
-    return out;
+    if (cx_buf_err(&b)) {
+        cx_buf_cleanup(&b);
+        return NULL;
+    }
+    return cx_buf_take(&b, out_len);
 }
 
 bool
